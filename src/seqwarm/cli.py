@@ -1,2 +1,84 @@
-def main(argv=None):
-    return 0
+"""Command-line interface: ``seqwarm <command> ...``.
+
+Each command lives in its own module exposing ``register(subparsers)``, which adds a sub-parser and
+sets ``func`` (``func(args) -> int`` exit code) as its default. User mistakes raise
+:class:`seqwarm.errors.UserError`; this module turns them into a message on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from seqwarm import __version__
+from seqwarm.errors import UserError
+
+# Modules that provide a command; a module that does not exist yet is skipped.
+COMMAND_MODULES = (
+    "seqwarm.commands.train",
+    "seqwarm.commands.plan",
+    "seqwarm.commands.check_config",
+    "seqwarm.commands.prepare",
+    "seqwarm.commands.eval",
+    "seqwarm.commands.compare",
+    "seqwarm.commands.tune",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits with 2 on a bad flag already; keep that, but print a hint to --help."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n(see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="seqwarm",
+        description="Sequence-length curriculum learning (sequence length warmup) for GPT pretraining.",
+    )
+    parser.add_argument("--version", action="version", version=f"seqwarm {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name == name:
+                continue
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(message)s",
+        stream=sys.stderr,
+    )
+    if not getattr(args, "func", None):
+        if args.command is None:
+            # `seqwarm` alone: the main job, when the train command exists; else help.
+            try:
+                return main(["train"])
+            except SystemExit as exc:  # no train command registered yet
+                if exc.code != 2:
+                    raise
+            parser.print_help()
+            return 0
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except UserError as err:
+        print(f"seqwarm {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print(f"seqwarm {args.command}: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,1 @@
+"""Data pipeline: embedded corpus, tokenizers, indexed token files, datasets."""

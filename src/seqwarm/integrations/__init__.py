@@ -1,0 +1,1 @@
+"""Integrations with other training engines, imported lazily (never by the core)."""
