@@ -1,0 +1,104 @@
+"""``seqwarm plan CONFIG``: the run ahead of time — lengths, tokens and LR at every length change."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from seqwarm.commands.check_config import describe
+from seqwarm.commands.common import add_budget_and_lr_flags, overrides_from_args
+from seqwarm.config import load_config
+from seqwarm.errors import MissingDependencyError, UserError
+from seqwarm.plan import Plan, make_plan
+from seqwarm.units import human_count
+
+MAX_TABLE_ROWS = 24
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plan", help="print the run ahead of time (lengths, tokens, LR, steps to the budget)",
+                       description="Replay the curriculum, token budget and LR schedule of CONFIG without "
+                       "training: where the length changes, how many steps reach --train-tokens, the tokens "
+                       "used by the end of the curriculum and the end of LR warmup.")
+    p.add_argument("config", metavar="CONFIG", help="DeepSpeed JSON config (seqwarm/DeepSpeed format)")
+    add_budget_and_lr_flags(p)
+    p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--plot", metavar="FILE.png", help="draw length and LR against steps and tokens")
+    p.set_defaults(func=run)
+
+
+def _table_rows(plan: Plan) -> tuple[list, bool]:
+    points = plan.points
+    if len(points) <= MAX_TABLE_ROWS:
+        return points, False
+    stride = -(-(len(points) - 2) // (MAX_TABLE_ROWS - 2))
+    picked = [points[0]] + points[1:-1:stride] + [points[-1]]
+    return picked, True
+
+
+def print_plan(plan: Plan, out=sys.stdout) -> None:
+    rows, thinned = _table_rows(plan)
+    print(f"{'step':>10} {'seqlen':>7} {'tokens/step':>12} {'tokens':>10} {'lr':>10}", file=out)
+    for p in rows:
+        print(f"{p.step:>10,} {p.seqlen:>7} {human_count(p.tokens_per_step):>12} {human_count(p.tokens):>10} "
+              f"{p.lr:>10.3g}", file=out)
+    if thinned:
+        print(f"({len(rows)} of {len(plan.points)} length changes shown; --json lists all)", file=out)
+    print(file=out)
+    print(f"total steps:               {plan.total_steps:,}  ({plan.stop_reason})", file=out)
+    print(f"total tokens:              {plan.total_tokens:,} ({human_count(plan.total_tokens)})", file=out)
+    if plan.curriculum_end_step is not None:
+        print(f"curriculum ends:           step {plan.curriculum_end_step:,}, after "
+              f"{human_count(plan.tokens_at_curriculum_end)} tokens", file=out)
+    if plan.warmup_end_step is not None:
+        print(f"LR warmup ends:            step {plan.warmup_end_step:,}, at "
+              f"{human_count(plan.warmup_end_tokens)} tokens (token decay starts there)", file=out)
+
+
+def plot_plan(plan: Plan, path: str) -> None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise MissingDependencyError("matplotlib", "plot", "--plot") from None
+    fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharey="row")
+    scale, unit = (1e9, "B") if plan.total_tokens >= 1e10 else (1e6, "M")
+    tokens = [t / scale for t in plan.cum_tokens]
+    for col, (x, label) in enumerate(((plan.steps, "optimizer step"), (tokens, f"tokens trained ({unit})"))):
+        axes[0][col].plot(x, plan.seqlens, color="tab:blue")
+        axes[0][col].set_ylabel("sequence length")
+        axes[1][col].plot(x, plan.lrs, color="tab:red")
+        axes[1][col].set_ylabel("learning rate")
+        axes[1][col].set_xlabel(label)
+        for ax in (axes[0][col], axes[1][col]):
+            ax.grid(alpha=0.3)
+    fig.suptitle(f"seqwarm plan: {plan.total_steps:,} steps, {human_count(plan.total_tokens)} tokens")
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as err:
+        raise UserError(f"cannot write the plot to {path}: {err}") from None
+    finally:
+        plt.close(fig)
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, overrides=overrides_from_args(args), world_size=args.world_size)
+    plan = make_plan(cfg, keep_series=bool(args.plot))
+    if args.plot:
+        plot_plan(plan, args.plot)
+    if args.json:
+        print(json.dumps(plan.to_dict(), indent=1))
+    else:
+        for line in describe(cfg):
+            print(line)
+        print()
+        print_plan(plan)
+        if args.plot:
+            print(f"plot written to {args.plot}")
+    for message in plan.warnings:
+        print(f"warning: {message}", file=sys.stderr)
+    return 0

@@ -1,0 +1,141 @@
+"""The whole run ahead of time: step -> length, tokens, learning rate; when it stops.
+
+The plan replays exactly what the engine does (same pure functions: ``difficulty_at``, ``advance``,
+``lr_at``, ``should_stop``), so what ``seqwarm plan`` prints is what training will do — up to the
+token counts of ``count_tokens_by: loss_mask`` runs, which depend on the data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from seqwarm.budget import Progress, advance, stop_reason, tokens_per_step
+from seqwarm.config import RunConfig
+from seqwarm.curriculum import CUSTOM, difficulty_at
+from seqwarm.errors import UserError
+from seqwarm.lr_schedule import lr_at
+from seqwarm.units import human_count
+
+MAX_PLAN_STEPS = 50_000_000
+
+
+@dataclass(frozen=True)
+class PlanPoint:
+    """The first step at a new length (and the run's last step)."""
+
+    step: int
+    seqlen: int
+    tokens_per_step: int
+    tokens: int
+    """Tokens trained by the end of this step."""
+    lr: float
+
+
+@dataclass
+class Plan:
+    total_steps: int
+    total_tokens: int
+    total_samples: int
+    stop_reason: str
+    curriculum_end_step: int | None
+    """First step at max_difficulty (None without a curriculum, or if the run ends before)."""
+    tokens_at_curriculum_end: int | None
+    """Tokens trained before the first full-length step."""
+    warmup_end_step: int | None
+    warmup_end_tokens: int | None
+    points: list[PlanPoint] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list, repr=False)
+    seqlens: list[int] = field(default_factory=list, repr=False)
+    cum_tokens: list[int] = field(default_factory=list, repr=False)
+    lrs: list[float] = field(default_factory=list, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = {k: v for k, v in asdict(self).items() if k not in ("steps", "seqlens", "cum_tokens", "lrs")}
+        return out
+
+
+def make_plan(cfg: RunConfig, *, keep_series: bool = False) -> Plan:
+    """Simulate the run's clock until it stops (or, with no budget, until the curriculum ends)."""
+    if cfg.full_length is None:
+        raise UserError("the full sequence length is unknown: set seq_length (--seq-length) or a curriculum")
+    cur = cfg.curriculum
+    if cur is not None and cur.schedule_type == CUSTOM:
+        raise UserError("a custom schedule is a Python function: it cannot be planned from a config file")
+    no_budget = cfg.train_tokens is None and cfg.train_iters is None and cfg.train_samples is None
+    if no_budget and cur is None:
+        raise UserError("nothing to plan: give a budget (--train-tokens, --train-iters or --train-samples)")
+    warnings: list[str] = []
+    block = cur.block() if cur else None
+    full = cfg.full_length
+    progress = Progress()
+    plan = Plan(0, 0, 0, "", None, None, None, None, warnings=warnings)
+    prev_len = None
+    current = cur.min_difficulty if cur else full
+    while True:
+        step = progress.step + 1
+        if cur is not None and current < cur.max_difficulty:  # the scheduler's update rule
+            current = difficulty_at(step, block)
+        seqlen = current
+        tps = tokens_per_step(cfg, seqlen)
+        before = progress.tokens
+        progress = advance(progress, cfg.train_batch_size, tps, cfg.lr)
+        lr = lr_at(progress, cfg.lr)
+        if cur is not None and plan.curriculum_end_step is None and seqlen >= cur.max_difficulty:
+            plan.curriculum_end_step = step
+            plan.tokens_at_curriculum_end = before
+        if plan.warmup_end_step is None and progress.warmup_end_tokens is not None:
+            plan.warmup_end_step = step if cfg.lr.warmup_unit else 0
+            plan.warmup_end_tokens = progress.warmup_end_tokens
+        if seqlen != prev_len:
+            plan.points.append(PlanPoint(step, seqlen, tps, progress.tokens, lr))
+            prev_len = seqlen
+        if keep_series:
+            plan.steps.append(step)
+            plan.seqlens.append(seqlen)
+            plan.cum_tokens.append(progress.tokens)
+            plan.lrs.append(lr)
+        reason = stop_reason(progress, cfg)
+        if reason is None and no_budget and plan.curriculum_end_step is not None:
+            reason = "no budget given: planned to the end of the curriculum"
+        if reason is not None:
+            break
+        if step >= MAX_PLAN_STEPS:
+            raise UserError(f"the run would take more than {MAX_PLAN_STEPS:,} steps; check the budget and "
+                            "batch size")
+    if plan.points[-1].step != progress.step:
+        plan.points.append(PlanPoint(progress.step, seqlen, tps, progress.tokens, lr))
+    plan.total_steps, plan.total_tokens, plan.total_samples = progress.step, progress.tokens, progress.samples
+    plan.stop_reason = reason
+    _plan_warnings(cfg, plan)
+    return plan
+
+
+def _plan_warnings(cfg: RunConfig, plan: Plan) -> None:
+    cur = cfg.curriculum
+    w = plan.warnings
+    if cur is not None and plan.curriculum_end_step is None:
+        w.append(f"the curriculum is longer than the run: training stops at step {plan.total_steps:,} "
+                 f"before reaching max_difficulty {cur.max_difficulty} (total_curriculum_step "
+                 f"{cur.total_curriculum_step:,})")
+    elif cur is not None and plan.curriculum_end_step and plan.curriculum_end_step > 0.8 * plan.total_steps:
+        w.append(f"the curriculum takes {plan.curriculum_end_step / plan.total_steps:.0%} of the run's steps: "
+                 "little training happens at full length")
+    if (cur is not None and cfg.lr.warmup_unit is not None and plan.warmup_end_step and plan.curriculum_end_step
+            and plan.warmup_end_step * 10 < plan.curriculum_end_step):
+        w.append(f"LR warmup ends at step {plan.warmup_end_step:,}, long before the curriculum "
+                 f"(step {plan.curriculum_end_step:,}): the full LR meets very short sequences; "
+                 "tune total_curriculum_step against the warmup (SPEC §1, `seqwarm tune`)")
+    if cfg.lr.decay_tokens is not None and cfg.train_tokens and cfg.lr.decay_tokens > cfg.train_tokens:
+        w.append(f"LR decay ends at {human_count(cfg.lr.decay_tokens)} tokens, after the budget "
+                 f"({human_count(cfg.train_tokens)}): the LR never reaches min_lr")
+    if cfg.lr.decay_iters is not None and cur is not None:
+        w.append("LR decays by iterations: early curriculum steps carry few tokens, so it decays too fast; "
+                 "use lr_decay_tokens (decay_tokens_from_iters converts)")
+    if cfg.rampup_batch_size and cur is not None:
+        w.append("a batch-size ramp (rampup_batch_size) is configured: never combine it with a sequence-length "
+                 "curriculum (both cut tokens per batch; SPEC §4) — training refuses it")
+    for message in cfg.warnings:
+        if message not in w:
+            w.append(message)

@@ -1,0 +1,256 @@
+"""Config loading: the seed config verbatim, both curriculum forms, every problem reported at once."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from seqwarm import ConfigError, load_config
+from seqwarm.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SEED = ROOT / "examples" / "ds_config_gpt2.json"
+
+
+def seed():
+    return json.loads(SEED.read_text())
+
+
+def problems_of(cfg, **kw):
+    with pytest.raises(ConfigError) as info:
+        load_config(cfg, **kw)
+    return [f"{p.path} :: {p.rule} :: {p.fix}" for p in info.value.problems]
+
+
+def test_seed_config_loads_verbatim():
+    cfg = load_config(SEED)
+    assert (cfg.train_batch_size, cfg.micro_batch_size, cfg.gradient_accumulation_steps) == (4096, 4096, 1)
+    assert cfg.curriculum.min_difficulty == 8 and cfg.curriculum.max_difficulty == 1024
+    assert cfg.curriculum.schedule_type == "fixed_linear" and cfg.curriculum.source == "curriculum_learning"
+    assert cfg.curriculum.mode is None
+    assert cfg.precision == "fp16" and cfg.fp16.loss_scale_window == 1000 and cfg.fp16.hysteresis == 2
+    assert cfg.optimizer.lr == 0.00015 and cfg.optimizer.betas == (0.9, 0.95)
+    assert cfg.gradient_clipping == 1.0
+    assert cfg.full_length == 1024
+    # the hand-over copy for DeepSpeed has no curriculum block (0.19 rejects it) but keeps the rest
+    assert "curriculum_learning" not in cfg.deepspeed and cfg.deepspeed["steps_per_print"] == 1
+    assert cfg.warnings == ()
+
+
+def test_seed_file_is_the_spec_config():
+    spec = (ROOT.parent / "shared" / "SPEC.md")
+    if not spec.exists():
+        pytest.skip("shared/SPEC.md not beside the checkout")
+    text = spec.read_text()
+    block = text.split("```json", 1)[1].split("```", 1)[0]
+    assert json.loads(block) == seed()
+
+
+def test_data_efficiency_form_selects_mode():
+    for metric, mode in (("seqlen_truncate", "truncate"), ("seqlen_reshape", "reshape")):
+        cfg = load_config({
+            "train_batch_size": 8,
+            "zero_optimization": {"stage": 2},
+            "data_efficiency": {"enabled": True, "seed": 1, "data_sampling": {
+                "enabled": True, "num_epochs": 1, "curriculum_learning": {"enabled": True, "curriculum_metrics": {
+                    metric: {"difficulty_type": "value", "clustering_type": "single_cluster",
+                             "min_difficulty": 8, "max_difficulty": 64, "schedule_type": "fixed_linear",
+                             "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8}}}}}}})
+        assert cfg.curriculum.mode == mode and cfg.curriculum.source == "data_efficiency"
+        assert cfg.deepspeed["zero_optimization"] == {"stage": 2}
+        assert "curriculum_learning" not in cfg.deepspeed["data_efficiency"]["data_sampling"]
+
+
+def test_data_efficiency_needs_all_enabled_flags():
+    cfg = load_config({"train_batch_size": 8, "data_efficiency": {"enabled": False, "data_sampling": {
+        "enabled": True, "curriculum_learning": {"enabled": True, "curriculum_metrics": {}}}}})
+    assert cfg.curriculum is None
+    assert any("curriculum is off" in w for w in cfg.warnings)
+
+
+def test_other_metric_rejected_with_suggestion():
+    probs = problems_of({"train_batch_size": 8, "data_efficiency": {"enabled": True, "data_sampling": {
+        "enabled": True, "curriculum_learning": {"enabled": True, "curriculum_metrics": {
+            "seqlen_truncat": {}, "vocabularyrarity": {}}}}}})
+    assert any("seqlen_truncat" in p and 'did you mean "seqlen_truncate"' in p for p in probs)
+    assert any("vocabularyrarity" in p for p in probs)
+
+
+def test_disabled_legacy_block_is_off_and_unchecked():
+    raw = seed()
+    raw["curriculum_learning"] = {"enabled": False, "min_difficulty": "junk"}
+    assert load_config(raw).curriculum is None
+
+
+def test_every_problem_reported_at_once():
+    raw = seed()
+    cl = raw["curriculum_learning"]
+    cl.update(min_difficulty=2048, schedule_type="fixed_linar", curriculum_typ="seqlen")
+    cl["schedule_config"] = {"total_curriculum_step": 0, "difficulty_step": 8.0}
+    raw["optimizer"]["params"]["lr"] = -0.1
+    raw["train_micro_batch_size_per_gpu"] = 3
+    probs = problems_of(raw)
+    joined = "\n".join(probs)
+    assert "curriculum_learning.min_difficulty" in joined and "max_difficulty (1024)" in joined
+    assert 'did you mean "fixed_linear"' in joined
+    assert 'curriculum_learning.curriculum_typ :: unknown key' in joined and '"curriculum_type"' in joined
+    assert "schedule_config.total_curriculum_step :: must be positive" in joined
+    assert "schedule_config.difficulty_step :: must be an integer, not a decimal" in joined
+    assert "optimizer.params.lr" in joined
+    assert "train_batch_size" in joined and "3 x 1 x 1 = 3" in joined
+    assert len(probs) >= 7
+
+
+@pytest.mark.parametrize("key,value,fragment", [
+    ("min_difficulty", True, "got a boolean"),
+    ("min_difficulty", "8", "not a string"),
+    ("min_difficulty", 8.5, "got a number"),
+    ("max_difficulty", 0, "must be positive"),
+    ("max_difficulty", -4, "must be positive"),
+    ("enabled", "true", "write true"),
+    ("curriculum_type", "vocab", "unknown curriculum_type"),
+    ("schedule_type", "linear", "unknown schedule_type"),
+])
+def test_wrong_types_and_values(key, value, fragment):
+    raw = seed()
+    raw["curriculum_learning"][key] = value
+    probs = problems_of(raw)
+    assert any(f"curriculum_learning.{key}" in p and fragment in p for p in probs), probs
+
+
+@pytest.mark.parametrize("kind,missing", [
+    ("fixed_linear", "total_curriculum_step"), ("fixed_linear", "difficulty_step"),
+    ("fixed_root", "root_degree"), ("fixed_discrete", "difficulty"), ("fixed_discrete", "max_step"),
+])
+def test_missing_schedule_keys(kind, missing):
+    full = {"total_curriculum_step": 100, "difficulty_step": 8, "root_degree": 2, "difficulty": [8, 16],
+            "max_step": [10]}
+    keep = {"fixed_linear": ("total_curriculum_step", "difficulty_step"),
+            "fixed_root": ("total_curriculum_step", "difficulty_step", "root_degree"),
+            "fixed_discrete": ("difficulty", "max_step")}[kind]
+    raw = seed()
+    raw["curriculum_learning"].update(min_difficulty=8, max_difficulty=16, schedule_type=kind)
+    raw["curriculum_learning"]["schedule_config"] = {k: full[k] for k in keep if k != missing}
+    probs = problems_of(raw)
+    assert any(f"schedule_config.{missing} :: is required" in p for p in probs), probs
+
+
+def test_missing_required_top_keys_of_enabled_block():
+    raw = seed()
+    raw["curriculum_learning"] = {"enabled": True}
+    joined = "\n".join(problems_of(raw))
+    for key in ("min_difficulty", "max_difficulty", "schedule_type"):
+        assert f"curriculum_learning.{key} :: is required" in joined
+
+
+@pytest.mark.parametrize("sc,fragment", [
+    ({"difficulty": [], "max_step": []}, "must not be empty"),
+    ({"difficulty": [8, 16, 32], "max_step": [10]}, "one element fewer"),
+    ({"difficulty": [16, 8], "max_step": [10]}, "sorted"),
+    ({"difficulty": [8, 128], "max_step": [10]}, "outside [min_difficulty, max_difficulty]"),
+    ({"difficulty": [8, 16, 32], "max_step": [10, 5]}, "strictly increasing"),
+])
+def test_discrete_lists(sc, fragment):
+    raw = seed()
+    raw["curriculum_learning"].update(min_difficulty=8, max_difficulty=64, schedule_type="fixed_discrete",
+                                      schedule_config=sc)
+    probs = problems_of(raw)
+    assert any(fragment in p for p in probs), probs
+
+
+def test_step_with_no_multiple_in_range():
+    raw = seed()
+    raw["curriculum_learning"].update(min_difficulty=10, max_difficulty=12)
+    probs = problems_of(raw)
+    assert any("no multiple of it lies in" in p for p in probs)
+
+
+@pytest.mark.parametrize("sizes,world,ok", [
+    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4}, 2, True),
+    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4}, 1, False),
+    ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4}, 1, False),
+    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, 2, True),
+    ({"train_batch_size": 32, "gradient_accumulation_steps": 3}, 1, False),
+    ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, 2, True),
+    ({}, 1, False),
+])
+def test_batch_size_rule(sizes, world, ok):
+    if ok:
+        cfg = load_config(sizes, world_size=world)
+        assert cfg.train_batch_size == cfg.micro_batch_size * cfg.gradient_accumulation_steps * world
+    else:
+        assert any("train_batch_size" in p for p in problems_of(sizes, world_size=world))
+
+
+def test_tutorial_advice_is_a_warning_not_an_error():
+    raw = seed()
+    raw["curriculum_learning"].update(min_difficulty=12, max_difficulty=1000)
+    raw["curriculum_learning"]["schedule_config"]["difficulty_step"] = 16
+    cfg = load_config(raw)
+    text = "\n".join(cfg.warnings)
+    assert "multiple of 8" in text and "exactly max_difficulty" in text
+
+
+def test_overrides_win_and_are_checked():
+    cfg = load_config(SEED, overrides={"train_tokens": 1000, "lr": 3e-4, "seq_length": 1024,
+                                       "lr_warmup_iters": 10, "lr_decay_style": "cosine", "min_lr": 1e-5})
+    assert cfg.train_tokens == 1000 and cfg.lr.lr == 3e-4 and cfg.seq_length == 1024
+    assert cfg.lr.decay_style == "cosine" and cfg.lr.decay_tokens == 1000  # decay defaults to the budget
+    probs = problems_of(SEED, overrides={"seq_length": 512, "min_lr": 1.0, "lr_decay_style": "cosin"})
+    joined = "\n".join(probs)
+    assert "max_difficulty" in joined and "(512)" in joined
+    assert "--min-lr" in joined and "--lr-decay-style" in joined
+    assert load_config(SEED, overrides={"curriculum": False}).curriculum is None
+    assert load_config(SEED, overrides={"curriculum_mode": "reshape"}).curriculum.mode == "reshape"
+
+
+def test_seqwarm_block_in_file():
+    raw = seed()
+    raw["seqwarm"] = {"train_tokens": 5000, "lr_decay_tokens": 4000, "lr_warmup_samples": 100}
+    cfg = load_config(raw)
+    assert cfg.train_tokens == 5000 and cfg.lr.decay_tokens == 4000 and cfg.lr.decay_style == "linear"
+    assert "seqwarm" not in cfg.deepspeed
+    raw["seqwarm"] = {"train_tokns": 5}
+    assert any('did you mean "train_tokens"' in p for p in problems_of(raw))
+
+
+def test_ds_scheduler_block_is_mapped():
+    raw = seed()
+    raw["scheduler"] = {"type": "WarmupDecayLR", "params": {"warmup_max_lr": 1e-3, "warmup_num_steps": 10,
+                                                             "total_num_steps": 100}}
+    cfg = load_config(raw)
+    assert (cfg.lr.lr, cfg.lr.warmup_iters, cfg.lr.decay_iters, cfg.lr.decay_style) == (1e-3, 10, 100, "linear")
+
+
+def test_fp16_and_bf16_both_enabled():
+    raw = seed()
+    raw["bf16"] = {"enabled": True}
+    assert any("fp16 and bf16" in p for p in problems_of(raw))
+
+
+def test_malformed_json_names_the_line(tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text('{\n  "train_batch_size": 8,\n  "fp16": {"enabled": true,}\n}\n')
+    probs = problems_of(path)
+    assert len(probs) == 1 and "line 3" in probs[0]
+
+
+def test_missing_file_and_folder(tmp_path):
+    assert "not found" in problems_of(tmp_path / "nope.json")[0]
+    assert "is a folder" in problems_of(tmp_path)[0]
+
+
+def test_check_config_cli(tmp_path, capsys):
+    assert main(["check-config", str(SEED)]) == 0
+    out = capsys.readouterr().out
+    assert "8 -> 1024 tokens linearly over 15,000 steps" in out
+    raw = seed()
+    raw["curriculum_learning"]["schedule_config"]["difficulty_step"] = 0
+    raw["curriculum_learning"]["max_difficulty"] = "1024"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(raw))
+    assert main(["check-config", str(bad)]) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("  - ")]
+    assert len(lines) == 2 and "Traceback" not in err
+    assert main(["check-config", str(tmp_path / "missing.json")]) == 2
