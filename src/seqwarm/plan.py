@@ -122,10 +122,11 @@ def _plan_warnings(cfg: RunConfig, plan: Plan) -> None:
     elif cur is not None and plan.curriculum_end_step and plan.curriculum_end_step > 0.8 * plan.total_steps:
         w.append(f"the curriculum takes {plan.curriculum_end_step / plan.total_steps:.0%} of the run's steps: "
                  "little training happens at full length")
-    if (cur is not None and cfg.lr.warmup_unit is not None and plan.warmup_end_step and plan.curriculum_end_step
-            and plan.warmup_end_step * 10 < plan.curriculum_end_step):
+    cur_end = plan.curriculum_end_step or (cur.total_curriculum_step if cur else None)
+    if cur is not None and cfg.lr.warmup_unit is not None and plan.warmup_end_step and cur_end \
+            and plan.warmup_end_step * 10 < cur_end:
         w.append(f"LR warmup ends at step {plan.warmup_end_step:,}, long before the curriculum "
-                 f"(step {plan.curriculum_end_step:,}): the full LR meets very short sequences; "
+                 f"(step {cur_end:,}): the full LR meets very short sequences; "
                  "tune total_curriculum_step against the warmup (SPEC §1, `seqwarm tune`)")
     if cfg.lr.decay_tokens is not None and cfg.train_tokens and cfg.lr.decay_tokens > cfg.train_tokens:
         w.append(f"LR decay ends at {human_count(cfg.lr.decay_tokens)} tokens, after the budget "

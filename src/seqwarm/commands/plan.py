@@ -38,7 +38,8 @@ def _table_rows(plan: Plan) -> tuple[list, bool]:
     return picked, True
 
 
-def print_plan(plan: Plan, out=sys.stdout) -> None:
+def print_plan(plan: Plan, out=None) -> None:
+    out = out or sys.stdout
     rows, thinned = _table_rows(plan)
     print(f"{'step':>10} {'seqlen':>7} {'tokens/step':>12} {'tokens':>10} {'lr':>10}", file=out)
     for p in rows:

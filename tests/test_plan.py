@@ -1,0 +1,71 @@
+"""`seqwarm plan`: the run ahead of time, and its agreement with the token budget."""
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from seqwarm import load_config, make_plan
+from seqwarm.cli import main
+
+SEED = Path(__file__).resolve().parents[1] / "examples" / "ds_config_gpt2.json"
+
+
+def test_seed_config_total_steps_golden():
+    plan = make_plan(load_config(SEED, overrides={"train_tokens": 157_286_400_000}))
+    assert plan.total_steps == 45_000
+    assert plan.curriculum_end_step == 15_000
+    assert plan.total_tokens >= 157_286_400_000
+    # tokens at the curriculum end = sum over steps 1..14999 of 4096 x length
+    assert plan.tokens_at_curriculum_end == plan.points[-2].tokens - plan.points[-2].tokens_per_step
+    assert [p.seqlen for p in plan.points[:3]] == [8, 16, 24]
+    assert plan.points[1].step == 119
+
+
+def test_plan_json_cli(capsys):
+    assert main(["plan", str(SEED), "--train-tokens", "157286400000", "--json",
+                 "--lr-warmup-samples", "46875000", "--lr-decay-style", "cosine", "--min-lr", "1e-5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for key in ("total_steps", "tokens_at_curriculum_end", "warmup_end_tokens", "points"):
+        assert key in out
+    assert out["total_steps"] == 45_000
+    assert set(out["points"][0]) >= {"step", "seqlen", "tokens", "lr"}
+    assert out["warmup_end_tokens"] > 0
+    lrs = [p["lr"] for p in out["points"]]
+    assert lrs[-1] == pytest.approx(1e-5)
+
+
+def test_fifty_thousand_steps_under_a_second():
+    cfg = load_config(SEED, overrides={"train_iters": 50_000, "lr_warmup_iters": 500,
+                                       "lr_decay_style": "cosine", "lr_decay_tokens": 10**11})
+    start = time.perf_counter()
+    plan = make_plan(cfg)
+    assert plan.total_steps == 50_000
+    assert time.perf_counter() - start < 1.0
+
+
+def test_warnings_and_table(capsys, tmp_path):
+    png = tmp_path / "plan.png"
+    assert main(["plan", str(SEED), "--train-iters", "10000", "--lr-warmup-iters", "100",
+                 "--rampup-batch-size", "32", "32", "2000", "--plot", str(png)]) == 0
+    captured = capsys.readouterr()
+    assert "curriculum is longer than the run" in captured.err
+    assert "long before the curriculum" in captured.err
+    assert "batch-size ramp" in captured.err
+    assert "length changes shown" in captured.out
+    assert png.stat().st_size > 10_000
+
+
+def test_plan_without_budget_goes_to_curriculum_end(capsys):
+    assert main(["plan", str(SEED)]) == 0
+    assert "planned to the end of the curriculum" in capsys.readouterr().out
+
+
+def test_plan_errors_exit_2(capsys, tmp_path):
+    assert main(["plan", str(SEED), "--train-tokens", "1e3", "--no-curriculum"]) == 2
+    assert "sequence length is unknown" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(["plan", str(SEED), "--train-tokens", "abc"])
+    assert info.value.code == 2
+    assert main(["plan", str(tmp_path / "none.json")]) == 2
