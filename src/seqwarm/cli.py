@@ -13,7 +13,7 @@ import logging
 import sys
 
 from seqwarm import __version__
-from seqwarm.errors import UserError
+from seqwarm.errors import SeqwarmError, UserError
 
 # Modules that provide a command; a module that does not exist yet is skipped.
 COMMAND_MODULES = (
@@ -63,22 +63,16 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     if not getattr(args, "func", None):
-        if args.command is None:
-            # `seqwarm` alone: the main job, when the train command exists; else help.
-            try:
-                return main(["train"])
-            except SystemExit as exc:  # no train command registered yet
-                if exc.code != 2:
-                    raise
-            parser.print_help()
-            return 0
         parser.print_help()
-        return 2
+        return 0 if args.command is None else 2
     try:
         return int(args.func(args) or 0)
     except UserError as err:
         print(f"seqwarm {args.command}: error: {err}", file=sys.stderr)
         return err.exit_code
+    except SeqwarmError as err:  # a run that failed for a reason we can name (e.g. diverged)
+        print(f"seqwarm {args.command}: {err}", file=sys.stderr)
+        return getattr(err, "exit_code", 1)
     except KeyboardInterrupt:
         print(f"seqwarm {args.command}: interrupted", file=sys.stderr)
         return 130

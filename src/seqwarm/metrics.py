@@ -1,0 +1,95 @@
+"""Run metrics: one console line per log interval, ``metrics.jsonl``, TensorBoard when installed.
+
+Rows in ``metrics.jsonl`` carry ``kind`` = ``train`` (step, tokens, samples, seqlen, lr, loss at the
+current length, tokens_per_s, grad_norm, elapsed_s, ...) or ``eval`` (step, tokens, val_loss, val_ppl at
+full length). TensorBoard tags are namespaced: ``train/loss``, ``curriculum/seqlen``, ``progress/tokens``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from seqwarm.units import human_count
+
+logger = logging.getLogger(__name__)
+
+_TB_TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "seqlen": "curriculum/seqlen",
+            "tokens_per_s": "perf/tokens_per_s", "tokens": "progress/tokens", "val_loss": "val/loss",
+            "val_ppl": "val/ppl", "adam_v_l1": "stability/adam_v_l1", "adam_v_max": "stability/adam_v_max",
+            "loss_ratio": "stability/loss_ratio"}
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """All rows of a metrics.jsonl (a torn last line from a killed run is ignored)."""
+    rows = []
+    if not path.exists():
+        return rows
+    for line in path.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return rows
+
+
+def truncate_metrics(path: Path, step: int) -> None:
+    """Keep the rows up to ``step`` (on resume, rows after the checkpoint will be written again)."""
+    rows = [r for r in read_metrics(path) if r.get("step", 0) <= step]
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    tmp.replace(path)
+
+
+class MetricsWriter:
+    """Appends rows to RUN/metrics.jsonl and mirrors numbers to TensorBoard when available."""
+
+    def __init__(self, run_dir: Path, tensorboard: bool = True):
+        self.path = run_dir / "metrics.jsonl"
+        self._fh = open(self.path, "a", buffering=1)
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self._tb = SummaryWriter(str(run_dir / "tensorboard"))
+            except Exception:  # noqa: BLE001 - tensorboard is optional
+                logger.debug("tensorboard not installed: no event files (pip install 'seqwarm[tensorboard]')")
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        self._fh.write(json.dumps(row) + "\n")
+        if self._tb is not None:
+            step = int(row["step"])
+            for key, tag in _TB_TAGS.items():
+                value = row.get(key)
+                if isinstance(value, (int, float)) and math.isfinite(value):
+                    self._tb.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        self._fh.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None or not math.isfinite(seconds):
+        return "?"
+    seconds = int(seconds)
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
+def console_line(row: Mapping[str, Any], budget_tokens: int | None, val_loss: float | None,
+                 eta_s: float | None) -> str:
+    """``step 420 | seqlen 256 | tokens 12.3M/2.0B | loss 3.91 | val 4.02 | lr 3.0e-4 | 85k tok/s | eta 41m``"""
+    budget = f"/{human_count(budget_tokens)}" if budget_tokens else ""
+    val = f"{val_loss:.3f}" if val_loss is not None else "-"
+    return (f"step {row['step']} | seqlen {row['seqlen']} | tokens {human_count(row['tokens'])}{budget} | "
+            f"loss {row['loss']:.3f} | val {val} | lr {row['lr']:.2e} | "
+            f"{human_count(round(row['tokens_per_s']))} tok/s | eta {format_duration(eta_s)}")
