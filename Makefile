@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 demo: $(VENV)/.installed
-	$(VENV)/bin/seqwarm plan examples/ds_config_gpt2.json --train-tokens 157286400000
+	$(VENV)/bin/seqwarm train
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

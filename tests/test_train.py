@@ -1,0 +1,159 @@
+"""`seqwarm train` end to end on CPU: budget, growing length, full-length eval, resume, bad input."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from seqwarm import load_config, make_plan
+from seqwarm.cli import main
+from seqwarm.metrics import read_metrics
+
+from conftest import small_config
+
+FAST = ["--model", "tiny", "--eval-iters", "2", "--no-progress", "--no-tensorboard", "--log-interval", "1"]
+
+
+def train(args, capsys=None):
+    code = main(["train", *FAST, *args])
+    return code
+
+
+def test_end_to_end_run(tmp_path, byte_data, capsys):
+    cfg = small_config(tmp_path / "c.json")
+    out = tmp_path / "run"
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out), "--eval-interval", "4",
+                  "--save-interval", "5"]) == 0
+    printed = capsys.readouterr().out
+    assert "step 1 | seqlen 16 |" in printed and "final full-length val loss" in printed
+    rows = read_metrics(out / "metrics.jsonl")
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    # the budget rule: stop after the first step reaching train_tokens, as planned
+    plan = make_plan(load_config(cfg))
+    assert train_rows[-1]["step"] == plan.total_steps
+    assert train_rows[-1]["tokens"] >= 6000 > train_rows[-2]["tokens"]
+    assert [r["tokens"] for r in train_rows] == [p for p in _plan_tokens(cfg)]
+    # growing length, then full length
+    lengths = [r["seqlen"] for r in train_rows]
+    assert lengths[0] == 16 and lengths == sorted(lengths) and lengths[-1] == 64
+    # eval rows at full length, every 4 steps and at the end
+    assert {r["seqlen"] for r in evals} == {64}
+    assert [r["step"] for r in evals][:2] == [4, 8] and evals[-1]["step"] == train_rows[-1]["step"]
+    for key in ("step", "tokens", "seqlen", "lr", "loss", "tokens_per_s"):
+        assert key in train_rows[0]
+    assert "val_ppl" in evals[0]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tokens"] == train_rows[-1]["tokens"] and summary["final_val_loss"] == evals[-1]["val_loss"]
+    resolved = json.loads((out / "config.json").read_text())
+    assert resolved["world_size"] == 1 and "torch" in resolved["versions"]
+    assert resolved["run"]["curriculum"]["max_difficulty"] == 64
+    assert (out / "curves.png").stat().st_size > 10_000
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert ckpts[-1] == f"step_{plan.total_steps:08d}.pt"
+
+
+def _plan_tokens(cfg):
+    plan = make_plan(load_config(cfg), keep_series=True)
+    return plan.cum_tokens
+
+
+def test_no_curriculum_baseline_is_full_length(tmp_path, byte_data):
+    cfg = small_config(tmp_path / "c.json", train_tokens=2000)
+    out = tmp_path / "base"
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out), "--no-curriculum"]) == 0
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "train"]
+    assert {r["seqlen"] for r in rows} == {64}
+    assert rows[-1]["tokens"] == 8 * 64 * len(rows)
+
+
+def _run_cli(args, env=None):
+    cmd = [sys.executable, "-m", "seqwarm", "train", *FAST, *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+
+
+def _losses(run_dir):
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"}
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_is_exact(tmp_path, byte_data):
+    cfg = small_config(tmp_path / "c.json", train_tokens=9000, total_step=8)
+    common = ["--config", str(cfg), "--data", str(byte_data), "--save-interval", "1", "--eval-interval", "0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ref = tmp_path / "ref"
+    proc = _run_cli([*common, "--out", str(ref)], env)
+    assert proc.wait(timeout=300) == 0, proc.stdout.read().decode()
+
+    victim = tmp_path / "victim"
+    proc = _run_cli([*common, "--out", str(victim)], env)
+    deadline = time.time() + 240
+    while time.time() < deadline:  # kill it somewhere after the 4th checkpoint
+        ckpts = list((victim / "checkpoints").glob("step_*.pt")) if (victim / "checkpoints").exists() else []
+        if any(int(p.stem.split("_")[1]) >= 4 for p in ckpts):
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = max(_losses(victim))
+    proc = _run_cli([*common, "--out", str(victim), "--resume"], env)
+    out = proc.communicate(timeout=300)[0].decode()
+    assert proc.returncode == 0, out
+    assert "resuming at step" in out
+    expected, got = _losses(ref), _losses(victim)
+    assert got == expected, f"killed at step {killed_at}"
+
+
+def test_resume_refuses_changed_config(tmp_path, byte_data, capsys):
+    cfg = small_config(tmp_path / "c.json", train_tokens=1500)
+    out = tmp_path / "run"
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out)]) == 0
+    changed = small_config(tmp_path / "c2.json", train_tokens=3000, total_step=3)
+    capsys.readouterr()
+    assert train(["--config", str(changed), "--data", str(byte_data), "--out", str(out), "--resume"]) == 2
+    assert "different" in capsys.readouterr().err
+    assert train(["--config", str(changed), "--data", str(byte_data), "--out", str(out), "--resume",
+                  "--allow-config-change"]) == 0
+
+
+@pytest.mark.parametrize("extra,fragment", [
+    (["--data", "/nonexistent/prepared"], "no such folder"),
+    (["--rampup-batch-size", "4", "4", "100"], "cannot be combined with a sequence-length curriculum"),
+    (["--resume"], "no checkpoint"),
+    (["--seq-length", "32"], "exceeds the model's sequence length"),
+    (["--lr", "-1"], "negative"),
+])
+def test_bad_input_exits_2_without_traceback(tmp_path, byte_data, capsys, extra, fragment):
+    cfg = small_config(tmp_path / "c.json")
+    args = ["train", *FAST, "--config", str(cfg), "--out", str(tmp_path / "r")]
+    if "--data" not in extra:
+        args += ["--data", str(byte_data)]
+    try:
+        code = main(args + extra)
+    except SystemExit as exc:  # argparse rejects some flags itself, also with code 2
+        code = exc.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err
+
+
+def test_existing_run_dir_needs_resume(tmp_path, byte_data, capsys):
+    cfg = small_config(tmp_path / "c.json")
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "something").write_text("x")
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out)]) == 2
+    assert "already holds a run" in capsys.readouterr().err
+
+
+def test_bad_config_file_exits_2(tmp_path, byte_data, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"train_batch_size": 8, "curriculum_learning": {"enabled": true, "min_difficulty": 0}}')
+    assert train(["--config", str(bad), "--data", str(byte_data), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "curriculum_learning.min_difficulty" in err and "Traceback" not in err
