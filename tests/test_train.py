@@ -157,3 +157,21 @@ def test_bad_config_file_exits_2(tmp_path, byte_data, capsys):
     assert train(["--config", str(bad), "--data", str(byte_data), "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "curriculum_learning.min_difficulty" in err and "Traceback" not in err
+
+
+def test_train_runs_paper_evals_at_the_end(tmp_path, byte_data, capsys):
+    wiki = tmp_path / "wiki.test.raw"
+    wiki.write_text(" = Title = \n The model learns short context first , then long context @-@ later . \n" * 4)
+    lam = tmp_path / "lambada.jsonl"
+    lam.write_text('{"text": "the curriculum grows the sequence length"}\n{"text": "short context first"}\n')
+    cfg = small_config(tmp_path / "c.json", train_tokens=1500)
+    out = tmp_path / "run"
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out),
+                  "--eval-wikitext", str(wiki), "--eval-lambada", str(lam)]) == 0
+    results = json.loads((out / "eval.json").read_text())
+    (entry,) = results.values()
+    assert entry["wikitext"]["num_original_words"] > 0 and entry["lambada"]["num_examples"] == 2
+    # a missing eval file is refused before any training happens
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(tmp_path / "r2"),
+                  "--eval-lambada", str(tmp_path / "missing.jsonl")]) == 2
+    assert not (tmp_path / "r2" / "checkpoints").exists()

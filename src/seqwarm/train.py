@@ -164,7 +164,7 @@ class Run:
         self.resolved = {
             "run": _jsonable(cfg.to_dict()),
             "model": {"preset": opts.model, **asdict(model_cfg), "num_params": model_cfg.num_params()},
-            "data": {"folder": str(data.folder), "tokenizer": data.meta.get("tokenizer"),
+            "data": {"folder": str(Path(data.folder).resolve()), "tokenizer": data.meta.get("tokenizer"),
                      "vocab_size": data.vocab_size,
                      "train_tokens": data.meta["splits"]["train"]["tokens"],
                      "val_tokens": data.meta["splits"]["val"]["tokens"]},

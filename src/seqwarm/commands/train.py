@@ -46,6 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--keep-checkpoints", type=count, default=3, metavar="N")
     g.add_argument("--log-interval", type=count, default=10, metavar="N")
     g.add_argument("--no-progress", action="store_true", help="no progress bar")
+    g.add_argument("--eval-wikitext", metavar="FILE", help="after training, WikiText-103 perplexity on this "
+                   "local wiki.test.raw (see docs/EVALUATION.md)")
+    g.add_argument("--eval-lambada", metavar="FILE", help="after training, LAMBADA zero-shot accuracy on this "
+                   "local lambada_test.jsonl")
     g.add_argument("--no-tensorboard", action="store_true", help="no TensorBoard event files")
     p.set_defaults(func=run)
 
@@ -100,6 +104,9 @@ def run(args: argparse.Namespace) -> int:
     from seqwarm.train import Run, TrainOptions, finish_lines, format_start, prepare_run_dir, write_resolved_config
 
     cfg = resolve_config(args)
+    if args.eval_wikitext or args.eval_lambada:
+        from seqwarm.evaluate import check_eval_files
+        check_eval_files(wikitext=args.eval_wikitext, lambada=args.eval_lambada)  # fail before training
     out = Path(args.out) if args.out else Path("runs") / f"{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     opts = TrainOptions(out=out, data=Path(args.data) if args.data else None, model=args.model, seed=args.seed,
                         device=args.device, eval_interval=args.eval_interval, eval_iters=args.eval_iters,
@@ -125,4 +132,11 @@ def run(args: argparse.Namespace) -> int:
     result = run.train()
     for line in finish_lines(result):
         print(line, flush=True)
+    if args.eval_wikitext or args.eval_lambada:
+        from seqwarm.commands.eval import format_results
+        from seqwarm.evaluate import run_paper_evals
+        res = run_paper_evals(run.run_dir, wikitext=args.eval_wikitext, lambada=args.eval_lambada,
+                              device=args.device, progress=not args.no_progress)
+        for line in format_results(res):
+            print(line, flush=True)
     return 0

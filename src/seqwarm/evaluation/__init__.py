@@ -1,0 +1,1 @@
+"""The evaluators behind :mod:`seqwarm.evaluate` (import them from there)."""

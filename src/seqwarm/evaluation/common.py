@@ -1,0 +1,123 @@
+"""What every evaluator shares: calling the model, eval mode, progress bars, reading files; and the
+full-length validation loss of a prepared folder."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from seqwarm.errors import UserError
+
+Model = Callable[[torch.Tensor], Any]
+"""Maps ``input_ids (B, T)`` to ``logits (B, T, V)`` (or an object with ``.logits``)."""
+
+
+def device_of(model: Any, device: str | torch.device | None) -> torch.device:
+    if device is not None:
+        return torch.device(device)
+    if isinstance(model, torch.nn.Module):
+        for p in model.parameters():
+            return p.device
+    return torch.device("cpu")
+
+
+class EvalMode:
+    """``model.eval()`` for the duration, then the previous mode back (no-op for plain callables)."""
+
+    def __init__(self, model: Any):
+        self.model = model if isinstance(model, torch.nn.Module) else None
+
+    def __enter__(self):
+        if self.model is not None:
+            self.was_training = self.model.training
+            self.model.eval()
+
+    def __exit__(self, *exc):
+        if self.model is not None:
+            self.model.train(self.was_training)
+
+
+def model_logits(model: Model, input_ids: torch.Tensor) -> torch.Tensor:
+    out = model(input_ids)
+    out = getattr(out, "logits", out)
+    if not isinstance(out, torch.Tensor) or out.dim() != 3 or out.shape[:2] != input_ids.shape:
+        shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"the model must map input_ids {list(input_ids.shape)} to logits (B, T, V); got {shape}")
+    return out
+
+
+def progress_bar(total: int, desc: str, unit: str, progress: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True,
+                disable=None if progress else True)
+
+
+def safe_exp(x: float) -> float:
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return float("inf")
+
+
+def model_seq_length(model: Any, seq_length: int | None) -> int:
+    if seq_length is not None:
+        return int(seq_length)
+    cfg = getattr(model, "config", None)
+    length = getattr(cfg, "seq_length", None) or getattr(cfg, "n_positions", None)
+    if length is None:
+        raise ValueError("pass seq_length: the model has no config.seq_length")
+    return int(length)
+
+
+def read_text_file(path: str | Path, what: str) -> str:
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"{what} file {str(p)!r} does not exist")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise UserError(f"{what} file {str(p)!r} is not UTF-8 text ({err})") from None
+    except OSError as err:
+        raise UserError(f"cannot read {what} file {str(p)!r}: {err}") from None
+    if not text.strip():
+        raise UserError(f"{what} file {str(p)!r} is empty")
+    return text
+
+
+@torch.no_grad()
+def evaluate_val(model: Model, data, *, seq_length: int | None = None, batch_size: int = 8,
+                 num_windows: int | None = None, device: str | torch.device | None = None,
+                 progress: bool = True) -> dict[str, Any]:
+    """Full-length loss/ppl on the val split of a :class:`~seqwarm.data.PreparedData` (all windows or
+    the first ``num_windows``): ``loss`` (mean NLL per target token), ``ppl``, ``num_windows``,
+    ``num_tokens`` (targets scored), ``seq_length``."""
+    from seqwarm.data.dataset import iter_eval_batches
+
+    seq_length = model_seq_length(model, seq_length)
+    windows = data.windows("val", seq_length)
+    count = len(windows) if num_windows is None else min(len(windows), num_windows)
+    dev = device_of(model, device)
+    total_nll, total = 0.0, 0.0
+    bar = progress_bar(count, "val", "win", progress)
+    try:
+        with EvalMode(model):
+            for batch in iter_eval_batches(windows, batch_size, num_windows=count):
+                logits = model_logits(model, batch["input_ids"].to(dev)).float()
+                nll = F.cross_entropy(logits.transpose(1, 2), batch["labels"].to(dev), reduction="none")
+                mask = batch["loss_mask"].to(dev)
+                total_nll += float((nll * mask).double().sum())
+                total += float(mask.sum())
+                bar.update(len(batch["input_ids"]))
+    finally:
+        bar.close()
+    loss = total_nll / max(total, 1.0)
+    return {"loss": loss, "ppl": safe_exp(loss), "num_windows": count, "num_tokens": int(total),
+            "seq_length": seq_length}
+

@@ -1,0 +1,167 @@
+"""Evaluating a checkpoint of a ``seqwarm train`` run folder and recording it in ``RUN/eval.json``."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seqwarm.errors import UserError
+from seqwarm.evaluation.common import evaluate_val
+from seqwarm.evaluation.lambada import evaluate_lambada, read_lambada
+from seqwarm.evaluation.wikitext import evaluate_wikitext, read_wikitext
+
+EVAL_FILE = "eval.json"
+
+
+def check_eval_files(wikitext: str | Path | None = None, lambada: str | Path | None = None) -> None:
+    """Fail fast (UserError) on a missing, empty or malformed evaluation file, e.g. before training."""
+    if wikitext is not None:
+        read_wikitext(wikitext)
+    if lambada is not None:
+        read_lambada(lambada)
+
+
+@dataclass
+class LoadedRun:
+    """A checkpoint of a run folder, ready to evaluate."""
+
+    run_dir: Path
+    step: int
+    checkpoint: Path
+    model: torch.nn.Module
+    tokenizer: Any
+    data_dir: Path
+    tokens: int | None
+    device: torch.device
+
+
+def load_run(run_dir: str | Path, *, checkpoint: int | None = None, device: str = "auto",
+             data: str | Path | None = None) -> LoadedRun:
+    """The GPT of ``run_dir``'s checkpoint ``checkpoint`` (default: the newest that loads), its tokenizer
+    (from the run's prepared data folder, or ``data``) and the step; UserError on anything missing."""
+    from seqwarm.checkpoint import checkpoint_path, latest_checkpoint, list_checkpoints, load_checkpoint
+    from seqwarm.data.tokenizer import load_tokenizer
+    from seqwarm.model import GPT, GPTConfig
+    from seqwarm.train import pick_device
+
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise UserError(f"run folder {str(run)!r} does not exist")
+    folder = run / "checkpoints"
+    found = list_checkpoints(folder)
+    if not found:
+        raise UserError(f"{run} has no checkpoint (expected {folder}/step_XXXXXXXX.pt, written by seqwarm train)")
+    if checkpoint is None:
+        latest = latest_checkpoint(folder)
+        if latest is None:
+            raise UserError(f"none of the checkpoints in {folder} loads")
+        path, state = latest
+    else:
+        steps = [s for s, _ in found]
+        if checkpoint not in steps:
+            raise UserError(f"{run} has no checkpoint of step {checkpoint}; available: "
+                            f"{', '.join(str(s) for s in steps)}")
+        path = checkpoint_path(folder, checkpoint)
+        try:
+            state = load_checkpoint(path)
+        except Exception as err:  # noqa: BLE001 - any unreadable file is the user's to fix
+            raise UserError(f"checkpoint {path} does not load: {err}") from None
+    resolved = state.get("config")
+    if not isinstance(resolved, dict):
+        try:
+            resolved = json.loads((run / "config.json").read_text())
+        except (OSError, ValueError) as err:
+            raise UserError(f"{path} has no config and {run / 'config.json'} is unreadable ({err})") from None
+    names = {f.name for f in GPTConfig.__dataclass_fields__.values()}
+    try:
+        model_cfg = GPTConfig(**{k: v for k, v in resolved["model"].items() if k in names})
+    except (KeyError, TypeError, ValueError) as err:
+        raise UserError(f"{path}: the run's model section is unusable ({err})") from None
+    data_dir = Path(data) if data is not None else Path(resolved.get("data", {}).get("folder", ""))
+    if not str(data_dir) or not (data_dir / "meta.json").is_file():
+        raise UserError(f"the run's prepared data folder {str(data_dir)!r} (it holds the tokenizer) is missing; "
+                        "pass --data DIR to point at it")
+    tokenizer = load_tokenizer(data_dir)
+    if tokenizer.vocab_size > model_cfg.vocab_size:
+        raise UserError(f"the tokenizer in {data_dir} has {tokenizer.vocab_size} tokens but the model only "
+                        f"{model_cfg.vocab_size}: not the data this run was trained on")
+    dev = pick_device(device)
+    model = GPT(model_cfg)
+    model.load_state_dict(state["model"])
+    model.to(dev).eval()
+    tokens = (state.get("engine") or {}).get("progress", {}).get("tokens")
+    return LoadedRun(run, int(state.get("step", 0)), path, model, tokenizer, data_dir, tokens, dev)
+
+
+def _read_eval_file(path: Path) -> dict[str, Any]:
+    if not path.exists():
+        return {}
+    try:
+        existing = json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise UserError(f"{path} is not valid JSON ({err}); move it away to start a new one") from None
+    if not isinstance(existing, dict):
+        raise UserError(f"{path} is not a JSON object keyed by step; move it away to start a new one")
+    return existing
+
+
+def record_results(run_dir: str | Path, step: int, results: dict[str, Any]) -> Path:
+    """Merge ``results`` into ``RUN/eval.json`` under ``str(step)`` (sections replaced, others kept)."""
+    path = Path(run_dir) / EVAL_FILE
+    existing = _read_eval_file(path)
+    entry = dict(existing.get(str(step), {}))
+    entry.update(results)
+    existing[str(step)] = entry
+    # steps in numeric order ("8" before "16"); any key that is not a step goes last
+    ordered = dict(sorted(existing.items(), key=lambda kv: (0, int(kv[0]), "") if kv[0].isdigit() else (1, 0, kv[0])))
+    tmp = path.with_name(f".{EVAL_FILE}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(ordered, indent=2) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def run_paper_evals(run_dir: str | Path, wikitext: str | Path | None = None, lambada: str | Path | None = None,
+                    *, val: bool = False, val_windows: int | None = None, checkpoint: int | None = None,
+                    overlapping_eval: int | None = None, batch_size: int = 8, device: str = "auto",
+                    strict: bool = True, data: str | Path | None = None, progress: bool = True,
+                    write: bool = True) -> dict[str, Any]:
+    """Evaluate a run's checkpoint on the files given and record it in ``RUN/eval.json``.
+
+    Returns ``{"step": ..., "tokens": ..., "checkpoint": ..., "wikitext": {...}, "lambada": {...},
+    "val": {...}}`` with only the evaluations asked for. Files are checked before the model loads.
+    """
+    if wikitext is None and lambada is None and not val:
+        raise UserError("nothing to evaluate: give a WikiText file, a LAMBADA file or ask for val")
+    if batch_size < 1:
+        raise UserError(f"batch size must be at least 1, got {batch_size}")
+    raw = read_wikitext(wikitext) if wikitext is not None else None
+    texts = read_lambada(lambada) if lambada is not None else None
+    if write:
+        _read_eval_file(Path(run_dir) / EVAL_FILE)  # a broken eval.json fails now, not after the work
+    loaded = load_run(run_dir, checkpoint=checkpoint, device=device, data=data)
+    seq = loaded.model.config.seq_length
+    common = dict(batch_size=batch_size, device=loaded.device, progress=progress)
+    results: dict[str, Any] = {}
+    if raw is not None:
+        try:
+            res = evaluate_wikitext(loaded.model, loaded.tokenizer, raw, overlapping_eval=overlapping_eval, **common)
+        except UserError as err:
+            raise UserError(f"WikiText file {wikitext}: {err}") from None
+        results["wikitext"] = {"file": str(wikitext), **res}
+    if texts is not None:
+        res = evaluate_lambada(loaded.model, loaded.tokenizer, texts, strict=strict, source=str(lambada), **common)
+        results["lambada"] = {"file": str(lambada), **res}
+    if val:
+        from seqwarm.data.dataset import open_prepared
+
+        prepared = open_prepared(loaded.data_dir)
+        results["val"] = evaluate_val(loaded.model, prepared, num_windows=val_windows, **common)
+    if write:
+        record_results(loaded.run_dir, loaded.step, {"tokens": loaded.tokens, **results})
+    return {"step": loaded.step, "tokens": loaded.tokens, "checkpoint": str(loaded.checkpoint),
+            "seq_length": seq, **results}
