@@ -1,1 +1,65 @@
-"""Data pipeline: embedded corpus, tokenizers, indexed token files, datasets."""
+"""Data pipeline: embedded corpus, tokenizers, indexed token files, datasets.
+
+    corpus -> tokenizer -> SPLIT.bin/.idx + meta.json (prepare_dataset) -> PreparedData -> batches
+
+Names are imported lazily, so that ``import seqwarm.data`` (and the tokenizing worker processes) do
+not pay for importing torch; only the dataset part needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    # corpus
+    "iter_default_documents": "corpus",
+    "default_corpus_sources": "corpus",
+    "describe_default_corpus": "corpus",
+    "iter_input_documents": "corpus",
+    "resolve_inputs": "corpus",
+    "strip_gutenberg_boilerplate": "corpus",
+    "CorpusSource": "corpus",
+    # tokenizers
+    "Tokenizer": "tokenizer",
+    "ByteTokenizer": "tokenizer",
+    "HFTokenizer": "tokenizer",
+    "build_tokenizer": "tokenizer",
+    "gpt2_tokenizer": "tokenizer",
+    "train_bpe": "tokenizer",
+    "load_tokenizer": "tokenizer",
+    "parse_tokenizer_name": "tokenizer",
+    "EOD_TOKEN": "tokenizer",
+    "DEFAULT_TOKENIZER": "tokenizer",
+    # on-disk format
+    "IndexedTokens": "indexed",
+    "IndexedWriter": "indexed",
+    "choose_dtype": "indexed",
+    "read_meta": "indexed",
+    "verify_files": "indexed",
+    # preparing
+    "prepare_dataset": "prepare",
+    "PrepareResult": "prepare",
+    # batches
+    "PreparedData": "dataset",
+    "open_prepared": "dataset",
+    "TokenWindows": "dataset",
+    "TrainBatches": "dataset",
+    "iter_eval_batches": "dataset",
+    "build_batch": "dataset",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'seqwarm.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"seqwarm.data.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

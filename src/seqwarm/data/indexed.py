@@ -1,0 +1,242 @@
+"""Indexed token files: ``SPLIT.bin`` (token ids) + ``SPLIT.idx`` (document offsets), and ``meta.json``.
+
+``SPLIT.bin``: the token ids of all documents of the split, back to back (each document ends with EOD),
+little-endian ``uint16`` when the vocabulary fits (``vocab_size <= 65536``), else ``uint32``. No header,
+so it can be memory-mapped directly.
+
+``SPLIT.idx`` (little-endian)::
+
+    offset  size  field
+    0       8     magic b"SEQWIDX\\0"
+    8       4     format version (uint32) = 1
+    12      4     token item size in bytes (uint32): 2 = uint16, 4 = uint32
+    16      8     number of documents D (uint64)
+    24      8     number of tokens N (uint64)
+    32      8*(D+1) document offsets (int64), in tokens: offsets[0] = 0, offsets[D] = N;
+                  document d is bin[offsets[d]:offsets[d+1]]
+
+The writer streams: tokens and offsets go to disk as they come (the header is written last), so memory
+does not grow with the corpus.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from seqwarm.errors import UserError
+
+IDX_MAGIC = b"SEQWIDX\x00"
+IDX_VERSION = 1
+IDX_HEADER = struct.Struct("<8sIIQQ")  # magic, version, itemsize, num_docs, num_tokens
+META_FILE = "meta.json"
+META_FORMAT = "seqwarm-tokens"
+META_FORMAT_VERSION = 1
+SPLITS = ("train", "val")
+
+
+def choose_dtype(vocab_size: int) -> np.dtype:
+    """``uint16`` when every id fits (``vocab_size <= 65536``), else ``uint32``."""
+    if vocab_size <= 0:
+        raise ValueError(f"vocab_size must be positive, got {vocab_size}")
+    return np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<u4")
+
+
+def dtype_name(dtype: np.dtype) -> str:
+    return {2: "uint16", 4: "uint32"}[np.dtype(dtype).itemsize]
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+class IndexedWriter:
+    """Append documents to ``PREFIX.bin`` / ``PREFIX.idx``; :meth:`close` writes the header.
+
+    The SHA-256 of ``.bin`` is computed while writing, so the file is never read back.
+    """
+
+    def __init__(self, prefix: str | Path, dtype: np.dtype):
+        self.prefix = Path(prefix)
+        self.dtype = np.dtype(dtype).newbyteorder("<")
+        self.bin_path = self.prefix.with_suffix(".bin")
+        self.idx_path = self.prefix.with_suffix(".idx")
+        self._bin: BinaryIO = open(self.bin_path, "wb")
+        self._idx: BinaryIO = open(self.idx_path, "wb")
+        self._idx.write(b"\0" * IDX_HEADER.size)  # placeholder, rewritten by close()
+        self._idx.write(np.zeros(1, dtype="<i8").tobytes())  # offsets[0]
+        self._sha = hashlib.sha256()
+        self.num_docs = 0
+        self.num_tokens = 0
+        self.closed = False
+
+    def add_documents(self, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        """Append documents given as their concatenated tokens and each one's length."""
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if int(lengths.sum()) != len(tokens):
+            raise ValueError("lengths do not add up to the number of tokens")
+        if len(lengths) == 0:
+            return
+        data = np.ascontiguousarray(tokens, dtype=self.dtype).tobytes()
+        self._bin.write(data)
+        self._sha.update(data)
+        offsets = self.num_tokens + np.cumsum(lengths)
+        self._idx.write(offsets.astype("<i8").tobytes())
+        self.num_docs += len(lengths)
+        self.num_tokens += len(tokens)
+
+    def close(self) -> dict[str, Any]:
+        """Finish both files; return ``{"documents", "tokens", "files": {name: {bytes, sha256}}}``."""
+        if not self.closed:
+            self._bin.close()
+            self._idx.seek(0)
+            self._idx.write(IDX_HEADER.pack(IDX_MAGIC, IDX_VERSION, self.dtype.itemsize,
+                                            self.num_docs, self.num_tokens))
+            self._idx.close()
+            self.closed = True
+        return {
+            "documents": self.num_docs,
+            "tokens": self.num_tokens,
+            "files": {
+                self.bin_path.name: {"bytes": self.bin_path.stat().st_size, "sha256": self._sha.hexdigest()},
+                self.idx_path.name: {"bytes": self.idx_path.stat().st_size,
+                                     "sha256": sha256_file(self.idx_path)},
+            },
+        }
+
+    def abort(self) -> None:
+        for f in (self._bin, self._idx):
+            f.close()
+        self.closed = True
+
+
+class IndexedTokens:
+    """A memory-mapped ``PREFIX.bin`` + ``PREFIX.idx`` pair: ``tokens`` (1-D) and ``offsets`` (D+1)."""
+
+    def __init__(self, prefix: str | Path):
+        self.prefix = Path(prefix)
+        self.bin_path = self.prefix.with_suffix(".bin")
+        self.idx_path = self.prefix.with_suffix(".idx")
+        header = _read_header(self.idx_path)
+        _, _, itemsize, self.num_docs, self.num_tokens = header
+        self.dtype = np.dtype({2: "<u2", 4: "<u4"}[itemsize])
+        expect_idx = IDX_HEADER.size + 8 * (self.num_docs + 1)
+        _check_size(self.idx_path, expect_idx, "its header")
+        _check_size(self.bin_path, self.num_tokens * itemsize, f"{self.idx_path.name}")
+        self.offsets = np.memmap(self.idx_path, dtype="<i8", mode="r", offset=IDX_HEADER.size,
+                                 shape=(self.num_docs + 1,))
+        if self.num_tokens:
+            self.tokens = np.memmap(self.bin_path, dtype=self.dtype, mode="r", shape=(self.num_tokens,))
+        else:  # numpy cannot map an empty file
+            self.tokens = np.zeros(0, dtype=self.dtype)
+        if self.offsets[0] != 0 or self.offsets[-1] != self.num_tokens:
+            raise UserError(f"{self.idx_path}: document offsets do not match the token count; "
+                            "the file is corrupted, re-run seqwarm prepare")
+
+    def __len__(self) -> int:
+        return self.num_docs
+
+    def document(self, i: int) -> np.ndarray:
+        """Tokens of document ``i`` (a view into the memmap; its last token is EOD)."""
+        return self.tokens[int(self.offsets[i]):int(self.offsets[i + 1])]
+
+
+def _read_header(path: Path) -> tuple:
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(IDX_HEADER.size)
+    except FileNotFoundError:
+        raise UserError(f"{str(path)!r} is missing; re-run seqwarm prepare") from None
+    except OSError as err:
+        raise UserError(f"cannot read {str(path)!r}: {err.strerror or err}") from None
+    if len(raw) < IDX_HEADER.size:
+        raise UserError(f"{str(path)!r} is truncated ({len(raw)} bytes, shorter than its header); "
+                        "re-run seqwarm prepare")
+    header = IDX_HEADER.unpack(raw)
+    if header[0] != IDX_MAGIC:
+        raise UserError(f"{str(path)!r} is not a seqwarm index file (bad magic bytes)")
+    if header[1] != IDX_VERSION:
+        raise UserError(f"{str(path)!r} has index format version {header[1]}; this seqwarm reads "
+                        f"version {IDX_VERSION}; re-run seqwarm prepare")
+    if header[2] not in (2, 4):
+        raise UserError(f"{str(path)!r}: unsupported token size {header[2]} bytes")
+    return header
+
+
+def _check_size(path: Path, expected: int, source: str) -> None:
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        raise UserError(f"{str(path)!r} is missing; re-run seqwarm prepare") from None
+    if size != expected:
+        what = "truncated" if size < expected else "longer than expected"
+        raise UserError(f"{str(path)!r} is {what}: {size} bytes, but {source} says {expected}; "
+                        "the file is damaged or was changed, re-run seqwarm prepare")
+
+
+# --------------------------------------------------------------------------------------------------
+# meta.json
+
+
+def read_meta(folder: str | Path) -> dict[str, Any]:
+    folder = Path(folder)
+    path = folder / META_FILE
+    if not folder.is_dir():
+        raise UserError(f"prepared data folder {str(folder)!r} does not exist; "
+                        "make one with: seqwarm prepare --out DIR")
+    try:
+        meta = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{str(folder)!r} is not a prepared data folder (no {META_FILE}); "
+                        "make one with: seqwarm prepare --out DIR") from None
+    except (OSError, ValueError) as err:
+        raise UserError(f"cannot read {str(path)!r}: {err}") from None
+    if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
+        raise UserError(f"{str(path)!r} is not a seqwarm prepared-data description")
+    if meta.get("format_version") != META_FORMAT_VERSION:
+        raise UserError(f"{str(path)!r} has format version {meta.get('format_version')}; this seqwarm "
+                        f"reads version {META_FORMAT_VERSION}; re-run seqwarm prepare")
+    return meta
+
+
+# In-process cache of verified checksums, keyed by file identity, so that opening the same folder
+# several times (train and val datasets, every test) hashes each file once.
+_VERIFIED: dict[tuple, str] = {}
+
+
+def verify_files(folder: str | Path, meta: Mapping[str, Any], *, checksums: bool = True) -> None:
+    """Check every file listed in ``meta["files"]``: it exists, has its size, and (optionally) its SHA-256."""
+    folder = Path(folder)
+    files = meta.get("files")
+    if not isinstance(files, Mapping) or not files:
+        raise UserError(f"{folder / META_FILE}: no file list; re-run seqwarm prepare")
+    for name, info in files.items():
+        path = folder / name
+        _check_size(path, int(info["bytes"]), META_FILE)
+        if not checksums:
+            continue
+        st = path.stat()
+        key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
+        digest = _VERIFIED.get(key) or sha256_file(path)
+        if digest != info["sha256"]:
+            raise UserError(f"{str(path)!r} does not match its checksum in {META_FILE} (sha256 "
+                            f"{digest[:12]}... vs {str(info['sha256'])[:12]}...): the file is corrupted "
+                            "or was changed; re-run seqwarm prepare")
+        _VERIFIED[key] = digest
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

@@ -1,0 +1,383 @@
+"""Corpus -> tokenizer -> ``train/val .bin/.idx`` + ``meta.json`` (what ``seqwarm prepare`` runs).
+
+Three streaming passes over the documents, none holding the corpus or its tokens in memory:
+
+1. count: read and validate every input (bad files fail here, before any work), count documents
+   and UTF-8 bytes, then pick the validation documents (whole documents, from the seed);
+2. ``bpe:N`` only: train the tokenizer on the training documents;
+3. tokenize chunks of documents in worker processes (at most ``2 * workers`` chunks in flight), append
+   each document's tokens (ending with EOD) to ``train`` or ``val``.
+
+Everything is written into a hidden sibling folder that replaces ``out`` only once complete.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing as mp
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from seqwarm import __version__
+from seqwarm.data import corpus
+from seqwarm.data.indexed import (
+    META_FILE,
+    META_FORMAT,
+    META_FORMAT_VERSION,
+    IndexedWriter,
+    choose_dtype,
+    dtype_name,
+    sha256_file,
+    write_json_atomic,
+)
+from seqwarm.data.tokenizer import (
+    DEFAULT_TOKENIZER,
+    Tokenizer,
+    build_tokenizer,
+    parse_tokenizer_name,
+    tokenizer_from_payload,
+)
+from seqwarm.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_VAL_FRACTION = 0.05
+DEFAULT_SEED = 1234
+DEFAULT_CHUNK_BYTES = 1 << 20  # text per worker task: big enough to amortise IPC, small enough to balance
+
+
+def default_workers() -> int:
+    """CPU cores this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass
+class PrepareResult:
+    """What :func:`prepare_dataset` did: the folder, its ``meta.json`` and timings."""
+
+    out: Path
+    meta: dict[str, Any]
+    input_bytes: int
+    tokenize_seconds: float  # the tokenize-and-write pass
+    tokenizer_seconds: float  # training the BPE (0 for gpt2/byte)
+    total_seconds: float
+    workers: int
+
+    @property
+    def tokens(self) -> int:
+        return sum(s["tokens"] for s in self.meta["splits"].values())
+
+    @property
+    def mb_per_second(self) -> float:
+        return self.input_bytes / 1e6 / max(self.tokenize_seconds, 1e-9)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / max(self.tokenize_seconds, 1e-9)
+
+    def summary(self) -> str:
+        m = self.meta
+        tr, va = m["splits"]["train"], m["splits"]["val"]
+        lines = [
+            f"wrote {self.out}: tokenizer {m['tokenizer']['name']} (vocab {m['vocab_size']}, "
+            f"EOD {m['eod_id']}, {m['dtype']})",
+            f"  train: {tr['documents']:,} documents, {tr['tokens']:,} tokens",
+            f"  val:   {va['documents']:,} documents, {va['tokens']:,} tokens",
+            f"  tokenized {self.input_bytes / 1e6:.1f} MB in {self.tokenize_seconds:.1f} s with "
+            f"{self.workers} worker(s): {self.mb_per_second:.2f} MB/s, {self.tokens_per_second:,.0f} tokens/s"
+            + (f"; tokenizer training {self.tokenizer_seconds:.1f} s" if self.tokenizer_seconds else "")
+            + f"; total {self.total_seconds:.1f} s",
+        ]
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# Worker side (module level, so that "spawn" workers can import it)
+
+_WORKER_TOKENIZER: Tokenizer | None = None
+
+
+def _init_worker(payload: tuple) -> None:
+    global _WORKER_TOKENIZER
+    _WORKER_TOKENIZER = tokenizer_from_payload(payload)
+
+
+def encode_documents(tok: Tokenizer, texts: Sequence[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    """Tokenize texts as documents (each ends with EOD): concatenated tokens and per-document lengths."""
+    arrays = [tok.encode_array(t, dtype) for t in texts]
+    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
+    tokens = np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
+    return tokens, lengths
+
+
+def _encode_chunk(texts: list[str], dtype_str: str) -> tuple[np.ndarray, np.ndarray]:
+    assert _WORKER_TOKENIZER is not None, "worker not initialised"
+    return encode_documents(_WORKER_TOKENIZER, texts, np.dtype(dtype_str))
+
+
+# --------------------------------------------------------------------------------------------------
+# Main side
+
+
+def _check_out(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise UserError(f"--out {str(out)!r} exists and is not a folder")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise UserError(f"--out {str(out)!r} already exists and is not empty; "
+                        "pass --force to replace it (only once the new data is complete)")
+
+
+def _check_inputs_outside(out: Path, inputs: Sequence[str | Path]) -> None:
+    """``--out`` is replaced wholesale: refuse when it would swallow an input (``--input d --out d``)."""
+    target = out.resolve()
+    for raw in inputs:
+        path = Path(raw).expanduser().resolve()
+        if path == target or target in path.parents:
+            raise UserError(f"--out {str(out)!r} contains the input {str(raw)!r}; it would be replaced. "
+                            "Choose another output folder")
+
+
+def _non_empty(docs: Iterator[corpus.Document]) -> Iterator[corpus.Document]:
+    for name, text in docs:
+        if text.strip():
+            yield name, text
+        else:
+            logger.debug("skipping empty document %s", name)
+
+
+def _chunks(docs: Iterator[corpus.Document], chunk_bytes: int) -> Iterator[tuple[list[str], int, int]]:
+    """Group documents into ``(texts, index of the first, UTF-8 bytes)`` of about ``chunk_bytes``."""
+    texts: list[str] = []
+    first, size, index = 0, 0, 0
+    for _, text in docs:
+        texts.append(text)
+        size += len(text.encode("utf-8"))
+        index += 1
+        if size >= chunk_bytes:
+            yield texts, first, size
+            texts, first, size = [], index, 0
+    if texts:
+        yield texts, first, size
+
+
+def choose_val_documents(num_docs: int, val_fraction: float, seed: int) -> np.ndarray:
+    """Boolean mask of the held-out documents: ``round(fraction * n)`` of them, at least 1 and at most
+    ``n - 1``, chosen by a seeded permutation (so the same seed and corpus give the same split)."""
+    if num_docs < 2:
+        raise UserError(f"the corpus has {num_docs} non-empty document(s); at least 2 are needed to hold "
+                        "out a validation split by whole documents (split the text into several .txt "
+                        "files or .jsonl lines)")
+    k = min(max(1, round(val_fraction * num_docs)), num_docs - 1)
+    mask = np.zeros(num_docs, dtype=bool)
+    mask[np.random.default_rng(seed).permutation(num_docs)[:k]] = True
+    return mask
+
+
+def prepare_dataset(
+    out: str | Path,
+    inputs: Sequence[str | Path] | None = None,
+    *,
+    tokenizer: str = DEFAULT_TOKENIZER,
+    val_fraction: float = DEFAULT_VAL_FRACTION,
+    json_key: str = "text",
+    vocab_file: str | Path | None = None,
+    merges_file: str | Path | None = None,
+    workers: int | None = None,
+    seed: int = DEFAULT_SEED,
+    force: bool = False,
+    progress: bool = True,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> PrepareResult:
+    """Tokenize ``inputs`` (files/folders of .txt/.jsonl; ``None`` = the embedded corpus) into ``out``.
+
+    Raises :class:`UserError` for every mistake the user can fix, before anything is written where
+    possible; on any failure ``out`` is left as it was.
+    """
+    t_start = time.perf_counter()
+    out = Path(out).expanduser()
+    if not 0.0 < val_fraction < 1.0:
+        raise UserError(f"--val-fraction must be between 0 and 1 (exclusive), got {val_fraction}")
+    workers = default_workers() if workers is None else int(workers)
+    if workers < 1:
+        raise UserError(f"--workers must be at least 1, got {workers}")
+    if not json_key:
+        raise UserError("--json-key must not be empty")
+    kind, _ = parse_tokenizer_name(tokenizer)
+    if kind != "gpt2" and (vocab_file or merges_file):
+        raise UserError(f"--vocab-file/--merges-file only apply to --tokenizer gpt2, not {tokenizer!r}")
+    _check_out(out, force)
+
+    if inputs:
+        files = corpus.resolve_inputs(inputs)
+        _check_inputs_outside(out, inputs)
+
+        def documents() -> Iterator[corpus.Document]:
+            return _non_empty(corpus.iter_input_documents(files, json_key))
+
+        source_desc: dict[str, Any] = {"inputs": [str(p) for p in inputs], "json_key": json_key,
+                                       "files": len(files)}
+    else:
+        present = [s.key for s in corpus.default_corpus_sources() if s.available]
+
+        def documents() -> Iterator[corpus.Document]:
+            return _non_empty(corpus.iter_default_documents())
+
+        source_desc = {"embedded": present}
+
+    # Pass 1: validate and count.
+    logger.info("reading the corpus ...")
+    num_docs, total_bytes = 0, 0
+    for _, text in documents():
+        num_docs += 1
+        total_bytes += len(text.encode("utf-8"))
+    if num_docs == 0:
+        raise UserError("the corpus is empty: no document has any text"
+                        + (f" (inputs: {', '.join(map(str, inputs))})" if inputs else ""))
+    val_mask = choose_val_documents(num_docs, val_fraction, seed)
+    logger.info("%d documents, %.1f MB; %d held out for validation", num_docs, total_bytes / 1e6,
+                int(val_mask.sum()))
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        # Pass 2: the tokenizer (bpe:N learns from the training documents only).
+        t0 = time.perf_counter()
+        if kind == "bpe":
+            logger.info("training the %s tokenizer on %d documents ...", tokenizer, int((~val_mask).sum()))
+            train_texts = (t for i, (_, t) in enumerate(documents()) if not val_mask[i])
+            tok = build_tokenizer(tokenizer, train_texts, num_documents=int((~val_mask).sum()),
+                                  show_progress=progress and sys.stderr.isatty())
+        else:
+            tok = build_tokenizer(tokenizer, vocab_file=vocab_file, merges_file=merges_file)
+        tokenizer_seconds = time.perf_counter() - t0 if kind == "bpe" else 0.0
+        dtype = choose_dtype(tok.vocab_size)
+
+        # Pass 3: tokenize and write.
+        # Worker processes only pay off when tokenizing costs more than shipping the text to them:
+        # not for `byte` (tens of MB/s in-process), nor for a corpus of a single chunk.
+        n_workers = 1 if kind == "byte" else max(1, min(workers, math.ceil(total_bytes / chunk_bytes)))
+        t0 = time.perf_counter()
+        splits = _tokenize_and_write(tmp, tok, dtype, documents(), val_mask, n_workers, chunk_bytes,
+                                     total_bytes, progress)
+        tokenize_seconds = time.perf_counter() - t0
+
+        tok_files = tok.save(tmp)
+        files: dict[str, Any] = {}
+        for info in splits.values():
+            files.update(info.pop("files"))
+        for name in tok_files:
+            files[name] = {"bytes": (tmp / name).stat().st_size, "sha256": sha256_file(tmp / name)}
+        meta = {
+            "format": META_FORMAT,
+            "format_version": META_FORMAT_VERSION,
+            "seqwarm_version": __version__,
+            "tokenizer": {**tok.describe(), "files": tok_files},
+            "vocab_size": tok.vocab_size,
+            "eod_id": tok.eod_id,
+            "dtype": dtype_name(dtype),
+            "corpus": {**source_desc, "documents": num_docs, "bytes": total_bytes},
+            "split": {"by": "document", "val_fraction": val_fraction, "seed": seed},
+            "splits": splits,
+            "files": files,
+        }
+        write_json_atomic(tmp / META_FILE, meta)
+        _replace_dir(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return PrepareResult(out=out, meta=meta, input_bytes=total_bytes, tokenize_seconds=tokenize_seconds,
+                         tokenizer_seconds=tokenizer_seconds,
+                         total_seconds=time.perf_counter() - t_start, workers=n_workers)
+
+
+def _tokenize_and_write(folder: Path, tok: Tokenizer, dtype: np.dtype, docs: Iterator[corpus.Document],
+                        val_mask: np.ndarray, n_workers: int, chunk_bytes: int, total_bytes: int,
+                        progress: bool) -> dict[str, dict[str, Any]]:
+    from tqdm.auto import tqdm
+
+    writers = {"train": IndexedWriter(folder / "train", dtype), "val": IndexedWriter(folder / "val", dtype)}
+    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"tokenizing ({tok.name})",
+               file=sys.stderr, disable=None if progress else True, dynamic_ncols=True)
+
+    def consume(first: int, size: int, tokens: np.ndarray, lengths: np.ndarray) -> None:
+        if first + len(lengths) > len(val_mask):
+            raise UserError("the inputs changed while they were being prepared (more documents than "
+                            "counted); run seqwarm prepare again")
+        is_val = val_mask[first:first + len(lengths)]
+        if not is_val.any():
+            writers["train"].add_documents(tokens, lengths)
+        elif is_val.all():
+            writers["val"].add_documents(tokens, lengths)
+        else:
+            token_is_val = np.repeat(is_val, lengths)
+            writers["train"].add_documents(tokens[~token_is_val], lengths[~is_val])
+            writers["val"].add_documents(tokens[token_is_val], lengths[is_val])
+        bar.update(size)
+
+    try:
+        chunks = _chunks(docs, chunk_bytes)
+        if n_workers == 1:
+            for texts, first, size in chunks:
+                consume(first, size, *encode_documents(tok, texts, dtype))
+        else:
+            _run_pool(tok, dtype, chunks, n_workers, consume)
+        results = {name: w.close() for name, w in writers.items()}
+        if sum(r["documents"] for r in results.values()) != len(val_mask):
+            raise UserError("the inputs changed while they were being prepared (fewer documents than "
+                            "counted); run seqwarm prepare again")
+    finally:
+        bar.close()
+        for w in writers.values():
+            if not w.closed:
+                w.abort()
+    return {name: {"documents": r["documents"], "tokens": r["tokens"], "bin": f"{name}.bin",
+                   "idx": f"{name}.idx", "files": r["files"]} for name, r in results.items()}
+
+
+def _run_pool(tok: Tokenizer, dtype: np.dtype, chunks: Iterator[tuple[list[str], int, int]],
+              n_workers: int, consume: Callable[..., None]) -> None:
+    """Ordered, bounded fan-out: at most ``2 * n_workers`` chunks are queued, so memory stays flat.
+
+    "spawn" workers: a fork after ``tokenizers`` has started its thread pool (BPE training) is unsafe.
+    """
+    ctx = mp.get_context("spawn")
+    with ctx.Pool(n_workers, initializer=_init_worker, initargs=(tok.worker_payload(),)) as pool:
+        pending: deque = deque()
+        for texts, first, size in chunks:
+            pending.append((first, size, pool.apply_async(_encode_chunk, (texts, dtype.str))))
+            if len(pending) >= 2 * n_workers:
+                first0, size0, res = pending.popleft()
+                consume(first0, size0, *res.get())
+        while pending:
+            first0, size0, res = pending.popleft()
+            consume(first0, size0, *res.get())
+
+
+def _replace_dir(tmp: Path, out: Path) -> None:
+    """Move the finished ``tmp`` to ``out``; an existing ``out`` is removed only after that succeeded."""
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(out, old)
+        try:
+            os.replace(tmp, out)
+        except BaseException:
+            os.replace(old, out)
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, out)

@@ -1,0 +1,259 @@
+"""``seqwarm prepare`` / prepare_dataset: outputs, meta.json, splits, dtypes, errors, atomicity."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+from tokenizers import pre_tokenizers
+
+from seqwarm.cli import main
+from seqwarm.data import prepare as prep
+from seqwarm.data.indexed import IndexedTokens, sha256_file
+from seqwarm.data.prepare import prepare_dataset
+from seqwarm.data.tokenizer import ByteTokenizer, load_tokenizer
+
+WORDS = "the quick brown fox jumps over a lazy dog while seven wise kings sing".split()
+
+
+def make_texts(n: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [f"Document {i}. " + " ".join(rng.choice(WORDS, size=int(rng.integers(20, 60)))) for i in range(n)]
+
+
+def write_txt(folder: pathlib.Path, texts: list[str]) -> pathlib.Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, t in enumerate(texts):
+        (folder / f"doc{i:03d}.txt").write_text(t, encoding="utf-8")
+    return folder
+
+
+def read_docs(out: pathlib.Path, split: str) -> list[list[int]]:
+    ix = IndexedTokens(out / split)
+    return [ix.document(i).tolist() for i in range(len(ix))]
+
+
+def cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["prepare", "--no-progress", *argv])
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def test_prepare_txt_folder_byte(tmp_path):
+    texts = make_texts(20)
+    out = tmp_path / "out"
+    res = prepare_dataset(out, [write_txt(tmp_path / "in", texts)], tokenizer="byte", val_fraction=0.2,
+                          workers=1, progress=False)
+    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "train.idx", "val.bin", "val.idx"]
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta == res.meta
+    assert (meta["format"], meta["format_version"], meta["dtype"]) == ("seqwarm-tokens", 1, "uint16")
+    assert (meta["vocab_size"], meta["eod_id"]) == (257, 256)
+    assert meta["tokenizer"]["name"] == "byte" and meta["seqwarm_version"]
+    assert meta["corpus"]["documents"] == 20
+    assert meta["corpus"]["bytes"] == sum(len(t.encode()) for t in texts)
+    # Documents are whole, in corpus order within each split, each ending with exactly one EOD.
+    train, val = read_docs(out, "train"), read_docs(out, "val")
+    assert len(val) == 4 and len(train) == 16
+    tok = ByteTokenizer()
+    got = sorted(train + val)
+    assert got == sorted(tok.encode_document(t) for t in texts)
+    for doc in train + val:
+        assert doc[-1] == 256 and doc.count(256) == 1
+    decoded = [tok.decode(d[:-1]) for d in train]
+    assert decoded == [t for t in texts if t in decoded]  # original order preserved
+    for split, docs in (("train", train), ("val", val)):
+        info = meta["splits"][split]
+        assert info["documents"] == len(docs) and info["tokens"] == sum(map(len, docs))
+        for ext in ("bin", "idx"):
+            f = out / f"{split}.{ext}"
+            assert meta["files"][f.name] == {"bytes": f.stat().st_size, "sha256": sha256_file(f)}
+    assert res.mb_per_second > 0 and res.tokens == sum(map(len, train + val))
+    assert "MB/s" in res.summary() and "tokens/s" in res.summary()
+
+
+def test_val_split_is_deterministic_and_seeded(tmp_path):
+    src = write_txt(tmp_path / "in", make_texts(30))
+
+    def val_docs(name: str, seed: int) -> list[list[int]]:
+        prepare_dataset(tmp_path / name, [src], tokenizer="byte", val_fraction=0.1, seed=seed, workers=1,
+                        progress=False)
+        return read_docs(tmp_path / name, "val")
+
+    a, b, c = val_docs("a", 1), val_docs("b", 1), val_docs("c", 2)
+    assert a == b and len(a) == 3
+    assert a != c
+    assert (tmp_path / "a" / "train.bin").read_bytes() == (tmp_path / "b" / "train.bin").read_bytes()
+    # Tiny fractions still hold out one document, and never all of them.
+    prepare_dataset(tmp_path / "d", [src], tokenizer="byte", val_fraction=0.001, workers=1, progress=False)
+    assert len(read_docs(tmp_path / "d", "val")) == 1
+    prepare_dataset(tmp_path / "e", [src], tokenizer="byte", val_fraction=0.999, workers=1, progress=False)
+    assert len(read_docs(tmp_path / "e", "train")) == 1
+
+
+def test_choose_val_documents():
+    mask = prep.choose_val_documents(2, 0.5, 0)
+    assert mask.sum() == 1
+    assert prep.choose_val_documents(1000, 0.05, 7).sum() == 50
+
+
+def test_worker_processes_give_identical_output(tmp_path):
+    src = write_txt(tmp_path / "in", make_texts(40))
+    kw = dict(chunk_bytes=500, progress=False)
+    one = prepare_dataset(tmp_path / "one", [src], tokenizer="gpt2", workers=1, **kw)
+    two = prepare_dataset(tmp_path / "two", [src], tokenizer="gpt2", workers=2, **kw)
+    assert two.workers == 2 and one.workers == 1
+    assert one.meta["files"] == two.meta["files"]
+    assert one.meta["splits"]["train"]["documents"] > 30
+    # byte tokenization is faster in-process than shipping text to workers.
+    assert prepare_dataset(tmp_path / "b", [src], tokenizer="byte", workers=2, **kw).workers == 1
+
+
+def test_jsonl_and_mixed_inputs_with_bpe(tmp_path):
+    texts = make_texts(12)
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_text("".join(json.dumps({"body": t, "id": i}) + "\n" for i, t in enumerate(texts[:8])))
+    folder = write_txt(tmp_path / "more", texts[8:])
+    out = tmp_path / "out"
+    res = prepare_dataset(out, [jsonl, folder], tokenizer="bpe:300", json_key="body", val_fraction=0.25,
+                          workers=1, progress=False)
+    meta = res.meta
+    assert meta["corpus"]["documents"] == 12 and meta["corpus"]["json_key"] == "body"
+    assert meta["tokenizer"]["name"] == "bpe:300" and meta["tokenizer"]["files"] == ["tokenizer.json"]
+    assert "tokenizer.json" in meta["files"]
+    tok = load_tokenizer(out)
+    assert tok.vocab_size == meta["vocab_size"] and tok.eod_id == meta["eod_id"]
+    docs = read_docs(out, "train") + read_docs(out, "val")
+    assert sorted(tok.decode(d[:-1]) for d in docs) == sorted(texts)
+    assert all(d.count(tok.eod_id) == 1 and d[-1] == tok.eod_id for d in docs)
+
+
+def test_gpt2_tokenizer_and_uint32_for_big_vocabularies(tmp_path):
+    src = write_txt(tmp_path / "in", make_texts(4))
+    res = prepare_dataset(tmp_path / "g", [src], tokenizer="gpt2", workers=1, progress=False)
+    assert (res.meta["vocab_size"], res.meta["eod_id"], res.meta["dtype"]) == (50257, 50256, "uint16")
+    assert load_tokenizer(tmp_path / "g").encode("Hello world") == [15496, 995]
+    # A 70000-token vocabulary (EOD = 69999) no longer fits uint16.
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    vocab.update({f"filler{i}": i for i in range(len(vocab), 69999)})
+    vocab["<|endoftext|>"] = 69999
+    (tmp_path / "vocab.json").write_text(json.dumps(vocab))
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")
+    res = prepare_dataset(tmp_path / "big", [src], tokenizer="gpt2", vocab_file=tmp_path / "vocab.json",
+                          merges_file=tmp_path / "merges.txt", workers=1, progress=False)
+    assert (res.meta["vocab_size"], res.meta["eod_id"], res.meta["dtype"]) == (70000, 69999, "uint32")
+    ix = IndexedTokens(tmp_path / "big" / "train")
+    assert ix.tokens.dtype == np.dtype("<u4") and ix.document(0)[-1] == 69999
+    assert (tmp_path / "big" / "train.bin").stat().st_size == 4 * ix.num_tokens
+
+
+def test_cli_prepare_prints_summary(tmp_path, capsys):
+    src = write_txt(tmp_path / "in", make_texts(5))
+    code, out, _ = cli(capsys, "--input", str(src), "--tokenizer", "byte", "--workers", "1",
+                       "--out", str(tmp_path / "out"))
+    assert code == 0
+    assert "train:" in out and "MB/s" in out and "tokens/s" in out
+    assert (tmp_path / "out" / "meta.json").is_file()
+
+
+def test_prepare_embedded_corpus_byte(tmp_path):
+    res = prepare_dataset(tmp_path / "emb", tokenizer="byte", progress=False)
+    meta = res.meta
+    assert meta["corpus"]["embedded"] == ["shakespeare", "kjv", "asv"]
+    assert meta["corpus"]["documents"] == 42 + 66 + 66
+    assert meta["splits"]["val"]["documents"] == round(0.05 * 174)
+    assert 12e6 < meta["corpus"]["bytes"] < 15e6
+    assert meta["splits"]["train"]["tokens"] + meta["splits"]["val"]["tokens"] == meta["corpus"]["bytes"] + 174
+
+
+# --------------------------------------------------------------------------------------------------
+# Bad input: exit code 2, a clear message, nothing written
+
+
+@pytest.mark.parametrize("setup,args,fragment", [
+    (lambda p: None, ["--input", "{p}/missing.txt"], "does not exist"),
+    (lambda p: (p / "e1.txt").write_text("  \n"), ["--input", "{p}/e1.txt"], "corpus is empty"),
+    (lambda p: (p / "one.txt").write_text("only one"), ["--input", "{p}/one.txt"], "at least 2 are needed"),
+    (lambda p: (p / "b.jsonl").write_text('{"text": "a"}\n{"text": "b"\n'), ["--input", "{p}/b.jsonl"],
+     "b.jsonl:2: not valid JSON"),
+    (lambda p: (p / "k.jsonl").write_text('{"text": "a"}\n{"txt": "b"}\n'), ["--input", "{p}/k.jsonl"],
+     "k.jsonl:2: no 'text' field"),
+    (lambda p: (p / "x.md").write_text("x"), ["--input", "{p}/x.md"], "unsupported type"),
+    (lambda p: (p / "d").mkdir(), ["--input", "{p}/d"], "no .txt or .jsonl files"),
+    (lambda p: None, ["--tokenizer", "wordpiece"], "unknown tokenizer"),
+    (lambda p: None, ["--tokenizer", "bpe:16"], "at least 258"),
+    (lambda p: None, ["--tokenizer", "byte", "--vocab-file", "v.json", "--merges-file", "m.txt"],
+     "only apply to --tokenizer gpt2"),
+    (lambda p: None, ["--tokenizer", "gpt2", "--vocab-file", "{p}/v.json"], "go together"),
+    (lambda p: None, ["--val-fraction", "1.5"], "between 0 and 1"),
+    (lambda p: None, ["--workers", "0"], "at least 1"),
+])
+def test_bad_input_exits_2_with_message(tmp_path, capsys, setup, args, fragment):
+    setup(tmp_path)
+    out = tmp_path / "out"
+    argv = [a.format(p=tmp_path) for a in args]
+    if "--input" not in argv and "--tokenizer" not in argv:
+        argv += ["--tokenizer", "byte"]
+    code, stdout, err = cli(capsys, *argv, "--out", str(out))
+    assert code == 2
+    assert fragment in err and err.startswith("seqwarm prepare: error:")
+    assert "Traceback" not in err
+    assert not out.exists()
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith(".out.")]
+
+
+def test_unreadable_file_exits_2(tmp_path, capsys, monkeypatch):
+    src = write_txt(tmp_path / "in", make_texts(3))
+    locked = src / "doc001.txt"
+    real = pathlib.Path.read_bytes
+
+    def read_bytes(self):
+        if self == locked:
+            raise PermissionError(13, "Permission denied")
+        return real(self)
+
+    monkeypatch.setattr(pathlib.Path, "read_bytes", read_bytes)
+    code, _, err = cli(capsys, "--input", str(src), "--tokenizer", "byte", "--out", str(tmp_path / "out"))
+    assert code == 2 and "cannot read input file" in err and "doc001.txt" in err and "Permission denied" in err
+
+
+def test_existing_output_needs_force(tmp_path, capsys):
+    src = write_txt(tmp_path / "in", make_texts(6))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("precious")
+    code, _, err = cli(capsys, "--input", str(src), "--tokenizer", "byte", "--out", str(out))
+    assert code == 2 and "already exists and is not empty" in err and "--force" in err
+    assert (out / "keep.txt").read_text() == "precious"
+    code, _, _ = cli(capsys, "--input", str(src), "--tokenizer", "byte", "--force", "--out", str(out))
+    assert code == 0 and not (out / "keep.txt").exists() and (out / "meta.json").is_file()
+    # --force never replaces a folder holding the inputs.
+    code, _, err = cli(capsys, "--input", str(src / "doc000.txt"), str(src / "doc001.txt"), "--tokenizer", "byte",
+                       "--force", "--out", str(src))
+    assert code == 2 and "contains the input" in err and (src / "doc000.txt").is_file()
+    # An existing empty folder is fine without --force.
+    (tmp_path / "empty").mkdir()
+    code, _, _ = cli(capsys, "--input", str(src), "--tokenizer", "byte", "--out", str(tmp_path / "empty"))
+    assert code == 0
+
+
+def test_failure_late_leaves_nothing_and_keeps_old_output(tmp_path, monkeypatch):
+    src = write_txt(tmp_path / "in", make_texts(6))
+    out = tmp_path / "out"
+    prepare_dataset(out, [src], tokenizer="byte", workers=1, progress=False)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def boom(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(prep, "write_json_atomic", boom)
+    with pytest.raises(OSError, match="No space"):
+        prepare_dataset(out, [src], tokenizer="bpe:300", force=True, workers=1, progress=False)
+    with pytest.raises(OSError):
+        prepare_dataset(tmp_path / "fresh", [src], tokenizer="byte", workers=1, progress=False)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert not (tmp_path / "fresh").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out"]
