@@ -26,6 +26,7 @@ from seqwarm import __version__
 from seqwarm.budget import stop_reason
 from seqwarm.checkpoint import latest_checkpoint, rng_state, save_checkpoint, set_rng_state
 from seqwarm.config import RunConfig
+from seqwarm.distributed import DistInfo, barrier, device_for, gather_floats, wrap_model
 from seqwarm.errors import SeqwarmError, UserError
 from seqwarm.metrics import MetricsWriter, console_line, format_duration, truncate_metrics
 
@@ -71,18 +72,6 @@ class TrainResult:
     final_val_loss: float | None
     stop_reason: str
     summary: dict[str, Any]
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise UserError(f"--device {name!r} is not a device (use auto, cpu, cuda or cuda:N)") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {name} asked for, but this torch build sees no CUDA device")
-    return device
 
 
 def build_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
@@ -143,22 +132,27 @@ def evaluate(engine, data, seq_length: int, micro_batch_size: int, eval_iters: i
 class Run:
     """One training run in a folder: set-up, the loop, evaluation and checkpoints."""
 
-    def __init__(self, cfg: RunConfig, opts: TrainOptions, data, model_cfg, *, rank: int = 0):
+    def __init__(self, cfg: RunConfig, opts: TrainOptions, data, model_cfg, *,
+                 dist_info: DistInfo | None = None, fsdp: bool = False):
         from seqwarm.engine import CurriculumEngine
         from seqwarm.model import GPT
 
         self.cfg, self.opts, self.data, self.model_cfg = cfg, opts, data, model_cfg
-        self.is_main = rank == 0
-        self.rank = rank
-        self.device = pick_device(opts.device)
+        self.info = dist_info or DistInfo()
+        if self.info.world_size != cfg.world_size:
+            raise ValueError(f"config world_size {cfg.world_size} != {self.info.world_size} processes")
+        self.is_main = self.info.is_main
+        self.fsdp = fsdp
+        self.device = device_for(self.info, opts.device)
         self.run_dir = Path(opts.out)
         self.ckpt_dir = self.run_dir / "checkpoints"
-        torch.manual_seed(opts.seed)
-        self.model = GPT(model_cfg).to(self.device)
-        self.optimizer = build_optimizer(self.model, cfg)
-        self.engine = CurriculumEngine(self.model, self.optimizer, cfg)
+        torch.manual_seed(opts.seed)  # same initial weights on every rank
+        self.model = GPT(model_cfg).to(self.device)  # the unwrapped model (sharded in place by FSDP2)
+        wrapped = wrap_model(self.model, self.info, fsdp, self.device)
+        self.optimizer = build_optimizer(self.model, cfg)  # after sharding: FSDP2 params are DTensors
+        self.engine = CurriculumEngine(wrapped, self.optimizer, cfg)
         self.batches = data.train_batches(model_cfg.seq_length, cfg.micro_batch_size, seed=opts.seed,
-                                          rank=rank, world_size=cfg.world_size)
+                                          rank=self.info.rank, world_size=self.info.world_size)
         self.elapsed_before = 0.0
         self.last_val: float | None = None
         self.resolved = {
@@ -170,24 +164,39 @@ class Run:
                      "val_tokens": data.meta["splits"]["val"]["tokens"]},
             "options": _jsonable({k: v for k, v in asdict(opts).items() if k not in ("resume",)}),
             "world_size": cfg.world_size,
+            "parallelism": "fsdp2" if fsdp else ("ddp" if self.info.enabled else "none"),
             "device": str(self.device),
             "versions": versions(),
         }
 
     # -- checkpoints ------------------------------------------------------------------------------
+    def _full_state(self) -> tuple[dict, dict]:
+        """Model and optimizer state as full (unsharded) tensors; a collective under FSDP2."""
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+            return get_state_dict(self.model, self.optimizer,
+                                  options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return self.model.state_dict(), self.optimizer.state_dict()
+
     def save(self) -> Path | None:
+        model_state, optim_state = self._full_state()  # every rank takes part (FSDP2 gathers)
         if not self.is_main:
+            barrier(self.info)
             return None
+        engine_state = self.engine.state_dict(include_optimizer=False)
+        engine_state["optimizer"] = optim_state
         payload = {
-            "model": self.model.state_dict(),
-            "engine": self.engine.state_dict(),
+            "model": model_state,
+            "engine": engine_state,
             "data": self.batches.state_dict(),
             "rng": rng_state(),
             "config": self.resolved,
             "elapsed_s": self.elapsed_before + (time.perf_counter() - self.t_start),
             "last_val": self.last_val,
         }
-        return save_checkpoint(self.ckpt_dir, self.engine.global_steps, payload, keep=self.opts.keep_checkpoints)
+        path = save_checkpoint(self.ckpt_dir, self.engine.global_steps, payload, keep=self.opts.keep_checkpoints)
+        barrier(self.info)
+        return path
 
     def resume(self) -> bool:
         found = latest_checkpoint(self.ckpt_dir)
@@ -201,8 +210,16 @@ class Run:
         if changed and not self.opts.allow_config_change:
             raise UserError(f"{path} was written with a different {', '.join(changed)}; resume with the same "
                             "settings, or pass --allow-config-change to continue anyway")
-        self.model.load_state_dict(state["model"])
-        self.engine.load_state_dict(state["engine"])
+        engine_state = dict(state["engine"])
+        optim_state = engine_state.pop("optimizer")
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=optim_state, options=StateDictOptions(full_state_dict=True))
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(optim_state)
+        self.engine.load_state_dict(engine_state)
         self.batches.load_state_dict(state["data"])
         set_rng_state(state["rng"])
         self.elapsed_before = float(state.get("elapsed_s", 0.0))
@@ -248,6 +265,14 @@ class Run:
                     step_losses.append(loss.detach())
                     self.engine.step()
                 step_loss = float(torch.stack(step_losses).mean())
+                if self.info.enabled:  # mean loss over ranks; every rank must be at the same length
+                    per_rank = gather_floats([step_loss, float(self.engine.current_seqlen or 0)], self.info,
+                                             self.device if self.info.backend == "nccl" else torch.device("cpu"))
+                    lengths = {int(r[1]) for r in per_rank}
+                    if len(lengths) != 1:
+                        raise RuntimeError(f"ranks disagree on the curriculum length at step "
+                                           f"{self.engine.global_steps}: {sorted(lengths)}")
+                    step_loss = sum(r[0] for r in per_rank) / len(per_rank)
                 p = self.engine.progress
                 if not math.isfinite(step_loss):
                     raise TrainingDiverged(
@@ -279,8 +304,7 @@ class Run:
                 if opts.save_interval and p.step % opts.save_interval == 0 and reason is None:
                     self.save()
             final_val = self._eval_row(writer)
-            if self.is_main:
-                self.save()
+            self.save()
         finally:
             if bar is not None:
                 bar.close()
@@ -346,7 +370,9 @@ class Run:
         return summary
 
 
-def prepare_run_dir(opts: TrainOptions) -> None:
+def prepare_run_dir(opts: TrainOptions, info: DistInfo | None = None) -> None:
+    """Check the run folder on every rank (same answer everywhere), then create it on rank 0."""
+    info = info or DistInfo()
     run_dir = Path(opts.out)
     has_ckpt = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
     if opts.resume:
@@ -355,7 +381,10 @@ def prepare_run_dir(opts: TrainOptions) -> None:
                             "(drop --resume to start a new run there)")
     elif run_dir.exists() and any(run_dir.iterdir()):
         raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    barrier(info)  # every rank has looked before rank 0 writes anything
+    if info.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    barrier(info)
 
 
 def write_resolved_config(run: Run) -> Path:

@@ -31,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "corpus, prepared once into the cache)")
     p.add_argument("--model", default="tiny", choices=sorted(PRESETS), help="model size preset (default: tiny)")
     p.add_argument("--rotary", action="store_true", help="rotary position embeddings instead of learned ones")
+    p.add_argument("--fsdp", action="store_true", help="under torchrun: shard the model with FSDP2 (fully_shard "
+                   "per block) instead of DDP")
     add_budget_and_lr_flags(p)
     add_precision_flags(p)
     g = p.add_argument_group("run")
@@ -97,46 +99,87 @@ def _print_plan(cfg, start_step: int) -> None:
             logger.warning("warning: %s", message)
 
 
+def parse_train_args(argv: list[str]) -> argparse.Namespace:
+    """Parse ``seqwarm train`` flags (for programs that launch runs, e.g. compare/tune)."""
+    parser = argparse.ArgumentParser(prog="seqwarm")
+    register(parser.add_subparsers(dest="command"))
+    return parser.parse_args(["train", *argv])
+
+
 def run(args: argparse.Namespace) -> int:
+    execute(args)
+    return 0
+
+
+def execute(args: argparse.Namespace):
+    """Run training as ``seqwarm train`` does; return the :class:`~seqwarm.train.TrainResult`.
+
+    Under torchrun every rank runs this: DDP (or FSDP2 with ``--fsdp``) over the process group that
+    torchrun describes; rank 0 alone prints, logs and writes files.
+    """
+    from seqwarm.distributed import cleanup, init_distributed
+
+    info = init_distributed(args.device)
+    if not info.is_main:
+        logging.getLogger().setLevel(logging.ERROR)
+    try:
+        return _execute(args, info)
+    finally:
+        cleanup(info)
+
+
+def _execute(args: argparse.Namespace, info):
     from seqwarm.data import open_prepared
     from seqwarm.defaults import default_data_dir
+    from seqwarm.distributed import barrier
     from seqwarm.model import GPTConfig
     from seqwarm.train import Run, TrainOptions, finish_lines, format_start, prepare_run_dir, write_resolved_config
 
-    cfg = resolve_config(args)
+    say = print if info.is_main else (lambda *a, **k: None)
+    cfg = resolve_config(args, world_size=info.world_size)
     if args.eval_wikitext or args.eval_lambada:
         from seqwarm.evaluate import check_eval_files
         check_eval_files(wikitext=args.eval_wikitext, lambada=args.eval_lambada)  # fail before training
     out = Path(args.out) if args.out else Path("runs") / f"{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if info.enabled and not args.out:
+        raise UserError("under torchrun, give --out (every rank must agree on the run folder)")
     opts = TrainOptions(out=out, data=Path(args.data) if args.data else None, model=args.model, seed=args.seed,
                         device=args.device, eval_interval=args.eval_interval, eval_iters=args.eval_iters,
                         save_interval=args.save_interval, keep_checkpoints=args.keep_checkpoints,
                         log_interval=max(1, args.log_interval), resume=args.resume,
                         allow_config_change=args.allow_config_change, progress_bar=not args.no_progress,
                         tensorboard=not args.no_tensorboard)
-    prepare_run_dir(opts)
-    data_dir = opts.data if opts.data else default_data_dir()
+    prepare_run_dir(opts, info)
+    if opts.data:
+        data_dir = opts.data
+    else:  # rank 0 prepares the embedded corpus once; the others wait for it
+        if info.is_main:
+            default_data_dir()
+        barrier(info)
+        data_dir = default_data_dir()
     if not data_dir.exists():
         raise UserError(f"--data {data_dir}: no such folder (create it with `seqwarm prepare --out {data_dir}`)")
     data = open_prepared(data_dir)
     model_cfg = GPTConfig.preset(args.model, vocab_size=data.vocab_size, seq_length=cfg.seq_length,
                                  rotary=args.rotary)
-    run = Run(cfg, opts, data, model_cfg)
+    run = Run(cfg, opts, data, model_cfg, dist_info=info, fsdp=args.fsdp)
     resumed = run.resume() if opts.resume else False
-    write_resolved_config(run)
+    if info.is_main:
+        write_resolved_config(run)
     for line in format_start(run):
-        print(line, flush=True)
+        say(line, flush=True)
     if resumed:
-        print(f"resuming at step {run.engine.global_steps:,} ({run.engine.progress.tokens:,} tokens)", flush=True)
-    _print_plan(cfg, run.engine.global_steps)
+        say(f"resuming at step {run.engine.global_steps:,} ({run.engine.progress.tokens:,} tokens)", flush=True)
+    if info.is_main:
+        _print_plan(cfg, run.engine.global_steps)
     result = run.train()
     for line in finish_lines(result):
-        print(line, flush=True)
-    if args.eval_wikitext or args.eval_lambada:
+        say(line, flush=True)
+    if (args.eval_wikitext or args.eval_lambada) and info.is_main:
         from seqwarm.commands.eval import format_results
         from seqwarm.evaluate import run_paper_evals
         res = run_paper_evals(run.run_dir, wikitext=args.eval_wikitext, lambada=args.eval_lambada,
                               device=args.device, progress=not args.no_progress)
         for line in format_results(res):
             print(line, flush=True)
-    return 0
+    return result

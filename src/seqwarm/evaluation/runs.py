@@ -47,7 +47,7 @@ def load_run(run_dir: str | Path, *, checkpoint: int | None = None, device: str 
     from seqwarm.checkpoint import checkpoint_path, latest_checkpoint, list_checkpoints, load_checkpoint
     from seqwarm.data.tokenizer import load_tokenizer
     from seqwarm.model import GPT, GPTConfig
-    from seqwarm.train import pick_device
+    from seqwarm.distributed import DistInfo, device_for
 
     run = Path(run_dir)
     if not run.is_dir():
@@ -90,7 +90,7 @@ def load_run(run_dir: str | Path, *, checkpoint: int | None = None, device: str 
     if tokenizer.vocab_size > model_cfg.vocab_size:
         raise UserError(f"the tokenizer in {data_dir} has {tokenizer.vocab_size} tokens but the model only "
                         f"{model_cfg.vocab_size}: not the data this run was trained on")
-    dev = pick_device(device)
+    dev = device_for(DistInfo(), device)
     model = GPT(model_cfg)
     model.load_state_dict(state["model"])
     model.to(dev).eval()

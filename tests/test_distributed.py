@@ -1,0 +1,79 @@
+"""Two CPU processes under torchrun (gloo): DDP and FSDP2 runs whose length grows, same length on every
+rank (the loop checks it every step), global token counts, resume, and agreement with one process."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from seqwarm.metrics import read_metrics
+
+from conftest import small_config
+
+pytestmark = [pytest.mark.dist, pytest.mark.slow]
+
+FAST = ["--model", "tiny", "--eval-iters", "2", "--no-progress", "--no-tensorboard", "--log-interval", "1",
+        "--eval-interval", "5"]
+
+
+def torchrun(args, nproc=2):
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
+           "-m", "seqwarm", "train", *FAST, *args]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def train_rows(run_dir):
+    return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+
+
+@pytest.fixture(scope="module")
+def cfg(tmp_path_factory):
+    # global batch 8 = micro 2 x accumulation 2 x 2 ranks
+    return small_config(tmp_path_factory.mktemp("cfg") / "c.json", train_tokens=6000, batch=8, micro=2)
+
+
+@pytest.mark.parametrize("extra", [[], ["--fsdp"]], ids=["ddp", "fsdp2"])
+def test_two_ranks_grow_length_count_tokens_and_resume(tmp_path, byte_data, cfg, extra):
+    common = ["--config", str(cfg), "--data", str(byte_data), "--save-interval", "3", *extra]
+    ref = tmp_path / "ref"
+    out = torchrun([*common, "--out", str(ref)])
+    assert "done: reached the token budget" in out
+    rows = train_rows(ref)
+    lengths = [r["seqlen"] for r in rows]
+    assert lengths[0] < 64 and lengths == sorted(lengths) and lengths[-1] == 64
+    # tokens are summed over ranks: each step trains 8 global sequences at the step's length
+    prev = 0
+    for r in rows:
+        assert r["tokens"] - prev == 8 * r["seqlen"]
+        prev = r["tokens"]
+    resolved = json.loads((ref / "config.json").read_text())
+    assert resolved["world_size"] == 2 and resolved["run"]["gradient_accumulation_steps"] == 2
+    assert resolved["parallelism"] == ("fsdp2" if extra else "ddp")
+    evals = [r for r in read_metrics(ref / "metrics.jsonl") if r["kind"] == "eval"]
+    assert evals and {e["seqlen"] for e in evals} == {64}
+
+    # stop at step 6 (a checkpoint), then resume to the end: same losses as the uninterrupted run
+    part = tmp_path / "part"
+    torchrun([*common, "--out", str(part), "--train-iters", "6"])
+    assert [r["step"] for r in train_rows(part)][-1] == 6
+    out = torchrun([*common, "--out", str(part), "--resume", "--allow-config-change"])
+    assert "resuming at step 6" in out
+    assert {r["step"]: r["loss"] for r in train_rows(part)} == {r["step"]: r["loss"] for r in rows}
+
+
+def test_ddp_matches_one_process(tmp_path, byte_data, cfg):
+    """2 ranks x micro 2 x accumulation 2 sees the same 8 windows per step as 1 process x accumulation 4."""
+    two = tmp_path / "two"
+    torchrun(["--config", str(cfg), "--data", str(byte_data), "--out", str(two), "--save-interval", "0"])
+    one = tmp_path / "one"
+    torchrun(["--config", str(cfg), "--data", str(byte_data), "--out", str(one), "--save-interval", "0"], nproc=1)
+    a, b = train_rows(two), train_rows(one)
+    assert [r["seqlen"] for r in a] == [r["seqlen"] for r in b]
+    assert [r["tokens"] for r in a] == [r["tokens"] for r in b]
+    for x, y in zip(a, b):
+        assert x["loss"] == pytest.approx(y["loss"], rel=2e-4)
