@@ -18,6 +18,7 @@ from seqwarm.lr_schedule import lr_at
 from seqwarm.units import human_count
 
 MAX_PLAN_STEPS = 50_000_000
+WARMUP_CURRICULUM_RATIO = 30
 
 
 @dataclass(frozen=True)
@@ -123,11 +124,13 @@ def _plan_warnings(cfg: RunConfig, plan: Plan) -> None:
         w.append(f"the curriculum takes {plan.curriculum_end_step / plan.total_steps:.0%} of the run's steps: "
                  "little training happens at full length")
     cur_end = plan.curriculum_end_step or (cur.total_curriculum_step if cur else None)
+    # The paper's GPT-2 settings end the curriculum ~5-15x after LR warmup; far beyond that, the full
+    # LR trains on very short sequences for a long time.
     if cur is not None and cfg.lr.warmup_unit is not None and plan.warmup_end_step and cur_end \
-            and plan.warmup_end_step * 10 < cur_end:
-        w.append(f"LR warmup ends at step {plan.warmup_end_step:,}, long before the curriculum "
-                 f"(step {cur_end:,}): the full LR meets very short sequences; "
-                 "tune total_curriculum_step against the warmup (SPEC §1, `seqwarm tune`)")
+            and plan.warmup_end_step * WARMUP_CURRICULUM_RATIO < cur_end:
+        w.append(f"LR warmup ends at step {plan.warmup_end_step:,}, {cur_end / plan.warmup_end_step:.0f}x before "
+                 f"the curriculum does (step {cur_end:,}): the full LR meets very short sequences for long; "
+                 "tune total_curriculum_step against the warmup (`seqwarm tune`)")
     if cfg.lr.decay_tokens is not None and cfg.train_tokens and cfg.lr.decay_tokens > cfg.train_tokens:
         w.append(f"LR decay ends at {human_count(cfg.lr.decay_tokens)} tokens, after the budget "
                  f"({human_count(cfg.train_tokens)}): the LR never reaches min_lr")
