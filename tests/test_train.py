@@ -175,3 +175,12 @@ def test_train_runs_paper_evals_at_the_end(tmp_path, byte_data, capsys):
     assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(tmp_path / "r2"),
                   "--eval-lambada", str(tmp_path / "missing.jsonl")]) == 2
     assert not (tmp_path / "r2" / "checkpoints").exists()
+
+
+def test_default_recipe_file_matches_code():
+    from seqwarm.defaults import default_train_config
+    shipped = json.loads((Path(__file__).resolve().parents[1] / "examples" / "tiny_cpu.json").read_text())
+    assert shipped == default_train_config()
+    for world in (1, 2):  # the global batch stays 16 whatever the number of ranks
+        cfg = load_config(shipped, world_size=world)
+        assert cfg.train_batch_size == 16 and cfg.micro_batch_size == 16 // world

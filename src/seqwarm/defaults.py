@@ -19,9 +19,8 @@ logger = logging.getLogger(__name__)
 DEFAULT_TOKENIZER = "bpe:8192"
 
 _DEFAULT_TRAIN_CONFIG: dict[str, Any] = {
+    # Only the global batch: the micro-batch follows from the world size (16 on one process, 8 on two).
     "train_batch_size": 16,
-    "train_micro_batch_size_per_gpu": 16,
-    "gradient_accumulation_steps": 1,
     "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "betas": [0.9, 0.95], "eps": 1e-8,
                                               "weight_decay": 0.1}},
     "gradient_clipping": 1.0,
