@@ -69,3 +69,12 @@ def test_plan_errors_exit_2(capsys, tmp_path):
         main(["plan", str(SEED), "--train-tokens", "abc"])
     assert info.value.code == 2
     assert main(["plan", str(tmp_path / "none.json")]) == 2
+
+
+def test_plan_shows_the_tutorial_conversions(capsys):
+    assert main(["plan", str(SEED), "--train-tokens", "157286400000", "--lr-warmup-tokens", "375M",
+                 "--lr-decay-samples", "100000", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    # 375M tokens at min_difficulty 8 = 46,875,000 samples = 11,445 iterations of 4096 (rounded up)
+    assert out["conversions"] == {"lr_decay_tokens": 100_000 * 1024, "lr_warmup_samples": 46_875_000,
+                                  "lr_warmup_iters": 11_445}

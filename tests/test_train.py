@@ -184,3 +184,29 @@ def test_default_recipe_file_matches_code():
     for world in (1, 2):  # the global batch stays 16 whatever the number of ranks
         cfg = load_config(shipped, world_size=world)
         assert cfg.train_batch_size == 16 and cfg.micro_batch_size == 16 // world
+
+
+def test_nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path, byte_data, capsys, monkeypatch):
+    import torch
+
+    from seqwarm.model import GPT
+
+    real_forward = GPT.forward
+    calls = {"n": 0}
+
+    def poisoned(self, *args, **kwargs):
+        loss = real_forward(self, *args, **kwargs)
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] > 8:  # micro-batches 9+ = optimizer step 5 (accumulation 2)
+                return loss * torch.tensor(float("nan"))
+        return loss
+
+    monkeypatch.setattr(GPT, "forward", poisoned)
+    cfg = small_config(tmp_path / "c.json")
+    out = tmp_path / "run"
+    code = train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out), "--save-interval", "2"])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "at step 5" in err and "Traceback" not in err
+    assert sorted(p.name for p in (out / "checkpoints").iterdir())[-1] == "step_00000004.pt"

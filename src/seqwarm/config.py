@@ -611,7 +611,7 @@ def _ds_scheduler(chk: Checker, raw: Mapping[str, Any]) -> dict[str, Any]:
         out.update(lr_decay_style="cosine", lr_decay_iters=params.get("total_num_steps"))
     if out:
         chk.warn(f"scheduler {kind!r} is mapped onto seqwarm's LR schedule by iterations; with a curriculum, "
-                 "decay by tokens instead (lr_decay_tokens, SPEC §4)")
+                 "decay by tokens instead (lr_decay_tokens): early curriculum steps carry few tokens")
     else:
         chk.warn(f"scheduler {kind!r} is left to DeepSpeed; seqwarm's own engine keeps a constant LR unless "
                  "lr_decay_style is set")
@@ -645,7 +645,7 @@ def _lr(chk: Checker, s: dict[str, tuple[Any, str]], opt: OptimizerConfig, budge
             if value is not None:
                 units[key] = value
     if "lr_warmup_tokens" in units and units["lr_warmup_tokens"]:
-        chk.warn("LR warmup is in tokens: SPEC §4 keeps it in samples or iterations (token warmup slows the "
+        chk.warn("LR warmup is in tokens: the recipe keeps it in samples or iterations (token warmup slows the "
                  "rise while sequences are short); convert with warmup_samples = tokens / min_difficulty")
     decay_given = any(k in units for k in _DECAY_KEYS)
     if style is None:

@@ -14,7 +14,13 @@ from seqwarm.budget import Progress, advance, stop_reason, tokens_per_step
 from seqwarm.config import RunConfig
 from seqwarm.curriculum import CUSTOM, difficulty_at
 from seqwarm.errors import UserError
-from seqwarm.lr_schedule import lr_at
+from seqwarm.lr_schedule import (
+    decay_tokens_from_iters,
+    decay_tokens_from_samples,
+    lr_at,
+    warmup_iters_from_tokens,
+    warmup_samples_from_tokens,
+)
 from seqwarm.units import human_count
 
 MAX_PLAN_STEPS = 50_000_000
@@ -47,6 +53,8 @@ class Plan:
     warmup_end_tokens: int | None
     points: list[PlanPoint] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    conversions: dict[str, int] = field(default_factory=dict)
+    """The tutorial's unit conversions (SPEC §4) for the settings given, e.g. lr_decay_tokens."""
     steps: list[int] = field(default_factory=list, repr=False)
     seqlens: list[int] = field(default_factory=list, repr=False)
     cum_tokens: list[int] = field(default_factory=list, repr=False)
@@ -109,8 +117,24 @@ def make_plan(cfg: RunConfig, *, keep_series: bool = False) -> Plan:
         plan.points.append(PlanPoint(progress.step, seqlen, tps, progress.tokens, lr))
     plan.total_steps, plan.total_tokens, plan.total_samples = progress.step, progress.tokens, progress.samples
     plan.stop_reason = reason
+    plan.conversions = conversions(cfg)
     _plan_warnings(cfg, plan)
     return plan
+
+
+def conversions(cfg: RunConfig) -> dict[str, int]:
+    """Megatron-flag equivalents the tutorial asks for: decay in tokens, warmup in samples/iterations."""
+    out: dict[str, int] = {}
+    full, lr = cfg.full_length, cfg.lr
+    if lr.decay_samples is not None:
+        out["lr_decay_tokens"] = decay_tokens_from_samples(lr.decay_samples, full)
+    if lr.decay_iters is not None:
+        out["lr_decay_tokens"] = decay_tokens_from_iters(lr.decay_iters, full, cfg.train_batch_size)
+    start = cfg.curriculum.min_difficulty if cfg.curriculum else full
+    if lr.warmup_tokens:
+        out["lr_warmup_samples"] = warmup_samples_from_tokens(lr.warmup_tokens, start)
+        out["lr_warmup_iters"] = warmup_iters_from_tokens(lr.warmup_tokens, start, cfg.train_batch_size)
+    return out
 
 
 def _plan_warnings(cfg: RunConfig, plan: Plan) -> None:
@@ -139,7 +163,7 @@ def _plan_warnings(cfg: RunConfig, plan: Plan) -> None:
                  "use lr_decay_tokens (decay_tokens_from_iters converts)")
     if cfg.rampup_batch_size and cur is not None:
         w.append("a batch-size ramp (rampup_batch_size) is configured: never combine it with a sequence-length "
-                 "curriculum (both cut tokens per batch; SPEC §4) — training refuses it")
+                 "curriculum (both cut tokens per batch; the paper found SLW the more stable) — training refuses it")
     for message in cfg.warnings:
         if message not in w:
             w.append(message)

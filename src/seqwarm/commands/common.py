@@ -67,7 +67,7 @@ def add_budget_and_lr_flags(parser: argparse.ArgumentParser) -> None:
                    help="sequences per optimizer step (= micro batch x accumulation x world size)")
     g.add_argument("--gradient-accumulation-steps", type=count, metavar="K")
     g.add_argument("--rampup-batch-size", nargs="+", metavar="V",
-                   help="Megatron's batch-size ramp: refused next to a curriculum (SPEC §4)")
+                   help="Megatron's batch-size ramp: refused next to a curriculum (never combine the two)")
     g.add_argument("--curriculum-mode", choices=CURRICULUM_MODES,
                    help="truncate (cut sequences), reshape (keep all tokens) or inject (curriculum_seqlen=L)")
     g.add_argument("--no-curriculum", action="store_true", help="turn the curriculum off (the baseline)")

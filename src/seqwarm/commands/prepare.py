@@ -22,8 +22,8 @@ def register(subparsers) -> None:
                         "of them (recursive, sorted); repeatable. Default: the embedded corpus")
     p.add_argument("--tokenizer", default="bpe:8192", metavar="NAME",
                    help="gpt2 (original GPT-2 BPE, 50257 tokens, offline), bpe:N (byte-level BPE of N "
-                        "tokens trained on the training documents; bpe:8192 is what SPEC section 7 "
-                        "measures) or byte (UTF-8 bytes, 257 tokens). Default: %(default)s")
+                        "tokens trained on the training documents; bpe:8192 is what the default "
+                        "run uses) or byte (UTF-8 bytes, 257 tokens). Default: %(default)s")
     p.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION, metavar="F",
                    help="fraction of documents held out for validation, at least one document "
                         "(default: %(default)s)")

@@ -33,6 +33,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rotary", action="store_true", help="rotary position embeddings instead of learned ones")
     p.add_argument("--fsdp", action="store_true", help="under torchrun: shard the model with FSDP2 (fully_shard "
                    "per block) instead of DDP")
+    ds = p.add_argument_group("DeepSpeed (pip install 'seqwarm[deepspeed]'; see docs/DISTRIBUTED.md)")
+    ds.add_argument("--deepspeed", action="store_true", help="train on a DeepSpeed engine (under torchrun or the "
+                    "deepspeed launcher); ZeRO stage, offload, precision and batch sizes come from --config")
+    ds.add_argument("--pipeline-stages", type=count, default=0, metavar="K", help="with --deepspeed: a K-stage "
+                    "DeepSpeed pipeline of the GPT (ZeRO stage 0 or 1; K must divide the number of processes)")
     add_budget_and_lr_flags(p)
     add_precision_flags(p)
     g = p.add_argument_group("run")
@@ -71,7 +76,7 @@ def resolve_config(args: argparse.Namespace, world_size: int = 1):
     if cfg.rampup_batch_size:
         if cfg.curriculum is not None:
             raise UserError("--rampup-batch-size cannot be combined with a sequence-length curriculum: both cut "
-                            "the tokens per batch and SLW is the more stable of the two (SPEC §4). Keep the "
+                            "the tokens per batch and SLW is the more stable of the two (Li et al. 2022, §5.4). Keep the "
                             "global batch fixed (consider a larger micro-batch) and drop the ramp")
         raise UserError("--rampup-batch-size (Megatron's batch-size warmup) is not implemented by seqwarm's loop")
     if cfg.train_tokens is None and cfg.train_iters is None and cfg.train_samples is None:
@@ -119,13 +124,29 @@ def execute(args: argparse.Namespace):
     """
     from seqwarm.distributed import cleanup, init_distributed
 
+    _check_deepspeed_flags(args)
     info = init_distributed(args.device)
     if not info.is_main:
         logging.getLogger().setLevel(logging.ERROR)
     try:
+        if args.deepspeed:  # DeepSpeed needs a process group even for one process
+            from seqwarm.integrations.deepspeed_run import deepspeed_process_group
+            with deepspeed_process_group(args.device):
+                return _execute(args, info)
         return _execute(args, info)
     finally:
         cleanup(info)
+
+
+def _check_deepspeed_flags(args: argparse.Namespace) -> None:
+    if args.pipeline_stages and not args.deepspeed:
+        raise UserError("--pipeline-stages needs --deepspeed (the pipeline is DeepSpeed's PipelineEngine)")
+    if args.deepspeed and args.fsdp:
+        raise UserError("--deepspeed and --fsdp both shard the model: choose one (ZeRO-3 in the DeepSpeed config "
+                        "is the DeepSpeed counterpart of --fsdp)")
+    if args.deepspeed:
+        from seqwarm.integrations.deepspeed import require_deepspeed
+        require_deepspeed()
 
 
 def _execute(args: argparse.Namespace, info):
@@ -136,7 +157,10 @@ def _execute(args: argparse.Namespace, info):
     from seqwarm.train import Run, TrainOptions, finish_lines, format_start, prepare_run_dir, write_resolved_config
 
     say = print if info.is_main else (lambda *a, **k: None)
-    cfg = resolve_config(args, world_size=info.world_size)
+    stages = args.pipeline_stages or 1  # pipeline stages share one data-parallel replica
+    if info.world_size % stages:
+        raise UserError(f"--pipeline-stages {stages} must divide the number of processes ({info.world_size})")
+    cfg = resolve_config(args, world_size=info.world_size // stages)
     if args.eval_wikitext or args.eval_lambada:
         from seqwarm.evaluate import check_eval_files
         check_eval_files(wikitext=args.eval_wikitext, lambada=args.eval_lambada)  # fail before training
@@ -162,7 +186,11 @@ def _execute(args: argparse.Namespace, info):
     data = open_prepared(data_dir)
     model_cfg = GPTConfig.preset(args.model, vocab_size=data.vocab_size, seq_length=cfg.seq_length,
                                  rotary=args.rotary)
-    run = Run(cfg, opts, data, model_cfg, dist_info=info, fsdp=args.fsdp)
+    if args.deepspeed:
+        from seqwarm.integrations.deepspeed_run import DeepSpeedRun
+        run = DeepSpeedRun(cfg, opts, data, model_cfg, dist_info=info, pipeline_stages=args.pipeline_stages)
+    else:
+        run = Run(cfg, opts, data, model_cfg, dist_info=info, fsdp=args.fsdp)
     resumed = run.resume() if opts.resume else False
     if info.is_main:
         write_resolved_config(run)
