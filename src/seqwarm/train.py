@@ -134,25 +134,20 @@ class Run:
 
     def __init__(self, cfg: RunConfig, opts: TrainOptions, data, model_cfg, *,
                  dist_info: DistInfo | None = None, fsdp: bool = False):
-        from seqwarm.engine import CurriculumEngine
-        from seqwarm.model import GPT
-
         self.cfg, self.opts, self.data, self.model_cfg = cfg, opts, data, model_cfg
         self.info = dist_info or DistInfo()
-        if self.info.world_size != cfg.world_size:
-            raise ValueError(f"config world_size {cfg.world_size} != {self.info.world_size} processes")
         self.is_main = self.info.is_main
         self.fsdp = fsdp
+        dp_rank, dp_world = self._data_parallel()
+        if dp_world != cfg.world_size:
+            raise ValueError(f"config world_size {cfg.world_size} != {dp_world} data-parallel processes")
         self.device = device_for(self.info, opts.device)
         self.run_dir = Path(opts.out)
         self.ckpt_dir = self.run_dir / "checkpoints"
         torch.manual_seed(opts.seed)  # same initial weights on every rank
-        self.model = GPT(model_cfg).to(self.device)  # the unwrapped model (sharded in place by FSDP2)
-        wrapped = wrap_model(self.model, self.info, fsdp, self.device)
-        self.optimizer = build_optimizer(self.model, cfg)  # after sharding: FSDP2 params are DTensors
-        self.engine = CurriculumEngine(wrapped, self.optimizer, cfg)
+        self.model, self.optimizer, self.engine = self._build_engine()
         self.batches = data.train_batches(model_cfg.seq_length, cfg.micro_batch_size, seed=opts.seed,
-                                          rank=self.info.rank, world_size=self.info.world_size)
+                                          rank=dp_rank, world_size=dp_world)
         self.elapsed_before = 0.0
         self.last_val: float | None = None
         self.resolved = {
@@ -168,6 +163,42 @@ class Run:
             "device": str(self.device),
             "versions": versions(),
         }
+
+    # -- what subclasses (seqwarm.integrations.deepspeed_run) replace ----------------------------
+    def _data_parallel(self) -> tuple[int, int]:
+        """This rank's index among the data-parallel replicas, and their number."""
+        return self.info.rank, self.info.world_size
+
+    def _build_engine(self):
+        """The unwrapped GPT, its optimizer and the engine the loop drives (CurriculumEngine here)."""
+        from seqwarm.engine import CurriculumEngine
+        from seqwarm.model import GPT
+
+        model = GPT(self.model_cfg).to(self.device)  # the unwrapped model (sharded in place by FSDP2)
+        wrapped = wrap_model(model, self.info, self.fsdp, self.device)
+        optimizer = build_optimizer(model, self.cfg)  # after sharding: FSDP2 params are DTensors
+        return model, optimizer, CurriculumEngine(wrapped, optimizer, self.cfg)
+
+    def _train_step(self) -> float:
+        """One optimizer step (gradient_accumulation_steps micro-batches); this rank's mean loss."""
+        step_losses = []
+        for _ in range(self.cfg.gradient_accumulation_steps):
+            batch = {k: v.to(self.device, non_blocking=True) for k, v in self.batches.next_batch().items()}
+            loss = self.engine(batch)
+            self.engine.backward(loss)
+            step_losses.append(loss.detach())
+            self.engine.step()
+        return float(torch.stack(step_losses).mean())
+
+    def _check_resume_config(self, path, saved: dict) -> None:
+        """UserError when the checkpoint's recipe or model differs (unless --allow-config-change)."""
+        old, new = saved["run"], self.resolved["run"]
+        changed = [k for k in RESUME_KEYS if old.get(k) != new.get(k)]
+        if saved["model"] != self.resolved["model"]:
+            changed.append("model")
+        if changed and not self.opts.allow_config_change:
+            raise UserError(f"{path} was written with a different {', '.join(changed)}; resume with the same "
+                            "settings, or pass --allow-config-change to continue anyway")
 
     # -- checkpoints ------------------------------------------------------------------------------
     def _full_state(self) -> tuple[dict, dict]:
@@ -203,13 +234,9 @@ class Run:
         if found is None:
             return False
         path, state = found
-        old, new = state["config"]["run"], self.resolved["run"]
-        changed = [k for k in RESUME_KEYS if old.get(k) != new.get(k)]
-        if state["config"]["model"] != self.resolved["model"]:
-            changed.append("model")
-        if changed and not self.opts.allow_config_change:
-            raise UserError(f"{path} was written with a different {', '.join(changed)}; resume with the same "
-                            "settings, or pass --allow-config-change to continue anyway")
+        if state.get("deepspeed"):  # a model export of a --deepspeed run: its state is in checkpoints/deepspeed
+            raise UserError(f"{self.run_dir} was trained with --deepspeed; resume it with --deepspeed")
+        self._check_resume_config(path, state["config"])
         engine_state = dict(state["engine"])
         optim_state = engine_state.pop("optimizer")
         if self.fsdp:
@@ -248,7 +275,6 @@ class Run:
         cfg, opts = self.cfg, self.opts
         writer = MetricsWriter(self.run_dir, tensorboard=opts.tensorboard) if self.is_main else None
         bar = self._progress_bar()
-        gas = cfg.gradient_accumulation_steps
         window_tokens, window_time = 0, 0.0
         losses: list[torch.Tensor] = []
         reason = stop_reason(self.engine.progress, cfg)
@@ -257,14 +283,7 @@ class Run:
             while reason is None:
                 t0 = time.perf_counter()
                 tokens_before = self.engine.progress.tokens
-                step_losses = []
-                for _ in range(gas):
-                    batch = {k: v.to(self.device, non_blocking=True) for k, v in self.batches.next_batch().items()}
-                    loss = self.engine(batch)
-                    self.engine.backward(loss)
-                    step_losses.append(loss.detach())
-                    self.engine.step()
-                step_loss = float(torch.stack(step_losses).mean())
+                step_loss = self._train_step()
                 if self.info.enabled:  # mean loss over ranks; every rank must be at the same length
                     per_rank = gather_floats([step_loss, float(self.engine.current_seqlen or 0)], self.info,
                                              self.device if self.info.backend == "nccl" else torch.device("cpu"))
@@ -405,7 +424,8 @@ def format_start(run: Run) -> list[str]:
              f"d {m['n_embd']}, {m['n_head']} heads, length {m['seq_length']}, vocab {m['vocab_size']}",
              f"data:        {d['folder']} ({d['train_tokens']:,} train / {d['val_tokens']:,} val tokens, "
              f"{d['tokenizer'] if isinstance(d['tokenizer'], str) else json.dumps(d['tokenizer'])})",
-             f"device:      {run.device}, {torch.get_num_threads()} threads, world size {run.cfg.world_size}"]
+             f"device:      {run.device}, {torch.get_num_threads()} threads, world size {run.info.world_size}"
+             + (f" ({run.resolved['parallelism']})" if run.resolved["parallelism"] != "none" else "")]
     lines += describe(run.cfg)
     lines.append(f"resolved config: {run.run_dir / 'config.json'}")
     return lines

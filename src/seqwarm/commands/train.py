@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ds = p.add_argument_group("DeepSpeed (pip install 'seqwarm[deepspeed]'; see docs/DISTRIBUTED.md)")
     ds.add_argument("--deepspeed", action="store_true", help="train on a DeepSpeed engine (under torchrun or the "
                     "deepspeed launcher); ZeRO stage, offload, precision and batch sizes come from --config")
-    ds.add_argument("--pipeline-stages", type=count, default=0, metavar="K", help="with --deepspeed: a K-stage "
+    ds.add_argument("--pipeline-stages", type=count, default=0, metavar="K", help="with --deepspeed: a K-stage (K >= 2) "
                     "DeepSpeed pipeline of the GPT (ZeRO stage 0 or 1; K must divide the number of processes)")
     add_budget_and_lr_flags(p)
     add_precision_flags(p)
@@ -129,7 +129,7 @@ def execute(args: argparse.Namespace):
     if not info.is_main:
         logging.getLogger().setLevel(logging.ERROR)
     try:
-        if args.deepspeed:  # DeepSpeed needs a process group even for one process
+        if getattr(args, "deepspeed", False):  # DeepSpeed needs a process group even for one process
             from seqwarm.integrations.deepspeed_run import deepspeed_process_group
             with deepspeed_process_group(args.device):
                 return _execute(args, info)
@@ -139,12 +139,13 @@ def execute(args: argparse.Namespace):
 
 
 def _check_deepspeed_flags(args: argparse.Namespace) -> None:
-    if args.pipeline_stages and not args.deepspeed:
+    deepspeed, stages = getattr(args, "deepspeed", False), getattr(args, "pipeline_stages", 0)
+    if stages and not deepspeed:
         raise UserError("--pipeline-stages needs --deepspeed (the pipeline is DeepSpeed's PipelineEngine)")
-    if args.deepspeed and args.fsdp:
+    if deepspeed and getattr(args, "fsdp", False):
         raise UserError("--deepspeed and --fsdp both shard the model: choose one (ZeRO-3 in the DeepSpeed config "
                         "is the DeepSpeed counterpart of --fsdp)")
-    if args.deepspeed:
+    if deepspeed:
         from seqwarm.integrations.deepspeed import require_deepspeed
         require_deepspeed()
 
@@ -157,7 +158,7 @@ def _execute(args: argparse.Namespace, info):
     from seqwarm.train import Run, TrainOptions, finish_lines, format_start, prepare_run_dir, write_resolved_config
 
     say = print if info.is_main else (lambda *a, **k: None)
-    stages = args.pipeline_stages or 1  # pipeline stages share one data-parallel replica
+    stages = getattr(args, "pipeline_stages", 0) or 1  # pipeline stages share one data-parallel replica
     if info.world_size % stages:
         raise UserError(f"--pipeline-stages {stages} must divide the number of processes ({info.world_size})")
     cfg = resolve_config(args, world_size=info.world_size // stages)
@@ -186,9 +187,9 @@ def _execute(args: argparse.Namespace, info):
     data = open_prepared(data_dir)
     model_cfg = GPTConfig.preset(args.model, vocab_size=data.vocab_size, seq_length=cfg.seq_length,
                                  rotary=args.rotary)
-    if args.deepspeed:
+    if getattr(args, "deepspeed", False):
         from seqwarm.integrations.deepspeed_run import DeepSpeedRun
-        run = DeepSpeedRun(cfg, opts, data, model_cfg, dist_info=info, pipeline_stages=args.pipeline_stages)
+        run = DeepSpeedRun(cfg, opts, data, model_cfg, dist_info=info, pipeline_stages=stages if stages > 1 else 0)
     else:
         run = Run(cfg, opts, data, model_cfg, dist_info=info, fsdp=args.fsdp)
     resumed = run.resume() if opts.resume else False

@@ -1,0 +1,436 @@
+"""DeepSpeed integration: give DeepSpeed back the curriculum it removed, for ZeRO and pipeline engines.
+
+DeepSpeed 0.19 dropped the legacy ``curriculum_learning`` block: its engine no longer advances a
+sequence-length schedule nor passes ``curriculum_seqlen`` to the model, and a config that still holds
+the block is refused. :class:`DeepSpeedCurriculum` does that job next to any DeepSpeed engine, plus
+the Megatron-side recipe (SPEC §4): tokens counted after shaping and summed over data-parallel ranks,
+the token-based learning rate set on the optimizer before every ``engine.step()``, and the pipeline's
+``reset_activation_shape()`` whenever the length changes::
+
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(cfg))
+    curriculum = DeepSpeedCurriculum(engine, cfg)
+    for batch in loader:                        # full-length micro-batches
+        loss = engine(**curriculum.shape(batch))
+        engine.backward(loss)
+        curriculum.before_step()                # at a boundary: advance the clock, set the LR
+        engine.step()
+
+``seqwarm train --deepspeed`` (:mod:`seqwarm.integrations.deepspeed_run`) is built on the same class;
+the GPT pipeline is in :mod:`seqwarm.integrations.deepspeed_pipeline`. Nothing in the core imports
+this module, and this module imports ``deepspeed`` only when a function needs it.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from seqwarm.batch import batch_shape, reshape_batch, truncate_batch
+from seqwarm.budget import Progress, advance, stop_reason
+from seqwarm.config import RunConfig, load_config
+from seqwarm.curriculum import CurriculumScheduler
+from seqwarm.errors import MissingDependencyError, UserError
+from seqwarm.lr_schedule import lr_at
+
+__all__ = ["DeepSpeedCurriculum", "DeepSpeedEngineAdapter", "deepspeed_config", "require_deepspeed",
+           "build_deepspeed_optimizer", "is_pipeline_engine", "DEEPSPEED_VERSION"]
+
+logger = logging.getLogger(__name__)
+
+DEEPSPEED_VERSION = "0.19.8"
+"""The DeepSpeed release the integration is tested with (``pip install 'seqwarm[deepspeed]'``)."""
+STATE_FORMAT = "seqwarm.deepspeed_curriculum/1"
+# Keys seqwarm owns when it drives DeepSpeed: the optimizer is built by seqwarm (a torch optimizer
+# handed to deepspeed.initialize) and the learning rate is a pure function of seqwarm's clock.
+_OWNED_KEYS = ("optimizer", "scheduler")
+
+
+def require_deepspeed(purpose: str = "seqwarm train --deepspeed"):
+    """``import deepspeed``, or :class:`~seqwarm.errors.MissingDependencyError` naming the extra."""
+    try:
+        import deepspeed
+    except ImportError as err:
+        if err.name in (None, "deepspeed"):
+            raise MissingDependencyError("deepspeed", "deepspeed", purpose) from None
+        raise UserError(f"deepspeed is installed but does not import ({err}); reinstall it with "
+                        f"DS_BUILD_OPS=0 pip install 'seqwarm[deepspeed]'") from err
+    return deepspeed
+
+
+def is_pipeline_engine(engine: Any) -> bool:
+    """True for DeepSpeed's ``PipelineEngine`` (it trains whole steps with ``train_batch``)."""
+    return callable(getattr(engine, "train_batch", None)) and callable(getattr(engine, "reset_activation_shape", None))
+
+
+def _zero_stage(ds: Mapping[str, Any]) -> int:
+    zero = ds.get("zero_optimization")
+    if isinstance(zero, Mapping):
+        stage = zero.get("stage", 0)
+        return int(stage) if isinstance(stage, (int, float)) and not isinstance(stage, bool) else 0
+    return 0
+
+
+def _offloads_optimizer(ds: Mapping[str, Any]) -> bool:
+    zero = ds.get("zero_optimization")
+    if not isinstance(zero, Mapping):
+        return False
+    off = zero.get("offload_optimizer")
+    return isinstance(off, Mapping) and off.get("device") in ("cpu", "nvme")
+
+
+def deepspeed_config(cfg: RunConfig, *, pipeline: bool = False) -> dict[str, Any]:
+    """The dict for ``deepspeed.initialize(config=...)`` from a checked :class:`RunConfig`.
+
+    Starts from ``cfg.deepspeed`` (the user's config minus the curriculum and ``seqwarm`` blocks), so
+    ZeRO, offload, activation checkpointing, monitors, ... pass through untouched. seqwarm then sets
+    what it resolved itself: the batch sizes (micro batch x accumulation x data-parallel size),
+    gradient clipping and precision (``--precision`` wins over the file's fp16/bf16 blocks). The
+    ``optimizer`` and ``scheduler`` blocks are dropped: seqwarm builds the optimizer from the former
+    and sets the learning rate from its own clock (the latter's warmup was mapped onto it).
+    """
+    ds = copy.deepcopy(dict(cfg.deepspeed))
+    for key in _OWNED_KEYS:
+        ds.pop(key, None)
+    ds.pop("curriculum_learning", None)
+    ds["train_batch_size"] = cfg.train_batch_size
+    ds["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
+    ds["gradient_accumulation_steps"] = cfg.gradient_accumulation_steps
+    ds["gradient_clipping"] = float(cfg.gradient_clipping or 0.0)
+    for name in ("fp16", "bf16"):
+        block = dict(ds.get(name) or {})
+        block["enabled"] = cfg.precision == name
+        if block["enabled"] or name in ds:
+            ds[name] = block
+    if cfg.precision == "fp16":  # seqwarm's view of the fp16 block (loss scaling) is the checked one
+        f = cfg.fp16
+        ds["fp16"].update(loss_scale=f.loss_scale, initial_scale_power=f.initial_scale_power,
+                          loss_scale_window=f.loss_scale_window, hysteresis=f.hysteresis,
+                          consecutive_hysteresis=f.consecutive_hysteresis, min_loss_scale=f.min_loss_scale)
+    stage = _zero_stage(ds)
+    if pipeline and stage > 1:
+        raise UserError(f"zero_optimization.stage = {stage}: DeepSpeed's pipeline engine supports ZeRO "
+                        "stage 0 or 1 only; use stage 1 with --pipeline-stages, or drop --pipeline-stages")
+    if stage > 0 and cfg.optimizer.type == "SGD":
+        ds.setdefault("zero_allow_untested_optimizer", True)  # torch SGD is not on ZeRO's list
+    return ds
+
+
+def build_deepspeed_optimizer(model: torch.nn.Module, cfg: RunConfig, ds_config: Mapping[str, Any]):
+    """seqwarm's torch optimizer (:func:`seqwarm.train.build_optimizer`), or, when ZeRO offloads the
+    optimizer to the CPU and the config does not say ``"zero_force_ds_cpu_optimizer": false``,
+    DeepSpeed's ``DeepSpeedCPUAdam`` over the same parameter groups (built on first use by DeepSpeed)."""
+    from seqwarm.train import build_optimizer
+
+    opt = build_optimizer(model, cfg)
+    if not _offloads_optimizer(ds_config) or ds_config.get("zero_force_ds_cpu_optimizer") is False:
+        return opt
+    if not isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+        raise UserError("ZeRO-Offload of the optimizer needs Adam/AdamW (DeepSpeedCPUAdam); for another optimizer "
+                        'add "zero_force_ds_cpu_optimizer": false to the config (slower)')
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in opt.param_groups]
+    return DeepSpeedCPUAdam(groups, lr=cfg.lr.lr, betas=cfg.optimizer.betas, eps=cfg.optimizer.eps,
+                            adamw_mode=isinstance(opt, torch.optim.AdamW))
+
+
+def skip_cpu_shm_comm(deepspeed_module) -> None:
+    """On DeepSpeed's CPU accelerator, use plain gloo collectives instead of its shared-memory op.
+
+    That op is C++ compiled on first use (about a minute, once per machine, and a compiler is
+    needed); it only speeds up CPU all-reduce. Set ``SEQWARM_DS_SHM_COMM=1`` to keep it.
+    """
+    if os.environ.get("SEQWARM_DS_SHM_COMM") == "1":
+        return
+    try:
+        from deepspeed.accelerator import get_accelerator
+
+        if get_accelerator().device_name() == "cpu":
+            deepspeed_module.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    except Exception as err:  # noqa: BLE001 - an optimisation switch; never fail a run over it
+        logger.debug("could not switch off DeepSpeed's shm comm op: %s", err)
+
+
+class DeepSpeedCurriculum:
+    """The sequence-length curriculum, clock and learning rate next to a DeepSpeed engine.
+
+    ``engine``: what ``deepspeed.initialize`` returned (``DeepSpeedEngine`` or ``PipelineEngine``).
+    ``config``: a :class:`~seqwarm.config.RunConfig`, or a DeepSpeed-style dict / JSON path (checked
+    with :func:`~seqwarm.config.load_config` for the engine's data-parallel size); its batch sizes
+    must be the engine's. ``mode``: truncate | reshape | inject (default: the config's, else inject
+    when the model's forward takes ``curriculum_seqlen``, else truncate; pipelines cannot inject).
+
+    Per micro-batch call :meth:`shape` (on every rank, every pipeline stage included), then
+    :meth:`before_step` right before ``engine.step()`` (or before ``engine.train_batch()``).
+    """
+
+    def __init__(self, engine: Any, config: Any, *, mode: str | None = None):
+        self.engine = engine
+        self.pipeline = is_pipeline_engine(engine)
+        self.dp_world_size = int(getattr(engine, "dp_world_size", 1) or 1)
+        if isinstance(config, RunConfig):
+            self.config = config
+        elif isinstance(config, (Mapping, str, os.PathLike)):
+            self.config = load_config(config, world_size=self.dp_world_size)
+        else:
+            raise TypeError(f"config must be a RunConfig, a dict or a path, got {type(config).__name__}")
+        cfg = self.config
+        if cfg.world_size != self.dp_world_size:
+            raise ValueError(f"the config was checked for {cfg.world_size} data-parallel ranks but the engine "
+                             f"has {self.dp_world_size}: load it with world_size={self.dp_world_size}")
+        self._check_batch_sizes()
+        if cfg.count_tokens_by not in ("shape", "loss_mask"):
+            raise ValueError(f"count_tokens_by must be 'shape' or 'loss_mask', got {cfg.count_tokens_by!r}")
+        cur = cfg.curriculum
+        self.scheduler = CurriculumScheduler(cur.block()) if cur is not None and cur.enabled else None
+        self.mode = self._resolve_mode(mode if mode is not None else (cur.mode if cur is not None else None))
+        if getattr(engine, "lr_scheduler", None) is not None:
+            logger.warning("the DeepSpeed engine has an LR scheduler: seqwarm sets the learning rate before "
+                           "every step, so drop the config's scheduler block")
+        self._progress = Progress()
+        self.lr = lr_at(self._progress, cfg.lr)
+        self.current_seqlen: int | None = None
+        self.skipped_steps = 0
+        self._step_seqlen: int | None = None
+        self._pending_samples = 0
+        self._pending_tokens: int | torch.Tensor = 0
+        self._staged: tuple[Progress, float, int] | None = None
+        self._pipe_shape: tuple[int, int] | None = None
+
+    # -- setup ------------------------------------------------------------------------------------
+    def _check_batch_sizes(self) -> None:
+        cfg, eng = self.config, self.engine
+        theirs = {}
+        for name, ours in (("train_micro_batch_size_per_gpu", cfg.micro_batch_size),
+                           ("gradient_accumulation_steps", cfg.gradient_accumulation_steps)):
+            fn = getattr(eng, name, None)
+            if callable(fn):
+                value = fn()
+                if value != ours:
+                    theirs[name] = (value, ours)
+        if theirs:
+            diff = "; ".join(f"{k}: engine {a}, seqwarm {b}" for k, (a, b) in theirs.items())
+            raise ValueError(f"the engine's batch sizes differ from the seqwarm config's ({diff}): build the "
+                             "engine with deepspeed_config(run_config)")
+
+    def _resolve_mode(self, mode: str | None) -> str | None:
+        if self.scheduler is None:
+            return None
+        if mode not in (None, "truncate", "reshape", "inject"):
+            raise ValueError(f"curriculum mode must be truncate, reshape or inject, got {mode!r}")
+        if self.pipeline:
+            if mode == "inject":
+                raise ValueError("a pipeline engine cannot pass curriculum_seqlen through its stages: use mode "
+                                 "'truncate' (the same cut, made on the data) or 'reshape'")
+            return mode or "truncate"
+        module = getattr(self.engine, "module", self.engine)
+        params = inspect.signature(module.forward).parameters
+        takes = "curriculum_seqlen" in params
+        if mode is None:
+            return "inject" if takes else "truncate"
+        if mode == "inject" and not (takes or any(p.kind is p.VAR_KEYWORD for p in params.values())):
+            raise ValueError(f"curriculum mode 'inject' needs a model whose forward takes curriculum_seqlen; "
+                             f"{type(module).__name__}.forward does not (use 'truncate' or 'reshape')")
+        return mode
+
+    # -- the clock --------------------------------------------------------------------------------
+    def _settle(self) -> None:
+        """Commit (or drop, on an fp16 overflow skip) the step staged by before_step once it ran."""
+        if self._staged is None:
+            return
+        new, lr, steps_before = self._staged
+        if int(self.engine.global_steps) == steps_before:
+            return  # engine.step() has not run yet
+        self._staged = None
+        applied = self.engine.was_step_applied() if hasattr(self.engine, "was_step_applied") else True
+        if applied:
+            self._progress, self.lr = new, lr
+        else:
+            self.skipped_steps += 1
+
+    @property
+    def progress(self) -> Progress:
+        """Optimizer steps applied, samples and tokens trained (global, all data-parallel ranks)."""
+        self._settle()
+        return self._progress
+
+    @property
+    def global_steps(self) -> int:
+        return self.progress.step
+
+    @property
+    def done(self) -> bool:
+        """Whether a budget (train_tokens / train_iters / train_samples) is reached."""
+        return stop_reason(self.progress, self.config) is not None
+
+    # -- per micro-batch --------------------------------------------------------------------------
+    def shape(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """The micro-batch at this step's length: cut (truncate / reshape) or with ``curriculum_seqlen``
+        added (inject). Counts its tokens; on a pipeline engine resets the activation shapes when
+        the micro-batch's shape changes. Call it for every training micro-batch, on every rank."""
+        self._settle()
+        batch = dict(batch)
+        key, b, s = batch_shape(batch)
+        mask = batch.get("loss_mask") if isinstance(batch.get("loss_mask"), torch.Tensor) else None
+        if self.config.count_tokens_by == "loss_mask" and mask is None:
+            raise ValueError("count_tokens_by 'loss_mask' needs a loss_mask tensor in every training batch")
+        if self.scheduler is None:
+            out, rows, length = batch, b, s
+            self.current_seqlen = s
+        else:
+            if self._step_seqlen is None:  # first micro-batch of this optimizer step
+                self._step_seqlen = self.scheduler.update_difficulty(self._progress.step + 1)
+            seqlen = self._step_seqlen
+            if self.mode == "inject":
+                out, rows, length = {**batch, "curriculum_seqlen": seqlen}, b, min(seqlen, s)
+                mask = None if mask is None else mask[:, :length]
+            else:
+                out = (truncate_batch if self.mode == "truncate" else reshape_batch)(batch, seqlen)
+                rows, length = int(out[key].shape[0]), int(out[key].shape[1])
+                mask = out.get("loss_mask") if mask is not None else None
+            self.current_seqlen = seqlen
+        self._pending_samples += b
+        if self.config.count_tokens_by == "loss_mask":
+            self._pending_tokens = self._pending_tokens + mask.detach().sum(dtype=torch.int64)
+        else:
+            self._pending_tokens += rows * length
+        if self.pipeline and self._pipe_shape != (rows, length):
+            self.engine.reset_activation_shape()
+            self._pipe_shape = (rows, length)
+        return out
+
+    def before_step(self) -> float | None:
+        """Right before ``engine.step()``: at a gradient-accumulation boundary (always, for a pipeline
+        engine, before ``train_batch``) advance the clock by this step's tokens and set the learning
+        rate ``lr_at(clock including this step) * group.get("lr_scale", 1)`` on every param group.
+        Returns that LR, or None off a boundary. The clock counts the step once the engine applied it
+        (an fp16 overflow skip leaves the clock, the curriculum and the LR where they were)."""
+        self._settle()
+        if not self.pipeline and not self.engine.is_gradient_accumulation_boundary():
+            return None
+        samples, tokens = self._take_pending()
+        new = advance(self._progress, samples, tokens, self.config.lr)
+        lr = lr_at(new, self.config.lr)
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr * group.get("lr_scale", 1.0)
+        self._staged = (new, lr, int(self.engine.global_steps))
+        self._step_seqlen = None
+        return lr
+
+    def before_eval(self) -> None:
+        """Before a full-length evaluation: a pipeline engine's activation shapes are reset (and again
+        at the next training micro-batch). Nothing to do for other engines."""
+        if self.pipeline:
+            self.engine.reset_activation_shape()
+            self._pipe_shape = None
+
+    def _take_pending(self) -> tuple[int, int]:
+        samples, tokens = self._pending_samples, self._pending_tokens
+        self._pending_samples, self._pending_tokens = 0, 0
+        world = self.dp_world_size
+        if isinstance(tokens, torch.Tensor):  # loss-mask counts differ between ranks: sum them exactly
+            dist = torch.distributed
+            if world > 1 and dist.is_available() and dist.is_initialized():
+                dist.all_reduce(tokens, group=getattr(self.engine, "data_parallel_group", None))
+                return samples * world, int(tokens.item())
+            return samples * world, int(tokens.item()) * world
+        return samples * world, tokens * world
+
+    # -- checkpointing ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Clock, scheduler, LR and step bookkeeping (small; put it in ``client_state``). Save between
+        optimizer steps, after ``engine.step()``: the model and optimizer are DeepSpeed's to save."""
+        self._settle()
+        if self._staged is not None:
+            raise RuntimeError("state_dict() between before_step() and engine.step(): save after the step")
+        pending = self._pending_tokens
+        return {
+            "format": STATE_FORMAT,
+            "progress": self._progress.to_dict(),
+            "lr": self.lr,
+            "current_seqlen": self.current_seqlen,
+            "step_seqlen": self._step_seqlen,
+            "skipped_steps": self.skipped_steps,
+            "pending_samples": self._pending_samples,
+            "pending_tokens": int(pending.item()) if isinstance(pending, torch.Tensor) else pending,
+            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"not a DeepSpeedCurriculum state dict (format {state.get('format')!r}, "
+                             f"expected {STATE_FORMAT!r})")
+        self._progress = Progress.from_dict(state["progress"])
+        self.lr = float(state["lr"])
+        self.current_seqlen = state["current_seqlen"]
+        self._step_seqlen = state["step_seqlen"]
+        self.skipped_steps = int(state["skipped_steps"])
+        self._pending_samples = int(state["pending_samples"])
+        self._pending_tokens = int(state["pending_tokens"])
+        self._staged = None
+        self._pipe_shape = None
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+
+    def __repr__(self) -> str:
+        p = self.progress
+        return (f"DeepSpeedCurriculum(mode={self.mode}, pipeline={self.pipeline}, step={p.step}, "
+                f"tokens={p.tokens}, seqlen={self.current_seqlen}, lr={self.lr:.3g})")
+
+
+class DeepSpeedEngineAdapter:
+    """A DeepSpeed engine with :class:`~seqwarm.engine.CurriculumEngine`'s surface, so that
+    :class:`seqwarm.train.Run`'s loop, logging and evaluation drive it unchanged."""
+
+    def __init__(self, ds_engine: Any, config: RunConfig, *, mode: str | None = None):
+        self.module = ds_engine
+        self.curriculum = DeepSpeedCurriculum(ds_engine, config, mode=mode)
+        self.config = self.curriculum.config
+
+    # the clock
+    progress = property(lambda self: self.curriculum.progress)
+    global_steps = property(lambda self: self.curriculum.global_steps)
+    current_seqlen = property(lambda self: self.curriculum.current_seqlen)
+    lr = property(lambda self: self.curriculum.lr)
+    skipped_steps = property(lambda self: self.curriculum.skipped_steps)
+    done = property(lambda self: self.curriculum.done)
+
+    @property
+    def grad_norm(self) -> float | None:
+        """DeepSpeed's global gradient norm of the last step (before clipping), when it measured one."""
+        norm = self.module.get_global_grad_norm()
+        return None if norm is None else float(norm)
+
+    def train(self, mode: bool = True) -> DeepSpeedEngineAdapter:
+        self.module.train(mode)  # DeepSpeed's train() sets the wrapped model's mode only:
+        self.module.training = mode  # keep the engine's own flag in step (evaluate() reads it)
+        return self
+
+    def eval(self) -> DeepSpeedEngineAdapter:
+        self.curriculum.before_eval()
+        return self.train(False)
+
+    def __call__(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        if not self.module.training:
+            return self.module(**batch)
+        return self.module(**self.curriculum.shape(batch))
+
+    def backward(self, loss: torch.Tensor) -> torch.Tensor:
+        self.module.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps
+        return loss
+
+    def step(self) -> None:
+        self.curriculum.before_step()
+        self.module.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.curriculum.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.curriculum.load_state_dict(state)

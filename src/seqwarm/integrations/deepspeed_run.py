@@ -1,0 +1,238 @@
+"""``seqwarm train --deepspeed [--pipeline-stages K]``: :class:`seqwarm.train.Run` on a DeepSpeed engine.
+
+The loop, logging, budget and full-length evaluation are Run's; what changes is the engine (ZeRO via
+``deepspeed.initialize`` with seqwarm's torch optimizer, or a GPT ``PipelineModule``), driven through
+:class:`~seqwarm.integrations.deepspeed.DeepSpeedEngineAdapter`, and the checkpoints: DeepSpeed's own
+``save_checkpoint`` / ``load_checkpoint`` under ``RUN/checkpoints/deepspeed/step_XXXXXXXX/`` with
+seqwarm's state (clock, curriculum, data position, RNG, resolved config) in ``client_state["seqwarm"]``.
+At the end of the run the model weights are also written as ``RUN/checkpoints/step_XXXXXXXX.pt`` (the
+format ``seqwarm eval`` reads; it is marked ``"deepspeed": true`` and cannot be resumed from).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import re
+import shutil
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from seqwarm.checkpoint import list_checkpoints, rng_state, save_checkpoint, set_rng_state
+from seqwarm.distributed import DistInfo, barrier
+from seqwarm.errors import UserError
+from seqwarm.integrations.deepspeed import (
+    DeepSpeedEngineAdapter,
+    build_deepspeed_optimizer,
+    deepspeed_config,
+    require_deepspeed,
+    skip_cpu_shm_comm,
+)
+from seqwarm.metrics import truncate_metrics
+from seqwarm.train import Run, _jsonable
+
+__all__ = ["DeepSpeedRun", "deepspeed_process_group", "DS_SUBDIR"]
+
+logger = logging.getLogger(__name__)
+
+DS_SUBDIR = "deepspeed"
+STATE_FORMAT = "seqwarm.deepspeed_run/1"
+_TAG = re.compile(r"^step_(\d{8})$")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def deepspeed_process_group(device: str = "auto"):
+    """The process group DeepSpeed needs: torchrun's / the deepspeed launcher's when there is one,
+    else a one-process group of our own (DeepSpeed would otherwise look for MPI), torn down after."""
+    require_deepspeed()
+    dist = torch.distributed
+    if dist.is_initialized():
+        yield
+        return
+    defaults = {"MASTER_ADDR": "127.0.0.1", "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    saved = {k: os.environ.get(k) for k in (*defaults, "MASTER_PORT")}
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
+    os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    backend = "nccl" if torch.cuda.is_available() and device != "cpu" else "gloo"
+    dist.init_process_group(backend, rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    try:
+        yield
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class DeepSpeedRun(Run):
+    """A training run on DeepSpeed: ZeRO (stage, offload, precision from the config) or, with
+    ``pipeline_stages`` K, a K-stage pipeline of the GPT (data parallel over world size / K)."""
+
+    def __init__(self, cfg, opts, data, model_cfg, *, dist_info: DistInfo | None = None, pipeline_stages: int = 0):
+        self.deepspeed = require_deepspeed()
+        skip_cpu_shm_comm(self.deepspeed)
+        logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # its INFO lines would drown the console
+        self.pipeline_stages = int(pipeline_stages or 0)
+        super().__init__(cfg, opts, data, model_cfg, dist_info=dist_info, fsdp=False)
+        self.ds_dir = self.ckpt_dir / DS_SUBDIR
+        stage = int(self.ds.zero_optimization_stage())
+        self.resolved["parallelism"] = (f"deepspeed-pipeline{self.pipeline_stages}-zero{stage}" if self.pipeline_stages
+                                        else f"deepspeed-zero{stage}")
+        self.resolved["deepspeed"] = _jsonable(self.ds_config)
+
+    # -- engine ------------------------------------------------------------------------------------
+    def _data_parallel(self) -> tuple[int, int]:
+        if not self.pipeline_stages:
+            return super()._data_parallel()
+        stages, world = self.pipeline_stages, self.info.world_size
+        if world % stages:
+            raise UserError(f"--pipeline-stages {stages} must divide the number of processes ({world})")
+        from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+
+        coord = PipeDataParallelTopology(num_pp=stages, num_dp=world // stages).get_coord(self.info.rank)
+        return int(coord.data), world // stages
+
+    def _build_engine(self):
+        from deepspeed.accelerator import get_accelerator
+
+        from seqwarm.model import GPT
+
+        accel = get_accelerator().device_name()
+        if accel != self.device.type:
+            raise UserError(f"DeepSpeed runs on its {accel} accelerator but --device is {self.device}: drop --device, "
+                            f"or choose DeepSpeed's accelerator with DS_ACCELERATOR={self.device.type}")
+        pipeline = self.pipeline_stages > 0
+        self.ds_config = deepspeed_config(self.cfg, pipeline=pipeline)
+        # deepspeed.comm wraps the torch.distributed group already set up (the PipelineModule needs it)
+        self.deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
+        if pipeline:
+            from seqwarm.integrations.deepspeed_pipeline import PipelineEngineAdapter, gpt_pipeline_module
+
+            model = GPT(self.model_cfg)  # on the CPU: the PipelineModule moves this stage's layers to the device
+            net = gpt_pipeline_module(model, self.pipeline_stages)
+            adapter = PipelineEngineAdapter
+        else:
+            model = net = GPT(self.model_cfg).to(self.device)
+            adapter = DeepSpeedEngineAdapter
+        optimizer = build_deepspeed_optimizer(net, self.cfg, self.ds_config)
+        self.ds, *_ = self.deepspeed.initialize(model=net, optimizer=optimizer, config=self.ds_config)
+        return model, optimizer, adapter(self.ds, self.cfg)
+
+    def _train_step(self) -> float:
+        if not self.pipeline_stages:
+            return super()._train_step()
+        micro = [{k: v.to(self.device, non_blocking=True) for k, v in self.batches.next_batch().items()}
+                 for _ in range(self.cfg.gradient_accumulation_steps)]
+        return self.engine.train_batch(micro)  # already the mean over micro-batches and data-parallel ranks
+
+    def train(self):
+        result = super().train()
+        self.export_model()
+        return result
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def _tags(self) -> list[str]:
+        if not self.ds_dir.is_dir():
+            return []
+        return sorted(p.name for p in self.ds_dir.iterdir() if p.is_dir() and _TAG.match(p.name))
+
+    def save(self) -> Path | None:
+        """DeepSpeed's checkpoint of this step (every rank writes its part), seqwarm's state inside."""
+        step = self.engine.global_steps
+        tag = f"step_{step:08d}"
+        state = {
+            "format": STATE_FORMAT,
+            "engine": self.engine.state_dict(),
+            "data": self.batches.state_dict(),
+            "rng": rng_state(),
+            "config": self.resolved,
+            "elapsed_s": self.elapsed_before + (time.perf_counter() - self.t_start),
+            "last_val": self.last_val,
+        }
+        self.ds.save_checkpoint(str(self.ds_dir), tag=tag, client_state={"seqwarm": state})
+        if self.is_main and self.opts.keep_checkpoints > 0:
+            for old in self._tags()[:-self.opts.keep_checkpoints]:
+                if old != tag:
+                    shutil.rmtree(self.ds_dir / old, ignore_errors=True)
+        barrier(self.info)
+        return self.ds_dir / tag
+
+    def resume(self) -> bool:
+        if not (self.ds_dir / "latest").is_file():
+            if list_checkpoints(self.ckpt_dir):
+                raise UserError(f"{self.run_dir} was trained without --deepspeed; resume it without --deepspeed")
+            return False
+        try:
+            path, client = self.ds.load_checkpoint(str(self.ds_dir))
+        except (RuntimeError, KeyError, ValueError) as err:
+            raise UserError(f"the DeepSpeed checkpoint in {self.ds_dir} does not load into this run ({err}); "
+                            "resume with the same model, ZeRO stage and number of processes") from None
+        if path is None or not isinstance(client, dict) or "seqwarm" not in client:
+            raise UserError(f"{self.ds_dir} holds no seqwarm DeepSpeed checkpoint to resume from")
+        state = client["seqwarm"]
+        self._check_resume_config(path, state["config"])
+        self.engine.load_state_dict(state["engine"])
+        self.batches.load_state_dict(state["data"])
+        set_rng_state(state["rng"])
+        self.elapsed_before = float(state.get("elapsed_s", 0.0))
+        self.last_val = state.get("last_val")
+        if self.is_main:
+            truncate_metrics(self.run_dir / "metrics.jsonl", self.engine.global_steps)
+            logger.info("resumed from %s (step %d, %s tokens)", path, self.engine.global_steps,
+                        f"{self.engine.progress.tokens:,}")
+        return True
+
+    # -- the model for `seqwarm eval` ---------------------------------------------------------------
+    def _gathered_model_state(self) -> dict[str, torch.Tensor] | None:
+        """The whole GPT's weights (fp32, CPU) on rank 0, None elsewhere; a collective."""
+        def plain(sd: dict[str, Any], keep=lambda name: True) -> dict[str, torch.Tensor]:
+            return {k: v.detach().float().cpu().clone() for k, v in sd.items() if keep(k)}
+
+        if self.pipeline_stages:
+            from seqwarm.integrations.deepspeed_pipeline import pipeline_param_prefixes
+
+            module = self.ds.module
+            parts, stage = module.parts, module.stage_id
+            prefixes = pipeline_param_prefixes(self.model_cfg.n_layer)[parts[stage]:parts[stage + 1]]
+            owned = tuple(p for group in prefixes for p in group)
+            mine = plain(self.model.state_dict(), lambda name: name.startswith(owned))
+            everyone: list[Any] = [None] * self.info.world_size
+            torch.distributed.all_gather_object(everyone, mine)
+            merged: dict[str, torch.Tensor] = {}
+            for part in everyone:
+                merged.update(part)
+            merged["lm_head.weight"] = merged["wte.weight"]  # tied
+            return merged if self.is_main else None
+        if int(self.ds.zero_optimization_stage()) == 3:
+            params = list(self.model.parameters())
+            with self.deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+                state = plain(self.model.state_dict()) if self.is_main else None
+            return state
+        return plain(self.model.state_dict()) if self.is_main else None
+
+    def export_model(self) -> Path | None:
+        """Write the trained weights as ``RUN/checkpoints/step_XXXXXXXX.pt`` for ``seqwarm eval``."""
+        state = self._gathered_model_state()
+        path = None
+        if self.is_main:
+            p = self.engine.progress
+            payload = {"model": state, "engine": {"progress": p.to_dict()}, "config": self.resolved,
+                       "deepspeed": True, "last_val": self.last_val}
+            path = save_checkpoint(self.ckpt_dir, p.step, payload, keep=self.opts.keep_checkpoints)
+        barrier(self.info)
+        return path
