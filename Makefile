@@ -12,7 +12,7 @@ DS_BUILD_OPS ?= 0
 
 # A bare `torch` requirement in a fresh venv pulls a multi-GB CUDA build; install the pinned CPU
 # wheel first (override TORCH_SPEC, or install your own torch into the venv beforehand, for GPUs).
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)" || $(PY) -c "import torch"
 	DS_BUILD_OPS=$(DS_BUILD_OPS) $(PY) -m pip install --quiet --disable-pip-version-check -e ".[$(EXTRAS)]"
