@@ -8,7 +8,8 @@ from seqwarm.errors import MissingDependencyError
 from seqwarm.metrics import read_metrics
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only), or MissingDependencyError."""
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -20,7 +21,7 @@ def _pyplot():
 
 def plot_run(run_dir: Path, path: Path | None = None) -> Path:
     """Train loss (current length) and val loss (full length) against tokens; length and LR against steps."""
-    plt = _pyplot()
+    plt = pyplot()
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir / "metrics.jsonl")
     train = [r for r in rows if r.get("kind") == "train"]

@@ -95,10 +95,10 @@ def build_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optim
 def versions() -> dict[str, str]:
     out = {"seqwarm": __version__, "torch": torch.__version__, "numpy": np.__version__,
            "python": platform.python_version()}
-    try:
-        import deepspeed  # noqa: F401
-        out["deepspeed"] = deepspeed.__version__
-    except Exception:  # noqa: BLE001 - optional
+    try:  # the installed version, without importing deepspeed (its import prints and is slow)
+        from importlib.metadata import PackageNotFoundError, version
+        out["deepspeed"] = version("deepspeed")
+    except PackageNotFoundError:
         pass
     return out
 

@@ -9,7 +9,7 @@ import sys
 from seqwarm.commands.check_config import describe
 from seqwarm.commands.common import add_budget_and_lr_flags, overrides_from_args
 from seqwarm.config import load_config
-from seqwarm.errors import MissingDependencyError, UserError
+from seqwarm.errors import UserError
 from seqwarm.plan import Plan, make_plan
 from seqwarm.units import human_count
 
@@ -64,12 +64,9 @@ def print_plan(plan: Plan, out=None) -> None:
 
 
 def plot_plan(plan: Plan, path: str) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        raise MissingDependencyError("matplotlib", "plot", "--plot") from None
+    from seqwarm.report import pyplot
+
+    plt = pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharey="row")
     scale, unit = (1e9, "B") if plan.total_tokens >= 1e10 else (1e6, "M")
     tokens = [t / scale for t in plan.cum_tokens]

@@ -1,0 +1,453 @@
+"""``seqwarm tune``: the paper's recipe (appendix A.1) for ``total_curriculum_step``.
+
+Binary-search the largest ``total_curriculum_step`` (T) whose short probe run — the first
+``probe_multiple`` x LR-warmup steps of the real run — shows no significant fluctuation of the
+full-length validation perplexity. "Significant": some evaluation is more than ``fluctuation_pct``
+percent above the best (lowest) earlier one (see :func:`seqwarm.experiments.curves.fluctuation`), or
+the probe diverged.
+
+:func:`search_largest_passing` is the search alone: it takes any ``probe(T) -> ProbeResult`` (tests pass
+a fake one), probes up to ``jobs`` values per round (a k-ary search: with one job it is plain bisection),
+skips values already done (resume) and reports each result as it arrives. :func:`run_probe` is the real
+probe, a short ``seqwarm train`` run; :func:`run_tune` wires both to a folder with a resumable state file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shlex
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from seqwarm.errors import UserError
+from seqwarm.experiments import curves
+from seqwarm.experiments.launch import (
+    read_raw_config,
+    total_curriculum_step_of,
+    train_argv,
+    train_namespace,
+    with_total_curriculum_step,
+    write_json,
+)
+
+DEFAULT_PROBE_MULTIPLE = 4.0
+DEFAULT_FLUCTUATION_PCT = 2.0
+DEFAULT_PROBE_EVALS = 10
+STATE_FILE = "tune_state.json"
+
+
+@dataclass
+class ProbeResult:
+    """One probe's evidence; ``passed`` is derived from it and the fluctuation threshold."""
+
+    value: int
+    steps: list[int] = field(default_factory=list)
+    val_ppl: list[float] = field(default_factory=list)
+    diverged: bool = False
+    message: str = ""
+    elapsed_s: float = 0.0
+    max_rise_pct: float = 0.0
+    rise_step: int | None = None
+    passed: bool = True
+
+    def judge(self, fluctuation_pct: float) -> ProbeResult:
+        """Set max_rise_pct / rise_step / passed from the evidence."""
+        f = curves.fluctuation(self.val_ppl)
+        self.max_rise_pct = f.max_rise_pct
+        self.rise_step = self.steps[f.at_index] if f.at_index is not None and f.at_index < len(self.steps) else None
+        self.passed = not self.diverged and f.finite and f.max_rise_pct <= fluctuation_pct
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        if not math.isfinite(d["max_rise_pct"]):
+            d["max_rise_pct"] = None  # JSON has no infinity
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ProbeResult:
+        known = {k: d[k] for k in ("value", "steps", "val_ppl", "diverged", "message", "elapsed_s") if k in d}
+        return cls(**known)
+
+    def verdict(self) -> str:
+        if self.diverged:
+            return "FAIL (diverged)"
+        return "pass" if self.passed else "FAIL"
+
+    def evidence(self) -> str:
+        if self.diverged:
+            return self.message or "the loss became NaN/inf"
+        ppl = f"val ppl {self.val_ppl[0]:.1f} -> {self.val_ppl[-1]:.1f}" if self.val_ppl else "no evaluation"
+        rise = f"max rise {self.max_rise_pct:.2f}% above the best so far"
+        where = f" (step {self.rise_step})" if self.rise_step is not None else ""
+        return f"{rise}{where}; {ppl} over {len(self.val_ppl)} evals"
+
+
+@dataclass
+class SearchOutcome:
+    chosen: int | None
+    """The largest passing value found (None when even ``lo`` fails)."""
+    lowest_failing: int | None
+    """The smallest failing value above ``chosen`` (None when ``hi`` passes)."""
+    results: dict[int, ProbeResult]
+    reason: str
+    warnings: list[str] = field(default_factory=list)
+
+
+Probe = Callable[[int], ProbeResult]
+Runner = Callable[[Probe, list[int]], Iterable[tuple[int, ProbeResult]]]
+
+
+def run_sequentially(probe: Probe, values: list[int]) -> Iterator[tuple[int, ProbeResult]]:
+    for v in values:
+        yield v, probe(v)
+
+
+def interior_points(good: int, bad: int, n: int) -> list[int]:
+    """Up to ``n`` integers strictly between ``good`` and ``bad``, evenly spaced (n=1: the midpoint)."""
+    pts = {good + (bad - good) * i // (n + 1) for i in range(1, n + 1)}
+    return sorted(p for p in pts if good < p < bad)
+
+
+def search_largest_passing(probe: Probe, lo: int, hi: int, *, fluctuation_pct: float, jobs: int = 1,
+                           resolution: int = 1, done: Mapping[int, ProbeResult] | None = None,
+                           runner: Runner = run_sequentially,
+                           on_result: Callable[[int, ProbeResult, bool], None] | None = None) -> SearchOutcome:
+    """The largest T in [lo, hi] whose probe passes, assuming small values pass and large ones fail.
+
+    Rounds of up to ``jobs`` probes: first ``hi`` (with ``lo`` too when jobs > 1), then ``lo``, then
+    evenly spaced points inside the bracket (passing, failing), until it is at most ``resolution`` wide.
+    Values in ``done`` are not probed again (their verdicts are re-judged with ``fluctuation_pct``).
+    ``on_result(value, result, reused)`` is called for every verdict the search uses, as it arrives.
+    """
+    if not 1 <= lo <= hi:
+        raise UserError(f"the search range must satisfy 1 <= lo <= hi (got lo {lo}, hi {hi})")
+    if jobs < 1 or resolution < 1:
+        raise UserError("--jobs and --resolution must be >= 1")
+    results: dict[int, ProbeResult] = {}
+    previous = dict(done or {})
+
+    def run(values: list[int]) -> None:
+        todo = []
+        for v in values:
+            if v in results:
+                continue
+            if v in previous:
+                results[v] = previous[v].judge(fluctuation_pct)
+                if on_result:
+                    on_result(v, results[v], True)
+            else:
+                todo.append(v)
+        for v, r in runner(probe, todo):
+            results[v] = r.judge(fluctuation_pct)
+            if on_result:
+                on_result(v, results[v], False)
+
+    run([hi] if jobs == 1 or lo == hi else [lo, hi])
+    if results[hi].passed:
+        return SearchOutcome(hi, None, results, f"the top of the range (hi = {hi}) passes; a larger value "
+                             "may pass too (raise --hi to look further)")
+    run([lo])
+    if not results[lo].passed:
+        return SearchOutcome(None, lo, results, f"even the bottom of the range (lo = {lo}) fails: lower --lo, "
+                             "raise --fluctuation, or lower the learning rate")
+    good, bad = lo, hi
+    while bad - good > resolution:
+        run(interior_points(good, bad, jobs))
+        for v in sorted(x for x in results if good < x < bad):
+            if results[v].passed:
+                good = v
+            else:
+                bad = v
+                break
+    warnings = [f"T = {v} passed although the smaller T = {bad} failed (fluctuation is not monotone in T: "
+                "noise, or a threshold too close to it)" for v in sorted(results) if v > bad and results[v].passed]
+    return SearchOutcome(good, bad, results, f"largest passing value; {bad} fails (resolution {resolution})",
+                         warnings)
+
+
+# --------------------------------------------------------------------------------------------------
+# the real probe
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    """Everything a probe process needs (plain data, so it crosses process boundaries)."""
+
+    folder: str
+    raw_config: dict[str, Any]
+    train_args: dict[str, Any]
+    """The probe's ``seqwarm train`` Namespace as a dict (config and out are set per value)."""
+    threads: int = 0
+    """torch threads in a probe process (0: leave torch's default)."""
+
+
+def probe_paths(folder: Path, value: int) -> tuple[Path, Path, Path]:
+    """(config file, run folder, log file) of the probe for ``value``."""
+    base = Path(folder) / "probes"
+    return base / f"T{value}.json", base / f"T{value}", base / f"T{value}.log"
+
+
+def read_probe(run_dir: Path, value: int) -> ProbeResult | None:
+    """A finished probe's evidence from its run folder (None when it did not finish)."""
+    from seqwarm.metrics import read_metrics
+
+    summary = Path(run_dir) / "summary.json"
+    if not summary.is_file():
+        return None
+    rows = [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if r.get("kind") == "eval"]
+    by_step = {r["step"]: r for r in rows}
+    steps = sorted(by_step)
+    wall = json.loads(summary.read_text()).get("wall_time_s", 0.0)
+    return ProbeResult(value, steps, [by_step[s]["val_ppl"] for s in steps], elapsed_s=wall)
+
+
+def run_probe(spec: ProbeSpec, value: int) -> ProbeResult:
+    """Train the probe for ``value`` (output to its log file) and return its evidence."""
+    from seqwarm.commands.train import execute
+    from seqwarm.train import TrainingDiverged
+
+    if spec.threads:
+        import torch
+        torch.set_num_threads(spec.threads)
+    cfg_path, run_dir, log_path = probe_paths(Path(spec.folder), value)
+    if run_dir.exists():  # a probe the state file does not record (unfinished, or from an older search)
+        shutil.rmtree(run_dir)
+    write_json(cfg_path, with_total_curriculum_step(spec.raw_config, value))
+    ns = argparse.Namespace(**{**spec.train_args, "config": str(cfg_path), "out": str(run_dir), "resume": False})
+    t0 = time.perf_counter()
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log, contextlib.redirect_stdout(log), _logs_to(log):
+        try:
+            execute(ns)
+        except TrainingDiverged as err:
+            from seqwarm.metrics import read_metrics
+            evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "eval"]
+            return ProbeResult(value, [r["step"] for r in evals], [r["val_ppl"] for r in evals], diverged=True,
+                               message=str(err).split(";")[0], elapsed_s=time.perf_counter() - t0)
+    result = read_probe(run_dir, value)
+    if result is None:
+        raise RuntimeError(f"probe T={value} finished without {run_dir}/summary.json")
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # probes are never resumed: save the disk
+    return result
+
+
+@contextlib.contextmanager
+def _logs_to(stream) -> Iterator[None]:
+    """Send seqwarm's log records (config warnings of every probe, ...) to the probe's log, not the console."""
+    import logging
+
+    pkg = logging.getLogger("seqwarm")
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    old_propagate = pkg.propagate
+    pkg.addHandler(handler)
+    pkg.propagate = False
+    try:
+        yield
+    finally:
+        pkg.removeHandler(handler)
+        pkg.propagate = old_propagate
+
+
+def _probe_in_process(args: tuple[ProbeSpec, int]) -> ProbeResult:
+    return run_probe(*args)
+
+
+def process_runner(spec: ProbeSpec, jobs: int) -> Runner:
+    """Run up to ``jobs`` probes at a time in fresh processes (spawned: no forked torch thread pools)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    def runner(probe: Probe, values: list[int]) -> Iterator[tuple[int, ProbeResult]]:
+        if not values:
+            return
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=min(jobs, len(values)), mp_context=ctx) as pool:
+            futures = {pool.submit(_probe_in_process, (spec, v)): v for v in values}
+            for fut in as_completed(futures):
+                yield futures[fut], fut.result()
+
+    return runner
+
+
+# --------------------------------------------------------------------------------------------------
+# the command
+
+
+@dataclass
+class TuneSetup:
+    folder: Path
+    raw_config: dict[str, Any]
+    train_args: dict[str, Any]
+    probe_steps: int
+    warmup_steps: int
+    eval_interval: int
+    lo: int
+    hi: int
+    resolution: int
+    fluctuation_pct: float
+    jobs: int
+    current: int
+    """The config's own total_curriculum_step."""
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a probe's verdict depends on besides T and the threshold (resume needs it unchanged)."""
+        raw = with_total_curriculum_step(self.raw_config, 0)
+        argv = train_argv(argparse.Namespace(**{**self.train_args, "config": None, "out": None}))
+        return {"config": raw, "train_argv": argv, "probe_steps": self.probe_steps,
+                "eval_interval": self.eval_interval}
+
+
+def setup_tune(args: argparse.Namespace) -> TuneSetup:
+    """Check the flags and work out the probes' length, evaluation interval and the search range."""
+    from seqwarm.commands.train import resolve_config
+    from seqwarm.plan import make_plan
+
+    if not args.out:
+        raise UserError("--out DIR is required: the folder for the probes, tune.json and tuned_config.json")
+    for dest, flag in (("no_curriculum", "--no-curriculum"), ("resume", "--resume"),
+                       ("allow_config_change", "--allow-config-change")):
+        if getattr(args, dest, False):
+            raise UserError(f"{flag} is not a tune flag: tune searches the curriculum's length and resumes "
+                            "a search found in --out by itself")
+    if not args.probe_multiple > 0:
+        raise UserError(f"--probe-multiple {args.probe_multiple}: must be > 0 (probes last this many LR warmups)")
+    if not args.fluctuation > 0:
+        raise UserError(f"--fluctuation {args.fluctuation}: must be a positive percentage, e.g. 2")
+    if args.jobs < 1:
+        raise UserError(f"--jobs {args.jobs}: must be >= 1")
+    if args.probe_evals < 2:
+        raise UserError(f"--probe-evals {args.probe_evals}: a fluctuation needs at least 2 evaluations")
+    folder = Path(args.out)
+    raw = read_raw_config(args.config)
+    current = total_curriculum_step_of(raw)
+    base = train_namespace(args, out=str(folder / "probes" / "check"))
+    cfg = resolve_config(base)
+    plan = make_plan(cfg)
+    warmup = plan.warmup_end_step or 0
+    if args.probe_steps:
+        probe_steps = args.probe_steps
+    elif warmup:
+        probe_steps = max(2, math.ceil(args.probe_multiple * warmup))
+    else:
+        raise UserError("the run has no LR warmup, and probes last --probe-multiple x the warmup steps: set "
+                        "lr_warmup_iters (or --lr-warmup-iters), or give --probe-steps N")
+    if args.eval_interval is not None and not 0 < args.eval_interval < probe_steps:
+        raise UserError(f"--eval-interval {args.eval_interval}: probes need at least 2 evaluations in their "
+                        f"{probe_steps} steps (leave it out to use --probe-evals)")
+    eval_interval = args.eval_interval if args.eval_interval is not None else max(1, probe_steps // args.probe_evals)
+    lo = args.lo if args.lo is not None else max(1, warmup)
+    hi = args.hi if args.hi is not None else plan.total_steps
+    if not 1 <= lo <= hi:
+        raise UserError(f"the search range needs 1 <= --lo <= --hi (got lo {lo}, hi {hi}; without flags lo is "
+                        f"the warmup ({warmup} steps) and hi the run's planned steps ({plan.total_steps}))")
+    resolution = args.resolution or max(1, round(0.05 * hi))
+    # Probes keep the full run's LR schedule: decay is pinned to what the full run resolves to, and the
+    # probe stops by a step cap (train_iters) rather than by shrinking the token budget.
+    pinned: dict[str, Any] = {f"lr_decay_{u}": None for u in ("tokens", "iters", "samples")}
+    if cfg.lr.decay_unit:
+        pinned[f"lr_decay_{cfg.lr.decay_unit}"] = getattr(cfg.lr, f"decay_{cfg.lr.decay_unit}")
+    pinned["lr_decay_style"] = cfg.lr.decay_style
+    probe_ns = train_namespace(args, **pinned, train_iters=probe_steps, eval_interval=eval_interval,
+                               save_interval=0, no_progress=True, eval_wikitext=None, eval_lambada=None)
+    train_args = {k: v for k, v in vars(probe_ns).items() if k != "func"}
+    return TuneSetup(folder, raw, train_args, probe_steps, warmup, eval_interval, lo, hi, resolution,
+                     args.fluctuation, args.jobs, current)
+
+
+def load_state(setup: TuneSetup) -> dict[int, ProbeResult]:
+    """Finished probes recorded in ``DIR/tune_state.json`` (or in finished probe folders)."""
+    path = setup.folder / STATE_FILE
+    done: dict[int, ProbeResult] = {}
+    if path.is_file():
+        state = json.loads(path.read_text())
+        if state.get("fingerprint") != json.loads(json.dumps(setup.fingerprint())):
+            raise UserError(f"{path} records a search with different settings (config, flags, probe length or "
+                            "evaluation interval); use another --out, or delete it to start over")
+        done = {int(k): ProbeResult.from_dict(v) for k, v in state.get("probes", {}).items()}
+    probes = setup.folder / "probes"
+    if probes.is_dir():  # probes that finished after the state was last written
+        for run_dir in probes.iterdir():
+            if run_dir.is_dir() and run_dir.name[1:].isdigit() and int(run_dir.name[1:]) not in done:
+                found = read_probe(run_dir, int(run_dir.name[1:]))
+                if found is not None and path.is_file():
+                    done[found.value] = found
+    return done
+
+
+def save_state(setup: TuneSetup, done: Mapping[int, ProbeResult]) -> None:
+    write_json(setup.folder / STATE_FILE, {
+        "fingerprint": setup.fingerprint(),
+        "probes": {str(v): r.to_dict() for v, r in sorted(done.items())},
+    })
+
+
+def run_tune(args: argparse.Namespace, *, probe: Probe | None = None, runner: Runner | None = None,
+             echo=print) -> dict[str, Any]:
+    """Search, print each probe, write ``tune.json`` and ``tuned_config.json``; return tune.json's dict."""
+    setup = setup_tune(args)
+    setup.folder.mkdir(parents=True, exist_ok=True)
+    done = load_state(setup)
+    save_state(setup, done)
+    threads = max(1, (os.cpu_count() or 1) // setup.jobs) if setup.jobs > 1 else 0
+    spec = ProbeSpec(str(setup.folder), setup.raw_config, setup.train_args, threads)
+    if probe is None:
+        probe = lambda value: run_probe(spec, value)  # noqa: E731
+        if runner is None and setup.jobs > 1:
+            runner = process_runner(spec, setup.jobs)
+    length = ("--probe-steps" if args.probe_steps else
+              f"{args.probe_multiple:g} x the {setup.warmup_steps}-step LR warmup")
+    echo(f"tune: probes train {setup.probe_steps} steps ({length}) and evaluate every {setup.eval_interval} steps; "
+         f"a probe fails when a full-length val ppl is more "
+         f"than {setup.fluctuation_pct:g}% above the best earlier one, or it diverges")
+    echo(f"tune: searching total_curriculum_step in [{setup.lo}, {setup.hi}] to within {setup.resolution} "
+         f"(config has {setup.current}), {setup.jobs} probe(s) at a time"
+         + (f"; {len(done)} probe(s) already done in {setup.folder}" if done else ""))
+
+    def on_result(value: int, result: ProbeResult, reused: bool) -> None:
+        done[value] = result
+        save_state(setup, done)
+        tag = " (done before)" if reused else f" ({result.elapsed_s:.0f}s)"
+        echo(f"probe T={value:>6}: {result.verdict():<15} {result.evidence()}{tag}")
+
+    outcome = search_largest_passing(probe, setup.lo, setup.hi, fluctuation_pct=setup.fluctuation_pct,
+                                     jobs=setup.jobs, resolution=setup.resolution, done=done,
+                                     runner=runner or run_sequentially, on_result=on_result)
+    for w in outcome.warnings:
+        echo(f"warning: {w}")
+    report = {
+        "chosen": outcome.chosen, "lowest_failing": outcome.lowest_failing, "reason": outcome.reason,
+        "config_value": setup.current, "range": [setup.lo, setup.hi], "resolution": setup.resolution,
+        "fluctuation_pct": setup.fluctuation_pct, "probe_steps": setup.probe_steps,
+        "probe_multiple": args.probe_multiple, "warmup_steps": setup.warmup_steps,
+        "eval_interval": setup.eval_interval, "jobs": setup.jobs,
+        "definition": ("a probe trains the first probe_steps steps of the run with the candidate "
+                       "total_curriculum_step and evaluates full-length validation perplexity every "
+                       "eval_interval steps; it fails when an evaluation is more than fluctuation_pct percent "
+                       "above the lowest earlier one, or when training diverges"),
+        "probe_command": shlex.join(["seqwarm", "train", *train_argv(argparse.Namespace(
+            **{**setup.train_args, "config": str(setup.folder / "probes" / "T<value>.json"),
+               "out": str(setup.folder / "probes" / "T<value>")}))]),
+        "probes": [outcome.results[v].to_dict() for v in sorted(outcome.results)],
+        "warnings": outcome.warnings,
+    }
+    if outcome.chosen is None:
+        echo(f"no value passes: {outcome.reason}")
+        report["tuned_config"] = None
+    else:
+        path = write_json(setup.folder / "tuned_config.json",
+                          with_total_curriculum_step(setup.raw_config, outcome.chosen))
+        report["tuned_config"] = str(path)
+        echo(f"chosen total_curriculum_step = {outcome.chosen} ({outcome.reason})")
+        echo(f"written: {path}")
+    write_json(setup.folder / "tune.json", report)
+    return report

@@ -1,0 +1,264 @@
+"""`seqwarm compare`: the curve arithmetic on synthetic curves, the report of two tiny real runs, reuse and
+resume of run folders, the scaled and quick plans, and bad input."""
+
+import json
+import math
+from argparse import Namespace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from seqwarm.cli import main
+from seqwarm.experiments import curves
+from seqwarm.experiments.compare import QUICK_FRACTION, ComparePlan, build_report, plan_compare
+from seqwarm.experiments.launch import run_state, train_namespace
+
+from conftest import small_config
+
+FAST = ["--model", "tiny", "--eval-iters", "2", "--no-progress", "--no-tensorboard"]
+
+
+# -- crossings and speedups -------------------------------------------------------------------------
+
+
+def test_crossing_interpolates_between_evaluations():
+    # 3.0 at 200 tokens, 1.0 at 300: the line is at 2.0 halfway
+    assert curves.first_crossing([100, 200, 300], [4.5, 3.0, 1.0], 2.0) == pytest.approx(250)
+    # an evaluation exactly on the target is the crossing
+    assert curves.first_crossing([100, 200, 300], [4.5, 2.0, 1.0], 2.0) == pytest.approx(200)
+    # already below at the first evaluation: nothing is assumed before it
+    assert curves.first_crossing([100, 200], [1.5, 1.0], 2.0) == 100
+    # the first crossing counts, not a later one after a rise
+    assert curves.first_crossing([1, 2, 3, 4], [3.0, 1.0, 3.0, 1.0], 2.0) == pytest.approx(1.5)
+    assert curves.first_crossing([1, 2], [3.0, 2.5], 2.0) is None
+    assert curves.first_crossing([1, 2, 3], [3.0, math.nan, 1.0], 2.0) == 3  # NaN breaks the segment
+
+
+def test_speedup_reached_and_interpolated():
+    base_x, base_y = [100, 200, 300, 400], [5.0, 4.0, 3.0, 2.0]
+    res = curves.speedup_to_target(base_x, base_y, [100, 200, 300], [4.5, 3.0, 1.0])
+    assert res.target == 2.0 and res.baseline == 400 and res.curriculum == pytest.approx(250)
+    assert res.speedup == pytest.approx(1.6) and res.reached
+
+
+def test_speedup_never_reached_is_null():
+    res = curves.speedup_to_target([1, 2], [3.0, 2.0], [1, 2, 3], [3.5, 2.5, 2.01])
+    assert res.speedup is None and res.reached is False and res.curriculum is None
+    assert res.to_dict()["reached"] is False
+
+
+def test_speedup_below_one_when_curriculum_is_slower():
+    res = curves.speedup_to_target([10, 20], [3.0, 2.0], [10, 20, 30, 40], [3.5, 3.0, 2.5, 2.0])
+    assert res.speedup == pytest.approx(0.5)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.floats(0.01, 5.0), min_size=2, max_size=12), st.floats(0.0, 1.0))
+def test_crossing_lies_on_the_curve(drops, frac):
+    ys = [10.0]
+    for d in drops:
+        ys.append(ys[-1] - d)
+    xs = [100.0 * (i + 1) for i in range(len(ys))]
+    target = ys[-1] + frac * (ys[0] - ys[-1])
+    x = curves.first_crossing(xs, ys, target)
+    assert xs[0] <= x <= xs[-1]
+    assert curves.interpolate(xs, ys, x) == pytest.approx(target, abs=1e-9)
+
+
+# -- loss ratio and spikes --------------------------------------------------------------------------
+
+
+def test_loss_ratio_and_spike_counting():
+    losses = [4.0, 3.0, 3.0, 4.5, 4.2, 3.0, 2.0, 2.0, 3.1, 2.0]
+    ratios = curves.loss_ratio(losses)
+    assert ratios[:4] == pytest.approx([1.0, 1.0, 1.0, 1.5])
+    assert ratios[8] == pytest.approx(1.55)
+    spikes = curves.find_spikes(ratios, 1.2)
+    # steps 3-4 (one excursion, peak 1.5) and step 8
+    assert [(s.start, s.end) for s in spikes] == [(3, 4), (8, 8)]
+    assert spikes[0].peak == pytest.approx(1.5)
+    assert curves.find_spikes(ratios, 1.6) == []
+
+
+def test_smoothing_hides_batch_noise_but_not_a_real_spike():
+    noisy = [3.0 * (1.15 if i % 2 else 1.0) for i in range(40)]  # +-15% alternating: batch noise
+    assert max(curves.loss_ratio(noisy)) == pytest.approx(1.15)
+    assert max(curves.loss_ratio(noisy, window=8)) < 1.01
+    spiky = [3.0] * 20 + [6.0] * 6 + [3.0] * 10
+    assert len(curves.find_spikes(curves.loss_ratio(spiky, window=8), 1.2)) == 1
+
+
+def test_trailing_mean_has_no_lookahead():
+    assert curves.trailing_mean([1, 2, 3, 4], 2) == [1, 1.5, 2.5, 3.5]
+    with pytest.raises(ValueError):
+        curves.trailing_mean([1], 0)
+
+
+def test_stability_summary_of_rows():
+    rows = [{"step": i + 1, "loss": v, "grad_norm": g, "adam_v_l1": 1.0 + i, "adam_v_max": 0.1}
+            for i, (v, g) in enumerate(zip([3.0, 2.0, 2.0, 3.0, 2.0], [1.0, 0.5, 0.4, 5.0, 0.3]))]
+    s = curves.stability(rows, threshold=1.2, window=1)
+    assert s["spikes"] == 1 and s["spike_steps"] == [4] and s["max_loss_ratio"] == pytest.approx(1.5)
+    assert s["max_loss_ratio_step"] == 4 and s["max_grad_norm"] == 5.0 and s["max_adam_v_l1"] == 5.0
+
+
+# -- reports from run folders ------------------------------------------------------------------------
+
+
+def _fake_run(folder: Path, evals, final=True):
+    folder.mkdir(parents=True)
+    rows = [{"kind": "train", "step": s, "tokens": t, "loss": v + 0.5, "seqlen": 64, "lr": 1e-3,
+             "elapsed_s": t / 100, "grad_norm": 1.0} for s, (t, v) in enumerate(evals, 1)]
+    rows += [{"kind": "eval", "step": s, "tokens": t, "val_loss": v, "val_ppl": math.exp(v), "elapsed_s": t / 100}
+             for s, (t, v) in enumerate(evals, 1)]
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if final:
+        (folder / "summary.json").write_text(json.dumps({
+            "final_val_loss": evals[-1][1], "final_val_ppl": math.exp(evals[-1][1]), "steps": len(evals),
+            "tokens": evals[-1][0], "wall_time_s": evals[-1][0] / 100}))
+
+
+def _synthetic_plan(tmp_path, base_evals, cur_evals):
+    _fake_run(tmp_path / "baseline", base_evals)
+    _fake_run(tmp_path / "curriculum", cur_evals)
+    runs = {n: train_namespace(Namespace(), out=str(tmp_path / n)) for n in ("baseline", "curriculum")}
+    return ComparePlan(tmp_path, runs, {"spike_threshold": 1.2, "smooth_steps": 2, "scale_batch": 1,
+                                        "scale_lr": 1.0})
+
+
+def test_report_says_when_the_target_is_never_reached(tmp_path):
+    from seqwarm.compare_report import write_report
+
+    plan = _synthetic_plan(tmp_path, [(1000, 5.0), (2000, 4.0)], [(1000, 4.8), (2000, 4.3)])
+    report = build_report(plan, {"baseline": {"status": "trained"}, "curriculum": {"status": "trained"}})
+    write_report(tmp_path, report)
+    saved = json.loads((tmp_path / "report.json").read_text())
+    assert saved["speedup_tokens"] is None and saved["speedup_time"] is None and saved["reached"] is False
+    assert "never reached the target" in (tmp_path / "report.md").read_text()
+
+
+def test_report_speedups_from_synthetic_runs(tmp_path):
+    plan = _synthetic_plan(tmp_path, [(1000, 5.0), (2000, 4.0), (3000, 3.0)],
+                           [(500, 5.0), (1000, 4.0), (2000, 2.0), (3000, 1.5)])
+    report = build_report(plan, {})
+    assert report["target"] == 3.0
+    assert report["tokens_to_target"]["curriculum"] == pytest.approx(1500)
+    assert report["speedup_tokens"] == pytest.approx(2.0)
+    assert report["speedup_time"] == pytest.approx(2.0)  # elapsed = tokens / 100 in both runs
+    assert [g["difference"] < 0 for g in report["val_gap"]] == [True, True, True]
+
+
+# -- two tiny real runs ------------------------------------------------------------------------------
+
+
+def test_compare_two_tiny_runs_report_reuse_and_resume(tmp_path, byte_data, capsys):
+    cfg = small_config(tmp_path / "c.json", train_tokens=1200, total_step=4)
+    out = tmp_path / "cmp"
+    args = ["compare", *FAST, "--config", str(cfg), "--data", str(byte_data), "--eval-interval", "2",
+            "--out", str(out)]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "speedup" in printed and "report.md" in printed
+    report = json.loads((out / "report.json").read_text())
+    for key in ("baseline", "curriculum", "speedup_tokens", "speedup_time", "stability", "commands", "reached",
+                "target", "settings", "tokens_to_target", "time_to_target"):
+        assert key in report
+    assert report["baseline"]["total_curriculum_step"] is None
+    assert report["curriculum"]["total_curriculum_step"] == 4
+    assert report["target"] == pytest.approx(report["baseline"]["final_val_loss"])
+    assert "--no-curriculum" in report["commands"]["baseline"]
+    assert "--no-curriculum" not in report["commands"]["curriculum"]
+    for name in ("baseline", "curriculum"):
+        assert report[name]["status"] == "trained" and report[name]["final_val_loss"] > 0
+        assert report["stability"][name]["points"] >= 3  # compare logs every step by default
+        assert run_state(out / name) == "finished"
+    for png in ("compare_val.png", "compare_stability.png"):
+        assert (out / png).stat().st_size > 10_000
+    md = (out / "report.md").read_text()
+    assert "## Stability" in md and "seqwarm train --config" in md
+
+    # a second compare reuses both finished runs
+    metrics_before = (out / "baseline" / "metrics.jsonl").read_text()
+    assert main(args) == 0
+    assert "reusing the finished run" in capsys.readouterr().out
+    again = json.loads((out / "report.json").read_text())
+    assert again["baseline"]["status"] == again["curriculum"]["status"] == "reused"
+    assert (out / "baseline" / "metrics.jsonl").read_text() == metrics_before
+    assert again["speedup_tokens"] == report["speedup_tokens"]
+
+    # a run with checkpoints but no summary is resumed
+    (out / "curriculum" / "summary.json").unlink()
+    assert main(args) == 0
+    capsys.readouterr()
+    third = json.loads((out / "report.json").read_text())
+    assert third["curriculum"]["status"] == "resumed" and third["baseline"]["status"] == "reused"
+    assert third["curriculum"]["final_val_loss"] == pytest.approx(report["curriculum"]["final_val_loss"])
+
+    # but a finished run made with other settings is not passed off as this experiment's
+    assert main([*args, "--lr", "0.005"]) == 2
+    assert "different lr" in capsys.readouterr().err
+
+
+# -- plans (no training) -----------------------------------------------------------------------------
+
+
+def _compare_args(tmp_path, *extra):
+    from seqwarm.cli import build_parser
+
+    return build_parser().parse_args(["compare", *FAST, "--out", str(tmp_path / "cmp"), *extra])
+
+
+def test_scaled_batch_and_lr_plan(tmp_path):
+    cfg = small_config(tmp_path / "c.json", train_tokens=20_000, total_step=40)
+    plan = plan_compare(_compare_args(tmp_path, "--config", str(cfg), "--scale-batch", "4", "--scale-lr", "3"))
+    base, cur = plan.runs["baseline"], plan.runs["curriculum"]
+    assert base.global_batch_size is None and base.no_curriculum
+    assert cur.global_batch_size == 32 and cur.gradient_accumulation_steps == 8 and cur.micro_batch_size == 4
+    assert cur.lr == pytest.approx(0.006) and cur.min_lr == pytest.approx(0.0006)
+    assert cur.lr_warmup_iters == 1  # 2 iterations of 8 sequences = 16 samples ~ 1 step of 32 (at least 1)
+    written = json.loads(Path(cur.config).read_text())
+    assert written["curriculum_learning"]["schedule_config"]["total_curriculum_step"] == 10
+    assert cur.eval_interval == max(1, round(base.eval_interval / 4))
+    assert plan.settings["scale_batch"] == 4 and any("4x global batch" in n for n in plan.notes)
+
+
+def test_quick_plan_shrinks_budget_and_schedule(tmp_path):
+    cfg = small_config(tmp_path / "c.json", train_tokens=50_000, total_step=50)
+    plan = plan_compare(_compare_args(tmp_path, "--config", str(cfg), "--quick"))
+    cur = plan.runs["curriculum"]
+    tokens = round(50_000 * QUICK_FRACTION)
+    assert cur.train_tokens == tokens and cur.lr_decay_tokens == tokens and cur.eval_iters == 2
+    assert json.loads(Path(cur.config).read_text())["curriculum_learning"]["schedule_config"][
+        "total_curriculum_step"] == round(50 * QUICK_FRACTION)
+    assert cur.log_interval == 1
+    # an explicit budget is kept
+    plan = plan_compare(_compare_args(tmp_path, "--config", str(cfg), "--quick", "--train-tokens", "9000"))
+    assert plan.runs["curriculum"].train_tokens == 9000
+
+
+@pytest.mark.parametrize("extra,fragment", [
+    (["--scale-batch", "0"], "--scale-batch 0"),
+    (["--scale-lr", "-2"], "--scale-lr"),
+    (["--spike-threshold", "0.9"], "--spike-threshold"),
+    (["--smooth-steps", "0"], "--smooth-steps"),
+    (["--no-curriculum"], "not a compare flag"),
+    (["--resume"], "not a compare flag"),
+    (["--config", "/nonexistent.json"], "no such file"),
+])
+def test_bad_input_exits_2(tmp_path, byte_data, capsys, extra, fragment):
+    code = main(["compare", *FAST, "--data", str(byte_data), "--out", str(tmp_path / "o"), *extra])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "Traceback" not in err
+
+
+def test_missing_out_and_no_curriculum_config_exit_2(tmp_path, capsys):
+    assert main(["compare", *FAST]) == 2
+    assert "--out DIR is required" in capsys.readouterr().err
+    cfg = json.loads(small_config(tmp_path / "c.json").read_text())
+    cfg["curriculum_learning"]["enabled"] = False
+    (tmp_path / "off.json").write_text(json.dumps(cfg))
+    assert main(["compare", *FAST, "--config", str(tmp_path / "off.json"), "--out", str(tmp_path / "o")]) == 2
+    assert "nothing to compare" in capsys.readouterr().err
