@@ -11,7 +11,14 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqwarm.data.dataset import TokenWindows, TrainBatches, build_batch, iter_eval_batches, open_prepared
+from seqwarm.data.dataset import (
+    TokenWindows,
+    TrainBatches,
+    build_batch,
+    eval_window_indices,
+    iter_eval_batches,
+    open_prepared,
+)
 from seqwarm.data.prepare import prepare_dataset
 from seqwarm.errors import UserError
 
@@ -145,13 +152,15 @@ def test_eval_batches_are_deterministic_and_in_order(prepared):
     win = data.windows("val", 8)
     got = [b["input_ids"] for b in data.val_batches(8, 3, num_windows=7)]
     assert [len(b) for b in got] == [3, 3, 1]
-    assert torch.equal(torch.cat(got), win.batch(range(7))["input_ids"])
+    picked = eval_window_indices(len(win), 7)  # spread over the whole split, first and last included
+    assert len(picked) == 7 and picked[0] == 0 and picked[-1] == len(win) - 1 and (picked[1:] > picked[:-1]).all()
+    assert torch.equal(torch.cat(got), win.batch(picked)["input_ids"])
     again = torch.cat([b["input_ids"] for b in data.val_batches(8, 3, num_windows=7)])
     assert torch.equal(torch.cat(got), again)
     parts = [torch.cat([b["input_ids"] for b in iter_eval_batches(win, 2, num_windows=7, rank=r, world_size=2)])
              for r in range(2)]
     assert len(parts[0]) == 4 and len(parts[1]) == 3
-    assert torch.equal(parts[1][0], got[0][1])  # rank 1 takes windows 1, 3, 5
+    assert torch.equal(parts[1][0], got[0][1])  # rank 1 takes the 2nd, 4th, 6th picked windows
     everything = list(data.val_batches(8, 1000))
     assert len(everything) == 1 and len(everything[0]["input_ids"]) == len(win)
 

@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--wikitext", metavar="FILE", help="WikiText-103 raw test file (wiki.test.raw)")
     p.add_argument("--lambada", metavar="FILE", help="LAMBADA JSONL, one {\"text\": ...} per line (lambada_test.jsonl)")
     p.add_argument("--val", action="store_true", help="full-length loss on the run's validation split")
-    p.add_argument("--val-windows", type=count, metavar="N", help="with --val: only the first N windows (default: all)")
+    p.add_argument("--val-windows", type=count, metavar="N", help="with --val: only N windows, spread evenly over the split (default: all)")
     p.add_argument("--overlapping-eval", type=count, metavar="N",
                    help="WikiText window stride: each window after the first scores its last N tokens "
                    "(default 32, or the model's length if shorter; the model's length = disjoint windows)")

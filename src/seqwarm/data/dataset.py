@@ -192,11 +192,21 @@ class TrainBatches:
         self.epoch, self.sample_index = epoch, index
 
 
+def eval_window_indices(total: int, num_windows: int | None) -> np.ndarray:
+    """Which windows an evaluation of ``num_windows`` uses: all of them, or that many spread evenly
+    over the split (first and last included), so every held-out document is represented — the first
+    K windows in order would all come from the first document."""
+    if num_windows is None or num_windows >= total:
+        return np.arange(total, dtype=np.int64)
+    return np.unique(np.linspace(0, total - 1, num_windows).round().astype(np.int64))
+
+
 def iter_eval_batches(windows: TokenWindows, micro_batch_size: int, *, num_windows: int | None = None,
                       rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
-    """The first ``num_windows`` windows (all when ``None``), in order, at full length.
+    """``num_windows`` windows (all when ``None``) spread evenly over the split, in order, at full length.
 
-    Rank ``r`` of ``world_size`` takes windows ``r, r + world_size, ...``; the last batch may be smaller.
+    Rank ``r`` of ``world_size`` takes every ``world_size``-th of them, starting at ``r``; the last batch
+    may be smaller.
     """
     if micro_batch_size < 1:
         raise UserError(f"micro_batch_size must be at least 1, got {micro_batch_size}")
@@ -207,8 +217,7 @@ def iter_eval_batches(windows: TokenWindows, micro_batch_size: int, *, num_windo
         if num_windows > total:
             logger.warning("the %s split has %d windows of %d tokens; evaluating all of them, not %d",
                            windows.name, total, windows.seq_length + 1, num_windows)
-        total = min(total, num_windows)
-    mine = np.arange(rank, total, world_size, dtype=np.int64)
+    mine = eval_window_indices(total, num_windows)[rank::world_size]
     for i in range(0, len(mine), micro_batch_size):
         yield windows.batch(mine[i:i + micro_batch_size])
 

@@ -96,7 +96,7 @@ def evaluate_val(model: Model, data, *, seq_length: int | None = None, batch_siz
                  num_windows: int | None = None, device: str | torch.device | None = None,
                  progress: bool = True) -> dict[str, Any]:
     """Full-length loss/ppl on the val split of a :class:`~seqwarm.data.PreparedData` (all windows or
-    the first ``num_windows``): ``loss`` (mean NLL per target token), ``ppl``, ``num_windows``,
+    ``num_windows`` of them spread evenly over the split): ``loss`` (mean NLL per target token), ``ppl``, ``num_windows``,
     ``num_tokens`` (targets scored), ``seq_length``."""
     from seqwarm.data.dataset import iter_eval_batches
 
