@@ -23,7 +23,6 @@ import platform
 import random
 import statistics
 import sys
-import time
 
 import torch
 

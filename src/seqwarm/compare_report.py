@@ -144,7 +144,7 @@ def _x(value: float | None) -> str:
 
 
 def render_markdown(report: dict[str, Any]) -> str:
-    base, cur = report["baseline"], report["curriculum"]
+    cur = report["curriculum"]
     lines = ["# seqwarm compare: baseline vs sequence-length curriculum", "",
              f"{report['date']} · seqwarm {report['seqwarm_version']} · {report['machine']['platform']}, "
              f"{report['machine']['cpus']} CPUs · one seed", ""]

@@ -247,6 +247,11 @@ class Run:
             self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(optim_state)
         self.engine.load_state_dict(engine_state)
+        self._restore_loop_state(path, state)
+        return True
+
+    def _restore_loop_state(self, path, state: dict) -> None:
+        """What every resume restores after the engine: data position, RNG, wall clock, metrics rows."""
         self.batches.load_state_dict(state["data"])
         set_rng_state(state["rng"])
         self.elapsed_before = float(state.get("elapsed_s", 0.0))
@@ -255,7 +260,6 @@ class Run:
             truncate_metrics(self.run_dir / "metrics.jsonl", self.engine.global_steps)
             logger.info("resumed from %s (step %d, %s tokens)", path, self.engine.global_steps,
                         f"{self.engine.progress.tokens:,}")
-        return True
 
     # -- the loop ---------------------------------------------------------------------------------
     def _eval_row(self, writer) -> float:

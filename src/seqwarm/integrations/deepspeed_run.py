@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from seqwarm.checkpoint import list_checkpoints, rng_state, save_checkpoint, set_rng_state
+from seqwarm.checkpoint import list_checkpoints, rng_state, save_checkpoint
 from seqwarm.distributed import DistInfo, barrier
 from seqwarm.errors import UserError
 from seqwarm.integrations.deepspeed import (
@@ -33,7 +33,6 @@ from seqwarm.integrations.deepspeed import (
     require_deepspeed,
     skip_cpu_shm_comm,
 )
-from seqwarm.metrics import truncate_metrics
 from seqwarm.train import Run, _jsonable
 
 __all__ = ["DeepSpeedRun", "deepspeed_process_group", "DS_SUBDIR"]
@@ -187,14 +186,7 @@ class DeepSpeedRun(Run):
         state = client["seqwarm"]
         self._check_resume_config(path, state["config"])
         self.engine.load_state_dict(state["engine"])
-        self.batches.load_state_dict(state["data"])
-        set_rng_state(state["rng"])
-        self.elapsed_before = float(state.get("elapsed_s", 0.0))
-        self.last_val = state.get("last_val")
-        if self.is_main:
-            truncate_metrics(self.run_dir / "metrics.jsonl", self.engine.global_steps)
-            logger.info("resumed from %s (step %d, %s tokens)", path, self.engine.global_steps,
-                        f"{self.engine.progress.tokens:,}")
+        self._restore_loop_state(path, state)
         return True
 
     # -- the model for `seqwarm eval` ---------------------------------------------------------------
