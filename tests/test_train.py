@@ -210,3 +210,46 @@ def test_nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path, by
     assert code == 3
     assert "at step 5" in err and "Traceback" not in err
     assert sorted(p.name for p in (out / "checkpoints").iterdir())[-1] == "step_00000004.pt"
+
+
+def _fp16_config(path, **fp16):
+    cfg = json.loads(small_config(path).read_text())
+    cfg["fp16"] = {"enabled": True, **fp16}
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def test_fp16_skipped_steps_do_not_repeat_eval_log_or_save(tmp_path, byte_data, capsys):
+    # 2**90 overflows fp32 gradients: the first steps are skipped until the scale has halved enough
+    cfg = _fp16_config(tmp_path / "c.json", initial_scale_power=90, hysteresis=1)
+    out = tmp_path / "run"
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out), "--eval-interval", "2",
+                  "--save-interval", "2", "--train-iters", "4"]) == 0
+    rows = read_metrics(out / "metrics.jsonl")
+    train_steps = [r["step"] for r in rows if r["kind"] == "train"]
+    eval_steps = [r["step"] for r in rows if r["kind"] == "eval"]
+    assert train_steps == [1, 2, 3, 4] and eval_steps == [2, 4]
+    assert json.loads((out / "summary.json").read_text())["skipped_steps"] >= 1
+    assert not (out / "checkpoints" / "step_00000000.pt").exists()
+
+
+def test_endless_fp16_overflow_stops_the_run(tmp_path, byte_data, capsys, monkeypatch):
+    import torch
+
+    from seqwarm.model import GPT
+
+    class InfGrad(torch.autograd.Function):  # finite loss, infinite gradients
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * float("inf")
+
+    real_forward = GPT.forward
+    monkeypatch.setattr(GPT, "forward", lambda self, *a, **k: InfGrad.apply(real_forward(self, *a, **k)))
+    cfg = _fp16_config(tmp_path / "c.json")
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(tmp_path / "run")]) == 3
+    err = capsys.readouterr().err
+    assert "overflowed 50 steps in a row at step 1" in err and "Traceback" not in err

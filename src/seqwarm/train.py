@@ -36,6 +36,11 @@ RESUME_KEYS = ("train_batch_size", "micro_batch_size", "gradient_accumulation_st
                "curriculum", "train_tokens", "train_iters", "train_samples", "count_tokens_by", "precision")
 
 
+MAX_SKIPS_IN_A_ROW = 50
+"""fp16 overflow-skipped steps in a row that end a run (dynamic scaling reaches the minimum scale from
+2**16 in 16 halvings, 32 with DeepSpeed's default hysteresis of 2)."""
+
+
 class TrainingDiverged(SeqwarmError):
     """The loss became NaN or infinite."""
 
@@ -282,11 +287,13 @@ class Run:
         window_tokens, window_time = 0, 0.0
         losses: list[torch.Tensor] = []
         reason = stop_reason(self.engine.progress, cfg)
+        skips_in_a_row = 0
         self.engine.train()
         try:
             while reason is None:
                 t0 = time.perf_counter()
                 tokens_before = self.engine.progress.tokens
+                step_before = self.engine.progress.step
                 step_loss = self._train_step()
                 if self.info.enabled:  # mean loss over ranks; every rank must be at the same length
                     per_rank = gather_floats([step_loss, float(self.engine.current_seqlen or 0)], self.info,
@@ -302,6 +309,15 @@ class Run:
                         f"the training loss became {step_loss} at step {p.step} (length "
                         f"{self.engine.current_seqlen}); the last good checkpoint in {self.ckpt_dir} is intact. "
                         "Lower the learning rate, raise min_difficulty, or lengthen the curriculum")
+                if p.step == step_before:  # fp16 overflow: skipped, nothing advanced; no eval/log/save
+                    skips_in_a_row += 1
+                    if skips_in_a_row >= MAX_SKIPS_IN_A_ROW:
+                        raise TrainingDiverged(
+                            f"fp16 gradients overflowed {skips_in_a_row} steps in a row at step {p.step + 1} "
+                            f"(loss scale now {getattr(self.engine, 'loss_scale', '?')}); the last good checkpoint "
+                            f"in {self.ckpt_dir} is intact. Use bf16, or lower the learning rate")
+                    continue
+                skips_in_a_row = 0
                 dt = time.perf_counter() - t0
                 step_tokens = p.tokens - tokens_before
                 window_tokens += step_tokens
