@@ -254,3 +254,36 @@ def test_check_config_cli(tmp_path, capsys):
     lines = [line for line in err.splitlines() if line.startswith("  - ")]
     assert len(lines) == 2 and "Traceback" not in err
     assert main(["check-config", str(tmp_path / "missing.json")]) == 2
+
+
+def test_review_findings_are_reported():
+    # a near miss of a key seqwarm reads is an error, not a silently ignored key
+    raw = seed()
+    raw["curriculum_learnin"] = raw.pop("curriculum_learning")
+    assert any(p.startswith("curriculum_learnin ::") and '"curriculum_learning"' in p for p in problems_of(raw))
+    # every bad batch-size key at once
+    probs = problems_of({"train_batch_size": "8", "train_micro_batch_size_per_gpu": 2.5,
+                         "gradient_accumulation_steps": -1})
+    assert len([p for p in probs if "batch_size" in p or "accumulation" in p]) == 3
+    # an explicit gradient_clipping 0 is not overridden by optimizer.params.max_grad_norm
+    cfg = load_config({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}},
+                       "seqwarm": {"gradient_clipping": 0}})
+    assert cfg.gradient_clipping == 0
+    # warmup must end before decay, in samples and tokens too
+    for unit in ("samples", "tokens"):
+        probs = problems_of({"train_batch_size": 8, "seqwarm": {f"lr_warmup_{unit}": 1000,
+                                                                f"lr_decay_{unit}": 500}})
+        assert any("warmup must end before the decay" in p for p in probs)
+    # the data_efficiency form's key path in the max_difficulty check
+    de = {"train_batch_size": 8, "seqwarm": {"seq_length": 32}, "data_efficiency": {"enabled": True, "data_sampling": {
+        "enabled": True, "curriculum_learning": {"enabled": True, "curriculum_metrics": {"seqlen_truncate": {
+            "min_difficulty": 8, "max_difficulty": 64, "schedule_type": "fixed_linear",
+            "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8}}}}}}}
+    assert any(p.startswith("data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen_truncate"
+                            ".max_difficulty") for p in problems_of(de))
+    # DeepSpeed scheduler fields seqwarm does not follow are said
+    raw = seed()
+    raw["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 1e-5, "warmup_max_lr": 1e-3,
+                                                       "warmup_num_steps": 10}}
+    text = "\n".join(load_config(raw).warnings)
+    assert "warmup_min_lr" in text and "warmup_type" in text

@@ -253,3 +253,14 @@ def test_endless_fp16_overflow_stops_the_run(tmp_path, byte_data, capsys, monkey
     assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(tmp_path / "run")]) == 3
     err = capsys.readouterr().err
     assert "overflowed 50 steps in a row at step 1" in err and "Traceback" not in err
+
+
+def test_custom_schedule_is_refused_by_train(tmp_path, byte_data, capsys):
+    raw = json.loads(small_config(tmp_path / "c.json").read_text())
+    raw["curriculum_learning"] = {"enabled": True, "min_difficulty": 8, "max_difficulty": 64,
+                                  "schedule_type": "custom"}
+    (tmp_path / "c.json").write_text(json.dumps(raw))
+    assert train(["--config", str(tmp_path / "c.json"), "--data", str(byte_data), "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "custom" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()

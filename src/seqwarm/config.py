@@ -75,6 +75,12 @@ _DS_TOP_KEYS = (
 )
 
 
+# The top-level keys seqwarm itself reads: a near miss of one of them is an error, not a warning.
+_READ_TOP_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
+                  "optimizer", "scheduler", "gradient_clipping", "fp16", "bf16", "curriculum_learning",
+                  "data_efficiency", "seqwarm")
+
+
 @dataclass(frozen=True)
 class CurriculumConfig:
     """The sequence-length curriculum, in DeepSpeed's terms."""
@@ -495,8 +501,8 @@ def _batch_sizes(chk: Checker, raw: Mapping[str, Any], s: dict[str, tuple[Any, s
         value, path = s.get(key, (raw.get(key), key))
         paths[key] = path
         got[key] = None if value is None else chk.integer(value, path)
-        if value is not None and got[key] is None:
-            return None
+    if any(got[k] is None and (s.get(k, (raw.get(k),))[0] is not None) for k in got):
+        return None  # each bad value is reported above
     tbs, mb, gas = got["train_batch_size"], got["train_micro_batch_size_per_gpu"], got["gradient_accumulation_steps"]
     rule = f"train_batch_size must equal micro batch x gradient_accumulation_steps x world size ({world})"
     if tbs is None and mb is None:
@@ -612,6 +618,12 @@ def _ds_scheduler(chk: Checker, raw: Mapping[str, Any]) -> dict[str, Any]:
     if out:
         chk.warn(f"scheduler {kind!r} is mapped onto seqwarm's LR schedule by iterations; with a curriculum, "
                  "decay by tokens instead (lr_decay_tokens): early curriculum steps carry few tokens")
+        if params.get("warmup_min_lr"):
+            chk.warn(f"scheduler.params.warmup_min_lr = {params['warmup_min_lr']}: seqwarm's warmup starts "
+                     "from 0, not from warmup_min_lr")
+        if params.get("warmup_type", "log") != "linear" and "warmup_num_steps" in params:
+            chk.warn(f"scheduler.params.warmup_type = {params.get('warmup_type', 'log')!r} (DeepSpeed's default "
+                     "is 'log'): seqwarm's warmup is linear")
     else:
         chk.warn(f"scheduler {kind!r} is left to DeepSpeed; seqwarm's own engine keeps a constant LR unless "
                  "lr_decay_style is set")
@@ -659,9 +671,12 @@ def _lr(chk: Checker, s: dict[str, tuple[Any, str]], opt: OptimizerConfig, budge
             chk.add(s["lr_decay_style"][1] if "lr_decay_style" in s else "lr_decay_style", style,
                     f"{style} decay needs a length to decay over",
                     "set lr_decay_tokens (or a train_tokens budget, which it then defaults to)")
-    if units.get("lr_warmup_iters") and units.get("lr_decay_iters") and units["lr_warmup_iters"] >= units["lr_decay_iters"]:
-        chk.add(s["lr_warmup_iters"][1], units["lr_warmup_iters"], "warmup must end before the decay does",
-                "shorten the warmup or lengthen the decay")
+    for unit in ("iters", "samples", "tokens"):
+        warm, decay = units.get(f"lr_warmup_{unit}"), units.get(f"lr_decay_{unit}")
+        if warm and decay and warm >= decay:
+            path = s[f"lr_warmup_{unit}"][1] if f"lr_warmup_{unit}" in s else f"lr_warmup_{unit}"
+            chk.add(path, warm, f"warmup must end before the decay does ({decay:,} {unit})",
+                    "shorten the warmup or lengthen the decay")
     return LRConfig(
         lr=peak if peak is not None else opt.lr, min_lr=min_lr, decay_style=style or "constant",
         warmup_iters=units.get("lr_warmup_iters", 0), warmup_samples=units.get("lr_warmup_samples", 0),
@@ -684,7 +699,9 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
     for key in raw:
         if key not in _DS_TOP_KEYS:
             guess = suggest(key, _DS_TOP_KEYS)
-            if guess:
+            if guess in _READ_TOP_KEYS:  # a typo here would silently change the run (e.g. no curriculum)
+                chk.add(key, raw[key], "unknown top-level key", f'did you mean "{guess}"?')
+            elif guess:
                 chk.warn(f'top-level key "{key}" is not a DeepSpeed key seqwarm knows: did you mean "{guess}"?')
     s = _settings(chk, raw, overrides)
     for key, (value, path) in list(s.items()):
@@ -716,8 +733,10 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
     seq_length = s["seq_length"][0] if "seq_length" in s else None
     if curriculum and seq_length is not None:
         if curriculum.max_difficulty > seq_length:
-            chk.add(f"{curriculum.source}...max_difficulty" if curriculum.source != "curriculum_learning"
-                    else "curriculum_learning.max_difficulty", curriculum.max_difficulty,
+            where = ("curriculum_learning" if curriculum.source == "curriculum_learning" else
+                     "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen_"
+                     f"{curriculum.mode}")
+            chk.add(f"{where}.max_difficulty", curriculum.max_difficulty,
                     f"exceeds the model's sequence length ({seq_length})",
                     f"set max_difficulty to {seq_length}, the full length")
         elif curriculum.max_difficulty < seq_length:
@@ -734,7 +753,8 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
             opt = dataclasses.replace(opt, weight_decay=wd)
     if clip is None or clip == 0:
         mgn = opt.params.get("max_grad_norm")
-        if isinstance(mgn, (int, float)) and not isinstance(mgn, bool) and mgn > 0 and "gradient_clipping" not in raw:
+        if isinstance(mgn, (int, float)) and not isinstance(mgn, bool) and mgn > 0 \
+                and "gradient_clipping" not in raw and "gradient_clipping" not in s:
             clip = float(mgn)
     precision, fp16 = _precision(chk, raw, s)
     budget = {k: s[k][0] if k in s else None for k in ("train_tokens", "train_iters", "train_samples")}

@@ -79,6 +79,10 @@ def resolve_config(args: argparse.Namespace, world_size: int = 1):
                             "the tokens per batch and SLW is the more stable of the two (Li et al. 2022, §5.4). Keep the "
                             "global batch fixed (consider a larger micro-batch) and drop the ramp")
         raise UserError("--rampup-batch-size (Megatron's batch-size warmup) is not implemented by seqwarm's loop")
+    if cfg.curriculum is not None and cfg.curriculum.schedule_type == "custom":
+        raise UserError("schedule_type 'custom' is a Python function: `seqwarm train` cannot run it from a "
+                        "config file. Use the library (CurriculumScheduler.set_custom_get_difficulty with "
+                        "CurriculumEngine), or a fixed_linear / fixed_root / fixed_discrete schedule")
     if cfg.train_tokens is None and cfg.train_iters is None and cfg.train_samples is None:
         raise UserError("no budget: give --train-tokens (or --train-iters / --train-samples), or a 'seqwarm' "
                         "block with train_tokens in the config")
