@@ -1,7 +1,10 @@
 """Shared fixtures: a small prepared dataset made in the test session (byte tokenizer, no downloads)."""
 
 import json
+import os
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -49,3 +52,19 @@ def small_config(path: Path, *, total_step: int = 6, train_tokens: int = 6000, s
     }
     path.write_text(json.dumps(cfg))
     return path
+
+
+def run_torchrun(argv: list[str], nproc: int = 2) -> str:
+    """``python -m torch.distributed.run --standalone`` with ``argv``; asserts success, returns stdout."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *argv]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def train_rows(run_dir: Path) -> list[dict]:
+    """The ``kind: train`` rows of a run's metrics.jsonl."""
+    from seqwarm.metrics import read_metrics
+
+    return [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if r["kind"] == "train"]

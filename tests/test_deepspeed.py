@@ -11,7 +11,6 @@ AdamW and skips its CPU shared-memory collective.
 
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from seqwarm.integrations.deepspeed import DeepSpeedCurriculum, deepspeed_config
 from seqwarm.lr_schedule import lr_at
 from seqwarm.metrics import read_metrics
 
-from conftest import small_config
+from conftest import run_torchrun, small_config, train_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 HAVE_DS = importlib.util.find_spec("deepspeed") is not None
@@ -41,16 +40,7 @@ FAST = ["--model", "tiny", "--eval-iters", "2", "--no-progress", "--no-tensorboa
 
 def torchrun(args, nproc=2, module=True):
     target = ["-m", "seqwarm", "train", *FAST] if module else []
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           *target, *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
-
-
-def train_rows(run_dir):
-    return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    return run_torchrun([*target, *args], nproc)
 
 
 def ds_json(path: Path, stage: int) -> Path:

@@ -2,15 +2,12 @@
 rank (the loop checks it every step), global token counts, resume, and agreement with one process."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
 from seqwarm.metrics import read_metrics
 
-from conftest import small_config
+from conftest import run_torchrun, small_config, train_rows
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -19,16 +16,7 @@ FAST = ["--model", "tiny", "--eval-iters", "2", "--no-progress", "--no-tensorboa
 
 
 def torchrun(args, nproc=2):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           "-m", "seqwarm", "train", *FAST, *args]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
-
-
-def train_rows(run_dir):
-    return [r for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    return run_torchrun(["-m", "seqwarm", "train", *FAST, *args], nproc)
 
 
 @pytest.fixture(scope="module")
