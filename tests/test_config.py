@@ -287,3 +287,39 @@ def test_review_findings_are_reported():
                                                        "warmup_num_steps": 10}}
     text = "\n".join(load_config(raw).warnings)
     assert "warmup_min_lr" in text and "warmup_type" in text
+
+
+# -- the settings table ------------------------------------------------------------------------------
+
+def test_every_setting_is_a_flag_and_a_block_key_and_changes_the_config():
+    """Each row of the table is a `seqwarm train` flag whose value reaches load_config's result."""
+    from seqwarm.cli import build_parser
+    from seqwarm.commands.common import overrides_from_args
+    from seqwarm.config.settings import SETTINGS
+
+    parser = build_parser()
+    train = parser._subparsers._group_actions[0].choices["train"]
+    flags = {f for a in train._actions for f in a.option_strings}
+    for s in SETTINGS:
+        assert s.flag in flags, s
+    args = parser.parse_args(["train", "--weight-decay", "0.25", "--clip-grad", "0.5", "--count-tokens-by",
+                              "loss_mask", "--no-curriculum", "--train-tokens", "1M"])
+    overrides = overrides_from_args(args)
+    assert overrides == {"weight_decay": 0.25, "gradient_clipping": 0.5, "count_tokens_by": "loss_mask",
+                         "curriculum": False, "train_tokens": 1_000_000}
+    base = {"train_batch_size": 8, "curriculum_learning": {
+        "enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8, "max_difficulty": 64,
+        "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8}}}
+    cfg = load_config(base, overrides=overrides)
+    assert (cfg.optimizer.weight_decay, cfg.gradient_clipping, cfg.count_tokens_by, cfg.curriculum,
+            cfg.train_tokens) == (0.25, 0.5, "loss_mask", None, 1_000_000)
+    same = load_config({**base, "seqwarm": {"weight_decay": 0.25, "gradient_clipping": 0.5}})
+    assert (same.optimizer.weight_decay, same.gradient_clipping) == (0.25, 0.5)
+
+
+def test_a_bad_flag_value_is_reported_with_the_flag_name():
+    from seqwarm.config.settings import flag_for
+
+    with pytest.raises(ConfigError) as err:
+        load_config({"train_batch_size": 8}, overrides={"lr_warmup_iters": 5, "lr_warmup_samples": 9})
+    assert flag_for("lr_warmup_samples") in str(err.value) and "--lr-warmup-iters" in str(err.value)

@@ -11,7 +11,7 @@ import logging
 import time
 from pathlib import Path
 
-from seqwarm.commands.common import add_budget_and_lr_flags, add_precision_flags, count, overrides_from_args
+from seqwarm.commands.common import add_setting_flags, count, overrides_from_args
 from seqwarm.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -38,8 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "deepspeed launcher); ZeRO stage, offload, precision and batch sizes come from --config")
     ds.add_argument("--pipeline-stages", type=count, default=0, metavar="K", help="with --deepspeed: a K-stage (K >= 2) "
                     "DeepSpeed pipeline of the GPT (ZeRO stage 0 or 1; K must divide the number of processes)")
-    add_budget_and_lr_flags(p)
-    add_precision_flags(p)
+    add_setting_flags(p)
     g = p.add_argument_group("run")
     g.add_argument("--out", metavar="RUN", help="run folder (default: runs/<model>-<date>-<time>)")
     g.add_argument("--resume", action="store_true", help="continue the run in --out from its latest valid checkpoint")

@@ -24,16 +24,24 @@ from pathlib import Path
 from typing import Any
 
 from seqwarm.curriculum import CUSTOM, FIXED_DISCRETE, FIXED_LINEAR, FIXED_ROOT, SCHEDULE_TYPES, aligned_min
+from seqwarm.config.settings import (
+    COUNT_TOKENS_BY,
+    CURRICULUM_MODES,
+    DECAY_STYLES,
+    PRECISIONS,
+    SETTING_KEYS,
+    exclusive_groups,
+    flag_for,
+    keys_of_kind,
+)
 from seqwarm.problems import Checker, ConfigError, Problem, raise_if_problems, suggest
 
 __all__ = [
     "ConfigError", "Problem", "CurriculumConfig", "FP16Config", "OptimizerConfig", "LRConfig",
-    "RunConfig", "load_config", "validate_curriculum_block", "SEQWARM_KEYS",
+    "RunConfig", "load_config", "validate_curriculum_block", "SEQWARM_KEYS", "CURRICULUM_MODES",
+    "DECAY_STYLES", "PRECISIONS",
 ]
 
-DECAY_STYLES = ("constant", "linear", "cosine", "inverse-sqrt")
-CURRICULUM_MODES = ("truncate", "reshape", "inject")
-PRECISIONS = ("fp32", "fp16", "bf16")
 OPTIMIZERS_BUILT_HERE = ("Adam", "AdamW", "SGD")
 
 LEGACY_KEYS = ("enabled", "curriculum_type", "min_difficulty", "max_difficulty", "schedule_type",
@@ -49,19 +57,11 @@ METRIC_KEYS = ("index_to_sample_path", "index_to_metric_path", "difficulty_type"
                "min_difficulty", "max_difficulty", "schedule_type", "schedule_config")
 SEQLEN_METRICS = {"seqlen_truncate": "truncate", "seqlen_reshape": "reshape"}
 
-# The optional top-level "seqwarm" block and the CLI overrides share these keys.
-SEQWARM_KEYS = (
-    "seq_length", "train_tokens", "train_iters", "train_samples", "lr", "min_lr", "lr_decay_style",
-    "lr_decay_tokens", "lr_decay_iters", "lr_decay_samples", "lr_warmup_iters", "lr_warmup_samples",
-    "lr_warmup_tokens", "curriculum_mode", "count_tokens_by", "train_batch_size",
-    "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "precision", "curriculum",
-    "weight_decay", "gradient_clipping", "rampup_batch_size",
-)
-_INT_KEYS = ("seq_length", "train_tokens", "train_iters", "train_samples", "lr_decay_tokens",
-             "lr_decay_iters", "lr_decay_samples", "train_batch_size", "train_micro_batch_size_per_gpu",
-             "gradient_accumulation_steps")
-_WARMUP_KEYS = ("lr_warmup_iters", "lr_warmup_samples", "lr_warmup_tokens")
-_DECAY_KEYS = ("lr_decay_tokens", "lr_decay_iters", "lr_decay_samples")
+# The optional top-level "seqwarm" block and the CLI overrides share the keys of the settings table.
+SEQWARM_KEYS = SETTING_KEYS
+_INT_KEYS = tuple(k for k in keys_of_kind("count") if not k.startswith("lr_"))  # LR lengths: checked in _lr
+_WARMUP_KEYS = exclusive_groups()["warmup"]
+_DECAY_KEYS = exclusive_groups()["decay"]
 
 # Top-level keys of DeepSpeed configs, for "did you mean" on likely typos (other keys pass through).
 _DS_TOP_KEYS = (
@@ -470,12 +470,6 @@ def _read_source(source: Any) -> tuple[dict[str, Any], str | None]:
     return raw, name
 
 
-def _flag(key: str) -> str:
-    names = {"train_micro_batch_size_per_gpu": "micro-batch-size", "train_batch_size": "global-batch-size",
-             "curriculum": "no-curriculum"}
-    return "--" + names.get(key, key.replace("_", "-"))
-
-
 def _settings(chk: Checker, raw: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, tuple[Any, str]]:
     """Merged seqwarm settings: key -> (value, path it came from). Overrides win; None = not given."""
     merged: dict[str, tuple[Any, str]] = {}
@@ -489,7 +483,7 @@ def _settings(chk: Checker, raw: Mapping[str, Any], overrides: Mapping[str, Any]
         if key not in SEQWARM_KEYS:
             raise TypeError(f"unknown override {key!r}; known: {', '.join(SEQWARM_KEYS)}")
         if value is not None:
-            merged[key] = (value, _flag(key))
+            merged[key] = (value, flag_for(key))
     return merged
 
 
@@ -650,7 +644,7 @@ def _lr(chk: Checker, s: dict[str, tuple[Any, str]], opt: OptimizerConfig, budge
     for group, minimum in ((_WARMUP_KEYS, 0), (_DECAY_KEYS, 1)):
         given = [k for k in group if k in s]
         if len(given) > 1:
-            chk.add(s[given[1]][1], s[given[1]][0], f"only one of {', '.join(_flag(k) for k in group)} may be set",
+            chk.add(s[given[1]][1], s[given[1]][0], f"only one of {', '.join(flag_for(k) for k in group)} may be set",
                     f"keep just one (also set: {s[given[0]][1]})")
         for key in given[:1]:
             value = chk.integer(s[key][0], s[key][1], minimum=minimum)
@@ -726,7 +720,7 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
             curriculum = dataclasses.replace(curriculum, mode=mode)
     count_by = "shape"
     if "count_tokens_by" in s:
-        count_by = chk.choice(s["count_tokens_by"][0], s["count_tokens_by"][1], ("shape", "loss_mask"),
+        count_by = chk.choice(s["count_tokens_by"][0], s["count_tokens_by"][1], COUNT_TOKENS_BY,
                               "token counting") or "shape"
 
     batch = _batch_sizes(chk, raw, s, world_size)

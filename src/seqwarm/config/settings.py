@@ -1,0 +1,145 @@
+"""The one table of seqwarm settings: the ``"seqwarm"`` block's keys, ``load_config`` overrides, CLI flags.
+
+Every Megatron-side setting (and the few DeepSpeed keys a flag may override) is one :class:`Setting`
+row in :data:`SETTINGS`. From this table come: the keys the config's top-level ``"seqwarm"`` block
+accepts, the keys of ``load_config(overrides=...)``, the command-line flags of ``train`` / ``plan`` /
+``compare`` / ``tune`` (name, type, choices, group, mutual exclusion) and their ``--help`` text, the
+flag named in a config error about a flag, and the flag rendered when an experiment writes out the
+``seqwarm train`` command that reproduces a run. Add a setting here and everything else follows.
+
+This module imports nothing of seqwarm but the choice lists' owners' constants, and no ``argparse``:
+the CLI layer (:mod:`seqwarm.commands.common`) turns rows into flags.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Setting", "SETTINGS", "SETTING_KEYS", "GROUPS", "setting", "flag_for", "keys_of_kind",
+           "exclusive_groups", "DECAY_STYLES", "CURRICULUM_MODES", "PRECISIONS", "COUNT_TOKENS_BY"]
+
+DECAY_STYLES = ("constant", "linear", "cosine", "inverse-sqrt")
+CURRICULUM_MODES = ("truncate", "reshape", "inject")
+PRECISIONS = ("fp32", "fp16", "bf16")
+COUNT_TOKENS_BY = ("shape", "loss_mask")
+
+GROUPS = {
+    "budget": "budget (tokens are counted as trained, after truncation)",
+    "lr": "learning rate (warmup in iters/samples, decay in tokens)",
+    "batch": "batch and length",
+    "optimizer": "optimizer, clipping and precision",
+}
+"""Flag group name -> the title ``--help`` shows above its flags (in this order)."""
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting: where it lives in a config, its flag, its type and its help text."""
+
+    key: str
+    """Key in the config's ``"seqwarm"`` block and in ``load_config(overrides=...)``."""
+    flag: str
+    """Its command-line flag, e.g. ``--train-tokens``."""
+    kind: str
+    """``count`` (a whole number: 1000000, 1e6, 1M), ``float`` (>= 0), ``choice``, ``list`` (one or more
+    values) or ``off`` (a switch that sets the key to False, like ``--no-curriculum``)."""
+    help: str
+    """The ``--help`` text."""
+    group: str
+    """The flag group (a key of :data:`GROUPS`)."""
+    choices: tuple[str, ...] = ()
+    """The allowed values of a ``choice`` setting."""
+    exclusive: str | None = None
+    """Settings sharing this name are mutually exclusive (one LR warmup unit, one decay unit)."""
+    metavar: str | None = None
+    """The value's name in ``--help`` (``N``, ``L``, ``B``, ...)."""
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # budget
+    Setting("train_tokens", "--train-tokens", "count", "token budget: stop after the first optimizer step at "
+            "which the tokens trained (after truncation, summed over ranks) reach N", "budget", metavar="N"),
+    Setting("train_iters", "--train-iters", "count", "cap on optimizer steps (with a curriculum, keep it only as "
+            "a generous safety cap next to --train-tokens)", "budget", metavar="N"),
+    Setting("train_samples", "--train-samples", "count", "cap on samples (full-length sequences drawn)",
+            "budget", metavar="N"),
+    # learning rate
+    Setting("lr", "--lr", "float", "peak learning rate (default: the config's optimizer lr)", "lr",
+            metavar="LR"),
+    Setting("min_lr", "--min-lr", "float", "learning rate at the end of the decay (default 0)", "lr",
+            metavar="LR"),
+    Setting("lr_decay_style", "--lr-decay-style", "choice", "shape of the decay after warmup: linear and "
+            "cosine reach exactly --min-lr at the decay end (default: linear when a decay length is given, "
+            "else constant)", "lr", choices=DECAY_STYLES),
+    Setting("lr_decay_tokens", "--lr-decay-tokens", "count", "the LR decays from the end of warmup until N "
+            "tokens are trained (the recipe's unit; default: the --train-tokens budget). From "
+            "--lr-decay-samples multiply by the full length; from --lr-decay-iters by full length x global "
+            "batch", "lr", exclusive="decay", metavar="N"),
+    Setting("lr_decay_iters", "--lr-decay-iters", "count", "decay until optimizer step N instead (decays too "
+            "fast with a curriculum: early steps carry few tokens)", "lr", exclusive="decay", metavar="N"),
+    Setting("lr_decay_samples", "--lr-decay-samples", "count", "decay until N samples instead", "lr",
+            exclusive="decay", metavar="N"),
+    Setting("lr_warmup_iters", "--lr-warmup-iters", "count", "linear LR warmup over N optimizer steps (for a "
+            "warmup of X tokens: X / (min_difficulty x global batch))", "lr", exclusive="warmup", metavar="N"),
+    Setting("lr_warmup_samples", "--lr-warmup-samples", "count", "linear LR warmup over N samples (for a warmup "
+            "of X tokens: X / min_difficulty)", "lr", exclusive="warmup", metavar="N"),
+    Setting("lr_warmup_tokens", "--lr-warmup-tokens", "count", "linear LR warmup over N tokens (not the recipe: "
+            "token warmup rises slowly while sequences are short)", "lr", exclusive="warmup", metavar="N"),
+    # batch and length
+    Setting("seq_length", "--seq-length", "count", "the model's full sequence length (default: the curriculum's "
+            "max_difficulty, else the model preset's)", "batch", metavar="L"),
+    Setting("train_micro_batch_size_per_gpu", "--micro-batch-size", "count", "sequences per micro-batch on each "
+            "process (DeepSpeed's train_micro_batch_size_per_gpu)", "batch", metavar="B"),
+    Setting("train_batch_size", "--global-batch-size", "count", "sequences per optimizer step (= micro batch x "
+            "accumulation x world size; DeepSpeed's train_batch_size)", "batch", metavar="B"),
+    Setting("gradient_accumulation_steps", "--gradient-accumulation-steps", "count", "micro-batches per "
+            "optimizer step on each process", "batch", metavar="K"),
+    Setting("rampup_batch_size", "--rampup-batch-size", "list", "Megatron's batch-size ramp: refused next to a "
+            "curriculum (both cut the tokens per batch; never combine the two)", "batch", metavar="V"),
+    Setting("curriculum_mode", "--curriculum-mode", "choice", "how the length reaches the model: truncate (cut "
+            "every sequence), reshape (re-chunk the batch, keep all tokens) or inject (pass curriculum_seqlen=L "
+            "to a forward that takes it); default: inject when the model's forward names curriculum_seqlen, "
+            "else truncate", "batch", choices=CURRICULUM_MODES),
+    Setting("count_tokens_by", "--count-tokens-by", "choice", "count trained tokens by the shaped batch's shape "
+            "(default) or by the sum of its loss_mask", "batch", choices=COUNT_TOKENS_BY),
+    Setting("curriculum", "--no-curriculum", "off", "turn the curriculum off: the full-length baseline",
+            "batch"),
+    # optimizer, clipping, precision
+    Setting("weight_decay", "--weight-decay", "float", "AdamW weight decay on matrices (biases and norms get "
+            "none); default: the config's optimizer weight_decay", "optimizer", metavar="WD"),
+    Setting("gradient_clipping", "--clip-grad", "float", "clip the global gradient norm to this value (0: off); "
+            "DeepSpeed's gradient_clipping", "optimizer", metavar="NORM"),
+    Setting("precision", "--precision", "choice", "fp32, bf16 (autocast) or fp16 (autocast with dynamic loss "
+            "scaling); default: the config's fp16/bf16 blocks, else fp32", "optimizer", choices=PRECISIONS),
+)
+
+_BY_KEY = {s.key: s for s in SETTINGS}
+SETTING_KEYS: tuple[str, ...] = tuple(_BY_KEY)
+"""The keys the ``"seqwarm"`` block and ``load_config(overrides=...)`` accept."""
+
+
+def setting(key: str) -> Setting:
+    """The row for ``key`` (KeyError naming the known keys otherwise)."""
+    try:
+        return _BY_KEY[key]
+    except KeyError:
+        raise KeyError(f"unknown seqwarm setting {key!r}; known: {', '.join(SETTING_KEYS)}") from None
+
+
+def flag_for(key: str) -> str:
+    """The command-line flag of setting ``key`` (``train_micro_batch_size_per_gpu`` -> ``--micro-batch-size``)."""
+    return setting(key).flag
+
+
+def keys_of_kind(kind: str) -> tuple[str, ...]:
+    """The keys of every setting of one ``kind`` (e.g. all ``count`` settings)."""
+    return tuple(s.key for s in SETTINGS if s.kind == kind)
+
+
+def exclusive_groups() -> dict[str, tuple[str, ...]]:
+    """Mutually exclusive sets of keys, by group name (``warmup``, ``decay``), in table order."""
+    out: dict[str, list[str]] = {}
+    for s in SETTINGS:
+        if s.exclusive:
+            out.setdefault(s.exclusive, []).append(s.key)
+    return {name: tuple(keys) for name, keys in out.items()}
