@@ -323,3 +323,19 @@ def test_a_bad_flag_value_is_reported_with_the_flag_name():
     with pytest.raises(ConfigError) as err:
         load_config({"train_batch_size": 8}, overrides={"lr_warmup_iters": 5, "lr_warmup_samples": 9})
     assert flag_for("lr_warmup_samples") in str(err.value) and "--lr-warmup-iters" in str(err.value)
+
+
+def test_atomic_writes_replace_whole_files_and_leave_no_temporaries(tmp_path):
+    from seqwarm.atomic import TMP_MARK, atomic_path, write_json, write_text
+
+    target = tmp_path / "sub" / "summary.json"
+    write_json(target, {"a": (1, 2), "p": tmp_path})
+    assert json.loads(target.read_text()) == {"a": [1, 2], "p": str(tmp_path)}
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("killed mid-write")
+    assert json.loads(target.read_text())["a"] == [1, 2]  # the old file is intact
+    write_text(target, "new\n")
+    assert target.read_text() == "new\n"
+    assert not [p for p in target.parent.iterdir() if TMP_MARK in p.name]

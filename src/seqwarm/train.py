@@ -28,6 +28,7 @@ from seqwarm.checkpoint import latest_checkpoint, rng_state, save_checkpoint, se
 from seqwarm.config import RunConfig
 from seqwarm.distributed import DistInfo, barrier, device_for, gather_floats, wrap_model
 from seqwarm.errors import SeqwarmError, UserError
+from seqwarm.optim import build_optimizer
 from seqwarm.metrics import MetricsWriter, console_line, format_duration, truncate_metrics
 
 logger = logging.getLogger(__name__)
@@ -77,24 +78,6 @@ class TrainResult:
     final_val_loss: float | None
     stop_reason: str
     summary: dict[str, Any]
-
-
-def build_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
-    """Adam/AdamW/SGD from the config; no weight decay on biases, LayerNorms (1-D tensors)."""
-    opt = cfg.optimizer
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
-    groups = [{"params": decay, "weight_decay": opt.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    lr = cfg.lr.lr
-    if opt.type == "SGD":
-        return torch.optim.SGD(groups, lr=lr, momentum=float(opt.params.get("momentum", 0.0)))
-    # DeepSpeed's "Adam" is AdamW unless adam_w_mode is false.
-    if opt.type == "Adam" and opt.params.get("adam_w_mode", True) is False:
-        return torch.optim.Adam(groups, lr=lr, betas=opt.betas, eps=opt.eps)
-    if opt.type not in ("Adam", "AdamW"):
-        raise UserError(f"optimizer.type {opt.type!r} runs only under DeepSpeed; seqwarm's own engine builds "
-                        "Adam, AdamW or SGD")
-    return torch.optim.AdamW(groups, lr=lr, betas=opt.betas, eps=opt.eps)
 
 
 def versions() -> dict[str, str]:
@@ -435,7 +418,7 @@ def write_resolved_config(run: Run) -> Path:
 
 
 def format_start(run: Run) -> list[str]:
-    from seqwarm.commands.check_config import describe
+    from seqwarm.config.describe import describe
 
     m = run.resolved["model"]
     d = run.resolved["data"]

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from seqwarm.commands.check_config import describe
+from seqwarm.config.describe import describe
 from seqwarm.commands.common import add_setting_flags, overrides_from_args
 from seqwarm.config import load_config
 from seqwarm.errors import UserError

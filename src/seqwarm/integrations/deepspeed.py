@@ -37,6 +37,7 @@ from seqwarm.config import RunConfig, load_config
 from seqwarm.curriculum import CurriculumScheduler
 from seqwarm.errors import MissingDependencyError, UserError
 from seqwarm.lr_schedule import lr_at
+from seqwarm.optim import build_optimizer
 
 __all__ = ["DeepSpeedCurriculum", "DeepSpeedEngineAdapter", "deepspeed_config", "require_deepspeed",
            "build_deepspeed_optimizer", "is_pipeline_engine", "DEEPSPEED_VERSION"]
@@ -122,11 +123,9 @@ def deepspeed_config(cfg: RunConfig, *, pipeline: bool = False) -> dict[str, Any
 
 
 def build_deepspeed_optimizer(model: torch.nn.Module, cfg: RunConfig, ds_config: Mapping[str, Any]):
-    """seqwarm's torch optimizer (:func:`seqwarm.train.build_optimizer`), or, when ZeRO offloads the
+    """seqwarm's torch optimizer (:func:`seqwarm.optim.build_optimizer`), or, when ZeRO offloads the
     optimizer to the CPU and the config does not say ``"zero_force_ds_cpu_optimizer": false``,
     DeepSpeed's ``DeepSpeedCPUAdam`` over the same parameter groups (built on first use by DeepSpeed)."""
-    from seqwarm.train import build_optimizer
-
     opt = build_optimizer(model, cfg)
     if not _offloads_optimizer(ds_config) or ds_config.get("zero_force_ds_cpu_optimizer") is False:
         return opt

@@ -1,0 +1,54 @@
+"""A short, human description of a checked run config (``check-config``, ``plan`` and ``train`` print it)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from seqwarm.units import human_count
+
+if TYPE_CHECKING:
+    from seqwarm.config import RunConfig
+
+
+def describe(cfg: RunConfig) -> list[str]:
+    """A short, human summary of what ``cfg`` makes a run do."""
+    lines = []
+    batch = (f"{cfg.train_batch_size} sequences per step ({cfg.micro_batch_size} per micro-batch x "
+             f"{cfg.gradient_accumulation_steps} accumulation x {cfg.world_size} rank"
+             f"{'s' if cfg.world_size != 1 else ''})")
+    lines.append(f"batch:       {batch}")
+    cur = cfg.curriculum
+    if cur is None:
+        lines.append("curriculum:  off (every step at full length)")
+    else:
+        sc = cur.schedule_config
+        if cur.schedule_type in ("fixed_linear", "fixed_root"):
+            shape = "linearly" if cur.schedule_type == "fixed_linear" else f"as a root of degree {sc['root_degree']:g}"
+            how = (f"{cur.min_difficulty} -> {cur.max_difficulty} tokens {shape} over "
+                   f"{sc['total_curriculum_step']:,} steps, in multiples of {sc['difficulty_step']}")
+        elif cur.schedule_type == "fixed_discrete":
+            stages = ", ".join(f"{d} until step {s:,}" for d, s in zip(sc["difficulty"], sc["max_step"]))
+            how = f"{stages}, then {sc['difficulty'][-1]}"
+        else:
+            how = f"custom function, {cur.min_difficulty} -> {cur.max_difficulty}"
+        mode = cur.mode or "inject curriculum_seqlen if the model takes it, else truncate"
+        lines.append(f"curriculum:  seqlen {how} ({cur.source} block; mode: {mode})")
+    lr = cfg.lr
+    warm = f"warmup {lr.warmup_iters or lr.warmup_samples or lr.warmup_tokens:,} {lr.warmup_unit}" \
+        if lr.warmup_unit else "no warmup"
+    decay = "constant" if lr.decay_style == "constant" else (
+        f"{lr.decay_style} decay to {lr.min_lr:g}" + (
+            f" over {human_count(getattr(lr, 'decay_' + lr.decay_unit))} {lr.decay_unit}" if lr.decay_unit else ""))
+    lines.append(f"lr:          peak {lr.lr:g}, {warm}, {decay}")
+    lines.append(f"optimizer:   {cfg.optimizer.type} betas {cfg.optimizer.betas}, weight decay "
+                 f"{cfg.optimizer.weight_decay:g}, clipping {cfg.gradient_clipping or 'off'}")
+    lines.append(f"precision:   {cfg.precision}")
+    budget = [f"{human_count(v)} {k}" for k, v in (("tokens", cfg.train_tokens), ("iters", cfg.train_iters),
+                                                   ("samples", cfg.train_samples)) if v]
+    lines.append(f"budget:      {', '.join(budget) if budget else 'none set (give --train-tokens to train or plan)'}")
+    ds_keys = sorted(k for k in cfg.deepspeed if k not in (
+        "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer",
+        "gradient_clipping", "fp16", "bf16"))
+    if ds_keys:
+        lines.append(f"for DeepSpeed: {', '.join(ds_keys)} (passed through unchanged)")
+    return lines
