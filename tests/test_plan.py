@@ -78,3 +78,22 @@ def test_plan_shows_the_tutorial_conversions(capsys):
     # 375M tokens at min_difficulty 8 = 46,875,000 samples = 11,445 iterations of 4096 (rounded up)
     assert out["conversions"] == {"lr_decay_tokens": 100_000 * 1024, "lr_warmup_samples": 46_875_000,
                                   "lr_warmup_iters": 11_445}
+
+
+def test_a_closed_pipe_ends_the_command_quietly(tmp_path):
+    """`seqwarm plan ... --json | head -c 100`: the reader leaves early; no traceback, exit 0."""
+    import subprocess
+    import sys
+
+    cfg = json.loads(SEED.read_text())  # a length change every step: far more JSON than a pipe holds
+    cfg["curriculum_learning"].update(max_difficulty=4096, schedule_config={"total_curriculum_step": 4000,
+                                                                            "difficulty_step": 1})
+    path = tmp_path / "many.json"
+    path.write_text(json.dumps(cfg))
+    cmd = [sys.executable, "-m", "seqwarm", "plan", str(path), "--json"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert len(proc.stdout.read(100)) == 100
+    proc.stdout.close()  # like `head` exiting
+    _, err = proc.communicate(timeout=60)
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
+    assert proc.returncode == 0
