@@ -194,8 +194,8 @@ def _check_schedule(chk: Checker, block: Mapping[str, Any], path: str, lo: int |
 
 
 def check_curriculum_block(chk: Checker, block: Mapping[str, Any], path: str, known: tuple[str, ...],
-                        need_enabled: bool) -> dict[str, Any] | None:
-    """Check the fields of a legacy block or of a data_efficiency metric block, recording problems in ``chk``.
+                           need_enabled: bool) -> dict[str, Any] | None:
+    """Check a legacy block or a data_efficiency metric block, recording every problem in ``chk``.
 
     ``known``: the keys the block may hold (:data:`LEGACY_KEYS` for the legacy block). Returns the
     normalised block (DeepSpeed shape, ``enabled`` true), or None when it is disabled or broken.
@@ -232,7 +232,6 @@ def check_curriculum_block(chk: Checker, block: Mapping[str, Any], path: str, kn
         return None
     return {"enabled": True, "curriculum_type": ctype, "min_difficulty": lo, "max_difficulty": hi,
             "schedule_type": kind, "schedule_config": schedule}
-
 
 
 def validate_curriculum_block(block: Mapping[str, Any], path: str = "curriculum_learning") -> CurriculumConfig:

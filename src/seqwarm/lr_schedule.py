@@ -10,6 +10,12 @@ Units: warmup by iterations, samples or tokens (whichever is set); decay by toke
 samples). ``inverse-sqrt`` decays as ``lr * sqrt(W / x)`` in the warmup's unit (W = warmup length,
 x = the clock in that unit), or ``lr / sqrt(step)`` without warmup, never below ``min_lr``.
 
+The schedule owns its config: :class:`LRConfig`, built checked by :func:`lr_config_from` (peak and
+min, decay style, one warmup unit, one decay unit, warmup before decay), which ``load_config`` calls
+with the values it found and where each came from. The clock is read through the small
+:class:`Clock` protocol, so this module needs nothing of :mod:`seqwarm.budget` (which imports
+:class:`LRConfig` for ``advance``).
+
 Conversions from the tutorial (SPEC §4) for ``seqwarm plan``: :func:`decay_tokens_from_samples`,
 :func:`decay_tokens_from_iters`, :func:`warmup_samples_from_tokens`, :func:`warmup_iters_from_tokens`.
 """
