@@ -325,6 +325,43 @@ def test_a_bad_flag_value_is_reported_with_the_flag_name():
     assert flag_for("lr_warmup_samples") in str(err.value) and "--lr-warmup-iters" in str(err.value)
 
 
+def test_every_lr_setting_is_an_lr_config_field_and_lr_schedule_checks_it():
+    """The reader hands the table's LR settings to lr_schedule by LRConfig field name."""
+    import dataclasses
+
+    from seqwarm.config.settings import keys_in_group
+    from seqwarm.lr_schedule import LRConfig, lr_config_from
+    from seqwarm.problems import Checker
+
+    fields = {f.name for f in dataclasses.fields(LRConfig)}
+    assert {key.removeprefix("lr_") for key in keys_in_group("lr")} == fields
+    chk = Checker()
+    cfg = lr_config_from(chk, {"warmup_samples": (10, "x.warmup"), "decay_style": ("cosine", "x.style")},
+                         default_lr=0.5, budget={"train_tokens": None, "train_iters": 100})
+    assert not chk.problems
+    assert cfg == LRConfig(lr=0.5, decay_style="cosine", warmup_samples=10, decay_iters=100)
+
+
+def test_components_do_not_import_the_layers_above():
+    """curriculum, lr_schedule and budget import only layer 1 and each other (not even for type checking)."""
+    import ast
+
+    allowed = {"seqwarm.errors", "seqwarm.units", "seqwarm.atomic", "seqwarm.problems", "seqwarm.curriculum",
+               "seqwarm.lr_schedule", "seqwarm.budget"}
+    src = Path(__file__).resolve().parents[1] / "src" / "seqwarm"
+    graph = {}
+    for name in ("curriculum", "lr_schedule", "budget"):
+        tree = ast.parse((src / f"{name}.py").read_text())
+        mods = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+        mods |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        ours = {m for m in mods if m.startswith("seqwarm")}
+        assert ours <= allowed, (name, ours - allowed)
+        graph[f"seqwarm.{name}"] = ours
+    for mod, deps in graph.items():  # no cycle between them
+        for dep in deps & graph.keys():
+            assert mod not in graph[dep], (mod, dep)
+
+
 def test_atomic_writes_replace_whole_files_and_leave_no_temporaries(tmp_path):
     from seqwarm.atomic import TMP_MARK, atomic_path, write_json, write_text
 

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqwarm import CurriculumScheduler, difficulty_at
+from seqwarm import CurriculumConfig, CurriculumScheduler, difficulty_at, load_config
 from seqwarm.config import ConfigError
 from seqwarm.curriculum import aligned_min
 
@@ -126,3 +126,56 @@ def test_scheduler_rejects_bad_blocks_with_config_error(bad, fragment):
     with pytest.raises(ConfigError) as info:
         CurriculumScheduler(bad)
     assert fragment in str(info.value)
+
+
+def test_difficulty_at_takes_a_curriculum_config():
+    from seqwarm.curriculum import validate_curriculum_block
+
+    cfg = validate_curriculum_block(block(2, 10, 2, 8))
+    assert isinstance(cfg, CurriculumConfig)
+    assert [difficulty_at(s, cfg) for s in range(1, 11)] == [2, 4, 4, 6, 6, 8, 8, 10, 10, 10]
+    loaded = load_config({"train_batch_size": 8, "curriculum_learning": block(2, 10, 2, 8)}).curriculum
+    assert difficulty_at(5, loaded) == difficulty_at(5, block(2, 10, 2, 8)) == 6
+
+
+@pytest.mark.parametrize("bad,fragment", [
+    ("scheduler", "call scheduler.get_difficulty(step)"),
+    ([8, 1024], "got a list"),
+    (None, "got a NoneType"),
+    ({"schedule_type": "fixed_linear"}, "without min_difficulty, max_difficulty"),
+])
+def test_difficulty_at_rejects_what_is_not_a_curriculum(bad, fragment):
+    if bad == "scheduler":
+        bad = CurriculumScheduler(block(2, 10, 2, 8))  # raised "'dict' object is not callable" before
+    with pytest.raises(TypeError) as info:
+        difficulty_at(50, bad)
+    assert "CurriculumConfig" in str(info.value) and fragment in str(info.value)
+
+
+@pytest.mark.parametrize("step", [2.0, "3", None, True])
+def test_difficulty_at_rejects_a_non_integer_step(step):
+    with pytest.raises(TypeError, match=r"step must be an integer \(the optimizer step\)"):
+        difficulty_at(step, block(2, 10, 2, 8))
+    with pytest.raises(TypeError, match="step must be an integer"):
+        CurriculumScheduler(block(2, 10, 2, 8)).get_difficulty(step)
+
+
+def test_a_block_is_checked_once(monkeypatch):
+    import seqwarm.curriculum as curriculum
+
+    calls = []
+    real = curriculum._check_schedule  # every check of a block checks its schedule_config
+    monkeypatch.setattr(curriculum, "_check_schedule", lambda *a: calls.append(1) or real(*a))
+
+    cfg = load_config({"train_batch_size": 8, "curriculum_learning": block(2, 10, 2, 8)})
+    assert len(calls) == 1
+    sched = CurriculumScheduler(cfg.curriculum)  # the engine's path: a checked config, used as it is
+    assert len(calls) == 1 and sched.config is cfg.curriculum
+    assert sched.get_state() == {**block(2, 10, 2, 8), "current_difficulty": 2}
+    CurriculumScheduler(block(2, 10, 2, 8))  # DeepSpeed-ported code passes a raw dict: checked once
+    assert len(calls) == 2
+
+
+def test_scheduler_refuses_other_types():
+    with pytest.raises(TypeError, match="CurriculumConfig or a curriculum block dict, got a list"):
+        CurriculumScheduler([2, 10])

@@ -12,10 +12,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from seqwarm.config import LRConfig, RunConfig
+from seqwarm.lr_schedule import LRConfig
+
+
+class Budget(Protocol):
+    """What :func:`stop_reason` reads: the run's budgets (None = not set), e.g. a ``RunConfig``."""
+
+    @property
+    def train_tokens(self) -> int | None: ...
+    @property
+    def train_iters(self) -> int | None: ...
+    @property
+    def train_samples(self) -> int | None: ...
 
 
 @dataclass(frozen=True)
@@ -62,7 +72,7 @@ def advance(progress: Progress, samples: int, tokens: int, lr_cfg: LRConfig) -> 
     return nxt
 
 
-def stop_reason(progress: Progress, cfg: RunConfig) -> str | None:
+def stop_reason(progress: Progress, cfg: Budget) -> str | None:
     """Why the run is over at ``progress`` — the token budget first, then the iteration/sample caps."""
     if cfg.train_tokens is not None and progress.tokens >= cfg.train_tokens:
         return f"reached the token budget ({progress.tokens:,} >= {cfg.train_tokens:,} tokens)"
@@ -73,12 +83,12 @@ def stop_reason(progress: Progress, cfg: RunConfig) -> str | None:
     return None
 
 
-def should_stop(progress: Progress, cfg: RunConfig) -> bool:
+def should_stop(progress: Progress, cfg: Budget) -> bool:
     """True after the first optimizer step at which a budget is reached."""
     return stop_reason(progress, cfg) is not None
 
 
-def tokens_per_step(cfg: RunConfig, seqlen: int) -> int:
+def tokens_per_step(cfg: Any, seqlen: int) -> int:  # cfg: a RunConfig (layer 3, not imported here)
     """Tokens one optimizer step trains at length ``seqlen`` (global, all ranks).
 
     truncate/inject: every sequence is cut to ``seqlen``. reshape: each micro-batch keeps its tokens,

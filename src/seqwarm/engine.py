@@ -140,7 +140,7 @@ class CurriculumEngine:
         self.config = _as_run_config(config)
         cfg = self.config
         cur = cfg.curriculum
-        self.scheduler = CurriculumScheduler(cur.block()) if cur is not None and cur.enabled else None
+        self.scheduler = CurriculumScheduler(cur) if cur is not None and cur.enabled else None
         self._signature = inspect.signature(_unwrap(model).forward)
         self.mode = self._resolve_mode(cur.mode if cur is not None else None) if self.scheduler else None
         if cfg.count_tokens_by not in ("shape", "loss_mask"):

@@ -76,7 +76,6 @@ def make_plan(cfg: RunConfig, *, keep_series: bool = False) -> Plan:
     if no_budget and cur is None:
         raise UserError("nothing to plan: give a budget (--train-tokens, --train-iters or --train-samples)")
     warnings: list[str] = []
-    block = cur.block() if cur else None
     full = cfg.full_length
     progress = Progress()
     plan = Plan(0, 0, 0, "", None, None, None, None, warnings=warnings)
@@ -85,7 +84,7 @@ def make_plan(cfg: RunConfig, *, keep_series: bool = False) -> Plan:
     while True:
         step = progress.step + 1
         if cur is not None and current < cur.max_difficulty:  # the scheduler's update rule
-            current = difficulty_at(step, block)
+            current = difficulty_at(step, cur)
         seqlen = current
         tps = tokens_per_step(cfg, seqlen)
         before = progress.tokens

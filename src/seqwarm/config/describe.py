@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from seqwarm.config.reader import APPLIED_DS_KEYS
+from seqwarm.config.run import RunConfig
 from seqwarm.units import human_count
-
-if TYPE_CHECKING:
-    from seqwarm.config import RunConfig
 
 
 def describe(cfg: RunConfig) -> list[str]:
@@ -46,9 +43,7 @@ def describe(cfg: RunConfig) -> list[str]:
     budget = [f"{human_count(v)} {k}" for k, v in (("tokens", cfg.train_tokens), ("iters", cfg.train_iters),
                                                    ("samples", cfg.train_samples)) if v]
     lines.append(f"budget:      {', '.join(budget) if budget else 'none set (give --train-tokens to train or plan)'}")
-    ds_keys = sorted(k for k in cfg.deepspeed if k not in (
-        "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps", "optimizer",
-        "gradient_clipping", "fp16", "bf16"))
+    ds_keys = sorted(k for k in cfg.deepspeed if k not in APPLIED_DS_KEYS)
     if ds_keys:
         lines.append(f"for DeepSpeed: {', '.join(ds_keys)} (passed through unchanged)")
     return lines

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Setting", "SETTINGS", "SETTING_KEYS", "GROUPS", "setting", "flag_for", "keys_of_kind",
-           "exclusive_groups", "DECAY_STYLES", "CURRICULUM_MODES", "PRECISIONS", "COUNT_TOKENS_BY"]
+from seqwarm.config.run import COUNT_TOKENS_BY, PRECISIONS
+from seqwarm.curriculum import CURRICULUM_MODES
+from seqwarm.lr_schedule import DECAY_STYLES
 
-DECAY_STYLES = ("constant", "linear", "cosine", "inverse-sqrt")
-CURRICULUM_MODES = ("truncate", "reshape", "inject")
-PRECISIONS = ("fp32", "fp16", "bf16")
-COUNT_TOKENS_BY = ("shape", "loss_mask")
+__all__ = ["Setting", "SETTINGS", "SETTING_KEYS", "GROUPS", "setting", "flag_for", "keys_of_kind",
+           "keys_in_group", "exclusive_groups"]
 
 GROUPS = {
     "budget": "budget (tokens are counted as trained, after truncation)",
@@ -134,6 +133,11 @@ def flag_for(key: str) -> str:
 def keys_of_kind(kind: str) -> tuple[str, ...]:
     """The keys of every setting of one ``kind`` (e.g. all ``count`` settings)."""
     return tuple(s.key for s in SETTINGS if s.kind == kind)
+
+
+def keys_in_group(group: str) -> tuple[str, ...]:
+    """The keys of every setting in one flag ``group`` (e.g. ``budget``), in table order."""
+    return tuple(s.key for s in SETTINGS if s.group == group)
 
 
 def exclusive_groups() -> dict[str, tuple[str, ...]]:

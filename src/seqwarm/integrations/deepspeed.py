@@ -187,7 +187,7 @@ class DeepSpeedCurriculum:
         if cfg.count_tokens_by not in ("shape", "loss_mask"):
             raise ValueError(f"count_tokens_by must be 'shape' or 'loss_mask', got {cfg.count_tokens_by!r}")
         cur = cfg.curriculum
-        self.scheduler = CurriculumScheduler(cur.block()) if cur is not None and cur.enabled else None
+        self.scheduler = CurriculumScheduler(cur) if cur is not None and cur.enabled else None
         self.mode = self._resolve_mode(mode if mode is not None else (cur.mode if cur is not None else None))
         if getattr(engine, "lr_scheduler", None) is not None:
             logger.warning("the DeepSpeed engine has an LR scheduler: seqwarm sets the learning rate before "

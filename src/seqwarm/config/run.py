@@ -1,0 +1,114 @@
+"""The checked run config: :class:`RunConfig` and the DeepSpeed blocks it holds (fp16, optimizer).
+
+Build it with :func:`seqwarm.config.load_config`; the curriculum's and the LR schedule's parts are
+their owners' configs (:class:`~seqwarm.curriculum.CurriculumConfig`, :class:`~seqwarm.lr_schedule.LRConfig`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from seqwarm.curriculum import CurriculumConfig
+from seqwarm.lr_schedule import LRConfig
+
+PRECISIONS = ("fp32", "fp16", "bf16")
+COUNT_TOKENS_BY = ("shape", "loss_mask")
+
+
+@dataclass(frozen=True)
+class FP16Config:
+    """DeepSpeed's fp16 block (dynamic loss scaling when ``loss_scale`` is 0)."""
+
+    enabled: bool = False
+    """True when the run's precision is fp16."""
+    loss_scale: float = 0.0
+    """A static loss scale, or 0 for dynamic scaling."""
+    initial_scale_power: int = 16
+    """Dynamic scaling starts at 2 ** this."""
+    loss_scale_window: int = 1000
+    """Steps without overflow before the scale doubles."""
+    hysteresis: int = 2
+    """Overflows tolerated before the scale halves."""
+    consecutive_hysteresis: bool = False
+    """Whether hysteresis counts only consecutive overflows."""
+    min_loss_scale: float = 1.0
+    """The scale never drops below this."""
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    """DeepSpeed's optimizer block; seqwarm's own engine builds Adam, AdamW and SGD."""
+
+    type: str = "AdamW"
+    """The optimizer's name, as DeepSpeed spells it."""
+    lr: float = 6e-4
+    """The block's learning rate: the peak unless an ``lr`` setting overrides it."""
+    betas: tuple[float, float] = (0.9, 0.95)
+    """Adam's betas."""
+    eps: float = 1e-8
+    """Adam's epsilon."""
+    weight_decay: float = 0.1
+    """Decoupled weight decay on matrices (biases and norms get none)."""
+    params: Mapping[str, Any] = field(default_factory=dict)
+    """All of the block's params, as given (for DeepSpeed)."""
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything a run needs to know, checked. Build it with :func:`seqwarm.config.load_config`."""
+
+    train_batch_size: int
+    """Global batch in sequences (micro batch x gradient accumulation x world size)."""
+    micro_batch_size: int
+    """Sequences per micro-batch on each process."""
+    gradient_accumulation_steps: int
+    """Micro-batches per optimizer step on each process."""
+    world_size: int = 1
+    """Data-parallel processes."""
+    seq_length: int | None = None
+    """The model's full sequence length (defaults to the curriculum's max_difficulty)."""
+    gradient_clipping: float = 0.0
+    """Clip the global gradient norm to this (0: off)."""
+    precision: str = "fp32"
+    """One of :data:`PRECISIONS`."""
+    fp16: FP16Config = field(default_factory=FP16Config)
+    """Loss scaling, used when the precision is fp16."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """The optimizer block."""
+    lr: LRConfig = field(default_factory=LRConfig)
+    """The learning-rate schedule."""
+    curriculum: CurriculumConfig | None = None
+    """The sequence-length curriculum (None: every step at full length)."""
+    train_tokens: int | None = None
+    """Token budget: stop after the first step at which the trained tokens reach it."""
+    train_iters: int | None = None
+    """Cap on optimizer steps."""
+    train_samples: int | None = None
+    """Cap on samples (full-length sequences drawn)."""
+    count_tokens_by: str = "shape"
+    """Count trained tokens by the shaped batch's shape or by its loss_mask (:data:`COUNT_TOKENS_BY`)."""
+    rampup_batch_size: Any = None
+    """Megatron's batch-size ramp, kept only to refuse it next to a curriculum (SPEC §4)."""
+    deepspeed: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    """The config for DeepSpeed: the input without the curriculum and seqwarm blocks."""
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+    """Advice found while checking (never an error)."""
+    source: str | None = field(default=None, compare=False)
+    """The file it was read from (None for a dict)."""
+
+    @property
+    def full_length(self) -> int | None:
+        if self.seq_length is not None:
+            return self.seq_length
+        return self.curriculum.max_difficulty if self.curriculum else None
+
+    def replace(self, **changes: Any) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["warnings"] = list(self.warnings)
+        return out
