@@ -41,7 +41,7 @@ from seqwarm.config import RunConfig, load_config
 from seqwarm.curriculum import CurriculumScheduler
 from seqwarm.lr_schedule import lr_at
 
-__all__ = ["CurriculumCore", "resolve_mode", "as_run_config", "set_lr", "check_state_format", "MODES"]
+__all__ = ["MODES", "CurriculumCore", "as_run_config", "check_state_format", "resolve_mode", "set_lr"]
 
 MODES = ("truncate", "reshape", "inject")
 COUNT_TOKENS_BY = ("shape", "loss_mask")

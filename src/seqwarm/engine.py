@@ -26,7 +26,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from seqwarm.budget import Progress, should_stop
+from seqwarm.budget import should_stop
 from seqwarm.config import FP16Config
 from seqwarm.core import CurriculumCore, as_run_config, check_state_format, set_lr
 
@@ -160,25 +160,11 @@ class CurriculumEngine:
         return torch.autocast(self._device_type, dtype=self._autocast_dtype)
 
     # -- the DeepSpeed-like surface ---------------------------------------------------------------
-    @property
-    def progress(self) -> Progress:
-        """Optimizer steps applied, samples and tokens trained (global, all data-parallel ranks)."""
-        return self.core.progress
-
-    @property
-    def lr(self) -> float:
-        """The learning rate of the last applied step (``lr_at(progress)``)."""
-        return self.core.lr
-
-    @property
-    def current_seqlen(self) -> int | None:
-        """The curriculum length of the current step (the batch's length without a curriculum)."""
-        return self.core.current_seqlen
-
-    @property
-    def skipped_steps(self) -> int:
-        """Optimizer steps skipped on an fp16 overflow (the clock did not move)."""
-        return self.core.skipped_steps
+    # the clock and the curriculum are the core's
+    progress = property(lambda self: self.core.progress, doc="Steps, samples and tokens trained (all ranks).")
+    lr = property(lambda self: self.core.lr, doc="The learning rate of the last applied step.")
+    current_seqlen = property(lambda self: self.core.current_seqlen, doc="This step's curriculum length.")
+    skipped_steps = property(lambda self: self.core.skipped_steps, doc="Steps skipped on an fp16 overflow.")
 
     @property
     def global_steps(self) -> int:

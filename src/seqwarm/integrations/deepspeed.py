@@ -153,6 +153,14 @@ def skip_cpu_shm_comm(deepspeed_module) -> None:
         logger.debug("could not switch off DeepSpeed's shm comm op: %s", err)
 
 
+def _settled(name: str, doc: str) -> property:
+    """A read-only view of the core's ``name`` once a staged step has been committed (or dropped)."""
+    def get(self: DeepSpeedCurriculum) -> Any:
+        self._settle()
+        return getattr(self.core, name)
+    return property(get, doc=doc)
+
+
 class DeepSpeedCurriculum:
     """The sequence-length curriculum, clock and learning rate next to a DeepSpeed engine.
 
@@ -217,28 +225,10 @@ class DeepSpeedCurriculum:
         else:
             self.core.skip()
 
-    @property
-    def progress(self) -> Progress:
-        """Optimizer steps applied, samples and tokens trained (global, all data-parallel ranks)."""
-        self._settle()
-        return self.core.progress
-
-    @property
-    def lr(self) -> float:
-        """The learning rate of the last applied step (``lr_at(progress)``)."""
-        self._settle()
-        return self.core.lr
-
-    @property
-    def skipped_steps(self) -> int:
-        """Steps DeepSpeed skipped on an fp16 overflow (the clock did not move)."""
-        self._settle()
-        return self.core.skipped_steps
-
-    @property
-    def current_seqlen(self) -> int | None:
-        """The curriculum length of the current step (the batch's length without a curriculum)."""
-        return self.core.current_seqlen
+    progress = _settled("progress", "Optimizer steps applied, samples and tokens trained (all DP ranks).")
+    lr = _settled("lr", "The learning rate of the last applied step (``lr_at(progress)``).")
+    skipped_steps = _settled("skipped_steps", "Steps DeepSpeed skipped on an fp16 overflow (the clock stays).")
+    current_seqlen = property(lambda self: self.core.current_seqlen, doc="This step's curriculum length.")
 
     @property
     def global_steps(self) -> int:
