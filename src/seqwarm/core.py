@@ -17,11 +17,13 @@ ops (:func:`~seqwarm.batch.truncate_batch`, :func:`~seqwarm.batch.reshape_batch`
 are built on it; anyone's loop can be too::
 
     core = CurriculumCore(cfg, model.forward)
-    for batch in loader:                         # full-length micro-batches
+    for i, batch in enumerate(loader):           # full-length micro-batches
         model(**core.shape(batch)).backward()
-        if boundary:
+        if (i + 1) % cfg.gradient_accumulation_steps == 0:
             progress, lr = core.end_step()       # this step's counts, summed over ranks
-            set_lr(optimizer, lr); optimizer.step(); optimizer.zero_grad()
+            set_lr(optimizer, lr)
+            optimizer.step()
+            optimizer.zero_grad()
             core.commit(progress, lr)            # or core.skip() when the update was not applied
 """
 

@@ -16,8 +16,11 @@ the token-based learning rate set on the optimizer before every ``engine.step()`
         engine.step()
 
 ``seqwarm train --deepspeed`` (:mod:`seqwarm.integrations.deepspeed_run`) is built on the same class;
-the GPT pipeline is in :mod:`seqwarm.integrations.deepspeed_pipeline`. Nothing in the core imports
-this module, and this module imports ``deepspeed`` only when a function needs it.
+the GPT pipeline is in :mod:`seqwarm.integrations.deepspeed_pipeline`. The curriculum itself is
+:class:`~seqwarm.core.CurriculumCore`, shared with :class:`~seqwarm.engine.CurriculumEngine`; this
+class adds DeepSpeed's side (batch-size checks, the staged step, pipeline activation shapes). No
+module outside ``integrations/`` imports this one, and it imports ``deepspeed`` only when a function
+needs it.
 """
 
 from __future__ import annotations
