@@ -339,6 +339,42 @@ def test_curriculum_counts_loss_mask_tokens_and_checks_batch_sizes(tmp_path):
         DeepSpeedCurriculum(FakeEngine(gas=4, dp=1), cfg)
 
 
+def test_curriculum_state_written_before_the_core_still_loads(tmp_path):
+    """A "seqwarm.deepspeed_curriculum/1" dict as DeepSpeedCurriculum wrote it before CurriculumCore (an
+    fp16-skipped step, loss-mask counts, half a step pending): written the same today, and it resumes."""
+    old = {"format": "seqwarm.deepspeed_curriculum/1",
+           "progress": {"step": 2, "samples": 16, "tokens": 272, "warmup_end_tokens": 272}, "lr": 0.002,
+           "current_seqlen": 32, "step_seqlen": 32, "skipped_steps": 1, "pending_samples": 2, "pending_tokens": 58,
+           "scheduler": {"current_difficulty": 32}}
+    engine, cfg = FakeEngine(), fake_config(tmp_path, count_tokens_by="loss_mask")
+
+    def masked():
+        batch = full_batch()
+        batch["loss_mask"][:, :3] = 0
+        return batch
+
+    writer = DeepSpeedCurriculum(engine, cfg)
+    for step in range(3):
+        engine.overflow = step == 1
+        for _ in range(2):
+            writer.shape(masked())
+            writer.before_step()
+            engine.step()
+    writer.shape(masked())
+    assert writer.state_dict() == old
+    reader_engine = FakeEngine()
+    reader = DeepSpeedCurriculum(reader_engine, cfg)
+    reader.load_state_dict(old)
+    reader_engine.micro, reader_engine.global_steps = engine.micro, engine.global_steps  # DeepSpeed's own resume
+    for cur, eng in ((writer, engine), (reader, reader_engine)):
+        for i in range(6):  # the pending micro-batch's step, then two more steps
+            if i:
+                cur.shape(masked())
+            cur.before_step()
+            eng.step()
+    assert reader.state_dict() == writer.state_dict() and reader.progress.step == 5
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the benchmark would run")
 def test_gpu_benchmark_says_why_it_cannot_run_without_cuda():
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_throughput.py")], capture_output=True,

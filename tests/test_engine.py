@@ -405,3 +405,27 @@ def test_engine_doc_examples_run():
     assert len(blocks) >= 2
     for code in blocks:
         exec(compile(code, str(doc), "exec"), {"__name__": "__engine_doc__"})
+
+
+def test_state_dict_written_before_the_core_still_loads():
+    """A "seqwarm.engine/1" state dict as the engine wrote it before CurriculumCore (half a step pending):
+    the engine writes the same dict today, and loading it continues exactly like the run that wrote it."""
+    old = {"format": "seqwarm.engine/1", "progress": {"step": 2, "samples": 8, "tokens": 17, "warmup_end_tokens": 0},
+           "micro_steps": 5, "skipped_steps": 0, "lr": 0.01, "current_seqlen": 4, "step_seqlen": 4,
+           "pending_samples": 2, "pending_tokens": 5, "scheduler": {"current_difficulty": 4}, "loss_scaler": None}
+    cfg = config(LINEAR, gas=2, count_tokens_by="loss_mask")
+    model = NoInject()
+    writer = make(model, cfg)
+    train(writer, 2)
+    writer(data(9))
+    writer.backward(torch.zeros((), requires_grad=True))
+    writer.step()
+    assert writer.state_dict(include_optimizer=False) == old
+    reader = make(copy.deepcopy(model), cfg)
+    reader.load_state_dict(old)
+    assert reader.progress == writer.progress and reader.current_seqlen == 4 and reader.micro_steps == 5
+    for engine in (writer, reader):
+        engine(data(10))
+        engine.step()
+        train(engine, 2, start=11)
+    assert reader.state_dict() == writer.state_dict()

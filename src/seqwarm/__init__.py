@@ -33,6 +33,7 @@ _LAZY = {
     "GPT": "seqwarm.model",
     "GPTConfig": "seqwarm.model",
     "CurriculumEngine": "seqwarm.engine",
+    "CurriculumCore": "seqwarm.core",
 }
 
 __all__ = [

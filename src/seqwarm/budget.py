@@ -88,6 +88,23 @@ def should_stop(progress: Progress, cfg: Budget) -> bool:
     return stop_reason(progress, cfg) is not None
 
 
+def micro_batch_shape(rows: int, seq: int, seqlen: int, mode: str | None) -> tuple[int, int]:
+    """``(rows, length)`` a micro-batch of ``rows`` sequences of ``seq`` tokens becomes at length ``seqlen``.
+
+    The one counting rule of :mod:`seqwarm.batch`'s ops, as arithmetic (the engines count tokens and
+    ``seqwarm plan`` projects them with it). ``seqlen >= seq``: unchanged. ``"reshape"``: the
+    ``rows * seq`` tokens re-chunked into rows of ``seqlen``, the last ``(rows * seq) % seqlen``
+    dropped. Any other mode (``"truncate"``, ``"inject"``, None = auto): every row cut to ``seqlen``.
+    """
+    if rows < 1 or seq < 1 or seqlen < 1:
+        raise ValueError(f"a micro-batch needs rows, seq and seqlen >= 1, got {rows}, {seq}, {seqlen}")
+    if seqlen >= seq:
+        return rows, seq
+    if mode == "reshape":
+        return (rows * seq) // seqlen, seqlen
+    return rows, seqlen
+
+
 def tokens_per_step(cfg: Any, seqlen: int) -> int:  # cfg: a RunConfig (layer 3, not imported here)
     """Tokens one optimizer step trains at length ``seqlen`` (global, all ranks).
 
@@ -97,10 +114,6 @@ def tokens_per_step(cfg: Any, seqlen: int) -> int:  # cfg: a RunConfig (layer 3,
     full = cfg.full_length
     if full is None:
         raise ValueError("the full sequence length is unknown: set seq_length")
-    length = min(seqlen, full)
     mode = cfg.curriculum.mode if cfg.curriculum else None
-    micro_steps = cfg.gradient_accumulation_steps * cfg.world_size
-    if mode == "reshape":
-        per_micro = (cfg.micro_batch_size * full) // length * length
-        return per_micro * micro_steps
-    return cfg.micro_batch_size * length * micro_steps
+    rows, length = micro_batch_shape(cfg.micro_batch_size, full, seqlen, mode)
+    return rows * length * cfg.gradient_accumulation_steps * cfg.world_size

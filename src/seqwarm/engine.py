@@ -19,7 +19,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
-import os
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -27,17 +26,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from seqwarm.batch import batch_shape, reshape_batch, truncate_batch
-from seqwarm.budget import Progress, advance, should_stop
-from seqwarm.config import FP16Config, RunConfig, load_config
-from seqwarm.curriculum import CurriculumScheduler
-from seqwarm.lr_schedule import lr_at
+from seqwarm.budget import should_stop
+from seqwarm.config import FP16Config
+from seqwarm.core import CurriculumCore, as_run_config, check_state_format, set_lr
 
 __all__ = ["CurriculumEngine", "LossScaler"]
 
 logger = logging.getLogger(__name__)
 
-MODES = ("truncate", "reshape", "inject")
 STATE_FORMAT = "seqwarm.engine/1"
 
 
@@ -118,66 +114,36 @@ def _world_size() -> int:
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
-def _as_run_config(config: Any) -> RunConfig:
-    if isinstance(config, RunConfig):
-        return config
-    if isinstance(config, (Mapping, str, os.PathLike)):
-        return load_config(config, world_size=_world_size())
-    raise TypeError(f"config must be a RunConfig, a dict or a path, got {type(config).__name__}")
-
-
 class CurriculumEngine:
     """Advance the curriculum, deliver its length to the model, and step the optimizer.
 
     ``config``: a :class:`~seqwarm.config.RunConfig`, or a DeepSpeed-style dict / JSON path (read
     with :func:`~seqwarm.config.load_config`). The engine owns the learning rate: every optimizer
     step it sets each param group's ``lr`` to ``lr_at(clock) * group.get("lr_scale", 1.0)``.
+    The curriculum itself (mode, length per step, token counts, clock) is a
+    :class:`~seqwarm.core.CurriculumCore`. ``process_group``: where ``count_tokens_by: loss_mask``
+    counts are summed (None: the default group; pass the data-parallel group when the default group
+    also spans model-parallel ranks).
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, config: Any):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, config: Any, *,
+                 process_group: Any = None):
         self.module = model
         self.optimizer = optimizer
-        self.config = _as_run_config(config)
-        cfg = self.config
-        cur = cfg.curriculum
-        self.scheduler = CurriculumScheduler(cur) if cur is not None and cur.enabled else None
-        self._signature = inspect.signature(_unwrap(model).forward)
-        self.mode = self._resolve_mode(cur.mode if cur is not None else None) if self.scheduler else None
-        if cfg.count_tokens_by not in ("shape", "loss_mask"):
-            raise ValueError(f"count_tokens_by must be 'shape' or 'loss_mask', got {cfg.count_tokens_by!r}")
+        self.config = cfg = as_run_config(config, _world_size())
+        forward = _unwrap(model).forward
+        self._signature = inspect.signature(forward)
+        self.core = CurriculumCore(cfg, forward, process_group=process_group)
+        self.scheduler = self.core.scheduler
+        self.mode = self.core.mode
         self.gradient_accumulation_steps = int(cfg.gradient_accumulation_steps)
-        self.progress = Progress()
         self.micro_steps = 0
-        self.skipped_steps = 0
-        self.current_seqlen: int | None = None
-        self.lr = lr_at(self.progress, cfg.lr)
         self._grad_norm: torch.Tensor | None = None
-        self._step_seqlen: int | None = None
-        self._pending_samples = 0
-        self._pending_tokens: int | torch.Tensor = 0
-        self._checked_length = False
         self.loss_scaler = LossScaler(cfg.fp16) if cfg.precision == "fp16" else None
         self._autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
         self._device_type: str | None = None
 
     # -- setup ------------------------------------------------------------------------------------
-    def _accepts(self, name: str) -> bool:
-        return name in self._signature.parameters
-
-    def _resolve_mode(self, mode: str | None) -> str:
-        takes_kwargs = any(p.kind is p.VAR_KEYWORD for p in self._signature.parameters.values())
-        if mode is None:
-            return "inject" if self._accepts("curriculum_seqlen") else "truncate"
-        if mode not in MODES:
-            raise ValueError(f"curriculum mode must be one of {MODES} or None (auto), got {mode!r}")
-        if mode == "inject" and not (self._accepts("curriculum_seqlen") or takes_kwargs):
-            raise ValueError(
-                f"curriculum mode 'inject' needs a model whose forward takes curriculum_seqlen; "
-                f"{type(_unwrap(self.module)).__name__}.forward{self._signature} does not. "
-                "Use mode 'truncate' or 'reshape' (the engine then cuts the batch itself)."
-            )
-        return mode
-
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self._autocast_dtype is None:
             return contextlib.nullcontext()
@@ -194,6 +160,12 @@ class CurriculumEngine:
         return torch.autocast(self._device_type, dtype=self._autocast_dtype)
 
     # -- the DeepSpeed-like surface ---------------------------------------------------------------
+    # the clock and the curriculum are the core's
+    progress = property(lambda self: self.core.progress, doc="Steps, samples and tokens trained (all ranks).")
+    lr = property(lambda self: self.core.lr, doc="The learning rate of the last applied step.")
+    current_seqlen = property(lambda self: self.core.current_seqlen, doc="This step's curriculum length.")
+    skipped_steps = property(lambda self: self.core.skipped_steps, doc="Steps skipped on an fp16 overflow.")
+
     @property
     def global_steps(self) -> int:
         """Optimizer updates applied (= ``progress.step``; fp16-skipped steps are not counted)."""
@@ -234,29 +206,20 @@ class CurriculumEngine:
         if not self.module.training:
             with self._autocast():
                 return self.module(*args, **kwargs)
-        tokens_in, mask_in = self._inputs(args, kwargs)
-        seqlen = self._seqlen_for_step(tokens_in) if self.scheduler else None
-        if seqlen is None or self.mode == "inject":
-            length = tokens_in.shape[1] if seqlen is None else min(seqlen, tokens_in.shape[1])
-            self._count(tokens_in.shape[0], tokens_in.shape[0] * length,
-                        None if mask_in is None else mask_in[:, :length])
-            self.current_seqlen = length if seqlen is None else seqlen
+        if self.mode in ("truncate", "reshape"):
+            if args:
+                raise ValueError(
+                    f"curriculum mode {self.mode!r} shapes a dict batch: call engine(batch) or "
+                    "engine(**batch), not positional tensors (or use mode 'inject' with a model whose "
+                    "forward takes curriculum_seqlen)")
+            kwargs = self.core.shape(kwargs)
+        else:  # inject, or no curriculum: the model gets the batch as it is (+ curriculum_seqlen)
+            tokens, mask = self._inputs(args, kwargs)
+            seqlen = self.core.observe(tokens.shape[0], tokens.shape[1], mask)
             if seqlen is not None:
                 kwargs["curriculum_seqlen"] = seqlen
-            with self._autocast():
-                return self.module(*args, **kwargs)
-        if args:
-            raise ValueError(
-                f"curriculum mode {self.mode!r} shapes a dict batch: call engine(batch) or "
-                "engine(**batch), not positional tensors (or use mode 'inject' with a model whose "
-                "forward takes curriculum_seqlen)")
-        shape = truncate_batch if self.mode == "truncate" else reshape_batch
-        shaped = shape(kwargs, seqlen)
-        ref = shaped[batch_shape(kwargs)[0]]  # (rows, L): B rows (truncate) or B*S//L rows (reshape)
-        self._count(tokens_in.shape[0], ref.shape[0] * ref.shape[1], shaped.get("loss_mask"))
-        self.current_seqlen = seqlen
         with self._autocast():
-            return self.module(**shaped)
+            return self.module(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
         """``loss.backward()`` on ``loss / gradient_accumulation_steps`` (x the fp16 loss scale).
@@ -278,8 +241,7 @@ class CurriculumEngine:
         self.micro_steps += 1
         if self.micro_steps % self.gradient_accumulation_steps:
             return False
-        samples, tokens = self._take_pending()
-        self._step_seqlen = None
+        new, lr = self.core.end_step()
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         grads = [p.grad for p in params]
         clip = float(self.config.gradient_clipping or 0.0)
@@ -289,7 +251,7 @@ class CurriculumEngine:
             overflow = not bool(torch.isfinite(norm))
             self.loss_scaler.update(overflow)
             if overflow:  # skip: the clock, the curriculum and the LR stay where they are
-                self.skipped_steps += 1
+                self.core.skip()
                 self.optimizer.zero_grad(set_to_none=True)
                 return False
             self._grad_norm = norm * inv_scale
@@ -300,13 +262,10 @@ class CurriculumEngine:
                 torch._foreach_mul_(grads, factor)
         elif clip > 0:
             self._grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
-        new = advance(self.progress, samples, tokens, self.config.lr)
-        lr = lr_at(new, self.config.lr)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr * group.get("lr_scale", 1.0)
+        set_lr(self.optimizer, lr)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.progress, self.lr = new, lr
+        self.core.commit(new, lr)
         return True
 
     # -- internals --------------------------------------------------------------------------------
@@ -328,43 +287,7 @@ class CurriculumEngine:
             raise ValueError("the engine could not find the input tokens: pass a 2-D (batch, seq) tensor "
                              "as input_ids (or as the first tensor argument)")
         mask = named.get("loss_mask")
-        if self.config.count_tokens_by == "loss_mask" and not isinstance(mask, torch.Tensor):
-            raise ValueError("count_tokens_by 'loss_mask' needs a loss_mask tensor in every training batch")
         return tokens, mask if isinstance(mask, torch.Tensor) else None
-
-    def _seqlen_for_step(self, tokens: torch.Tensor) -> int:
-        if self._step_seqlen is None:  # first micro-batch of this optimizer step
-            self._step_seqlen = self.scheduler.update_difficulty(self.global_steps + 1)
-        if not self._checked_length:
-            self._checked_length = True
-            top, full = self.scheduler.block["max_difficulty"], tokens.shape[1]
-            if top != full:
-                warnings.warn(
-                    f"curriculum max_difficulty {top} != the batch's sequence length {full}: the "
-                    f"curriculum {'never reaches' if top < full else 'stops growing at'} the full "
-                    "length; set max_difficulty to the model's sequence length", stacklevel=4)
-        return self._step_seqlen
-
-    def _count(self, samples: int, tokens: int, mask: torch.Tensor | None) -> None:
-        self._pending_samples += samples
-        if self.config.count_tokens_by == "loss_mask":
-            self._pending_tokens = self._pending_tokens + mask.detach().sum(dtype=torch.int64)
-        else:
-            self._pending_tokens += tokens
-
-    def _take_pending(self) -> tuple[int, int]:
-        samples, tokens = self._pending_samples, self._pending_tokens
-        self._pending_samples, self._pending_tokens = 0, 0
-        world = self.config.world_size
-        if isinstance(tokens, torch.Tensor):
-            dist = torch.distributed
-            if world > 1 and dist.is_available() and dist.is_initialized():
-                dist.all_reduce(tokens)  # exact: loss masks differ between ranks
-                world_tokens = 1
-            else:
-                world_tokens = world
-            return samples * world, int(tokens.item()) * world_tokens
-        return samples * world, tokens * world
 
     # -- checkpointing ----------------------------------------------------------------------------
     def state_dict(self, include_optimizer: bool = True) -> dict[str, Any]:
@@ -374,18 +297,10 @@ class CurriculumEngine:
         ``include_optimizer=False`` when the optimizer is checkpointed by other means (FSDP/DCP).
         Save at an accumulation boundary: gradients of a half-accumulated step are in no state dict.
         """
-        pending = self._pending_tokens
         state = {
             "format": STATE_FORMAT,
-            "progress": self.progress.to_dict(),
+            **self.core.state_dict(),
             "micro_steps": self.micro_steps,
-            "skipped_steps": self.skipped_steps,
-            "lr": self.lr,
-            "current_seqlen": self.current_seqlen,
-            "step_seqlen": self._step_seqlen,
-            "pending_samples": self._pending_samples,
-            "pending_tokens": int(pending.item()) if isinstance(pending, torch.Tensor) else pending,
-            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
             "loss_scaler": self.loss_scaler.state_dict() if self.loss_scaler else None,
         }
         if include_optimizer:
@@ -393,19 +308,9 @@ class CurriculumEngine:
         return state
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a CurriculumEngine state dict (format {state.get('format')!r}, "
-                             f"expected {STATE_FORMAT!r})")
-        self.progress = Progress.from_dict(state["progress"])
+        check_state_format(state, STATE_FORMAT, "CurriculumEngine")
+        self.core.load_state_dict(state)
         self.micro_steps = int(state["micro_steps"])
-        self.skipped_steps = int(state["skipped_steps"])
-        self.lr = float(state["lr"])
-        self.current_seqlen = state["current_seqlen"]
-        self._step_seqlen = state["step_seqlen"]
-        self._pending_samples = int(state["pending_samples"])
-        self._pending_tokens = int(state["pending_tokens"])
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
         if self.loss_scaler is not None and state.get("loss_scaler") is not None:
             self.loss_scaler.load_state_dict(state["loss_scaler"])
         if "optimizer" in state:

@@ -16,14 +16,16 @@ the token-based learning rate set on the optimizer before every ``engine.step()`
         engine.step()
 
 ``seqwarm train --deepspeed`` (:mod:`seqwarm.integrations.deepspeed_run`) is built on the same class;
-the GPT pipeline is in :mod:`seqwarm.integrations.deepspeed_pipeline`. Nothing in the core imports
-this module, and this module imports ``deepspeed`` only when a function needs it.
+the GPT pipeline is in :mod:`seqwarm.integrations.deepspeed_pipeline`. The curriculum itself is
+:class:`~seqwarm.core.CurriculumCore`, shared with :class:`~seqwarm.engine.CurriculumEngine`; this
+class adds DeepSpeed's side (batch-size checks, the staged step, pipeline activation shapes). No
+module outside ``integrations/`` imports this one, and it imports ``deepspeed`` only when a function
+needs it.
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 import os
 from collections.abc import Mapping
@@ -31,12 +33,10 @@ from typing import Any
 
 import torch
 
-from seqwarm.batch import batch_shape, reshape_batch, truncate_batch
-from seqwarm.budget import Progress, advance, stop_reason
-from seqwarm.config import RunConfig, load_config
-from seqwarm.curriculum import CurriculumScheduler
+from seqwarm.budget import Progress, stop_reason
+from seqwarm.config import RunConfig
+from seqwarm.core import CurriculumCore, as_run_config, check_state_format, set_lr
 from seqwarm.errors import MissingDependencyError, UserError
-from seqwarm.lr_schedule import lr_at
 from seqwarm.optim import build_optimizer
 
 __all__ = ["DeepSpeedCurriculum", "DeepSpeedEngineAdapter", "deepspeed_config", "require_deepspeed",
@@ -156,6 +156,14 @@ def skip_cpu_shm_comm(deepspeed_module) -> None:
         logger.debug("could not switch off DeepSpeed's shm comm op: %s", err)
 
 
+def _settled(name: str, doc: str) -> property:
+    """A read-only view of the core's ``name`` once a staged step has been committed (or dropped)."""
+    def get(self: DeepSpeedCurriculum) -> Any:
+        self._settle()
+        return getattr(self.core, name)
+    return property(get, doc=doc)
+
+
 class DeepSpeedCurriculum:
     """The sequence-length curriculum, clock and learning rate next to a DeepSpeed engine.
 
@@ -173,32 +181,19 @@ class DeepSpeedCurriculum:
         self.engine = engine
         self.pipeline = is_pipeline_engine(engine)
         self.dp_world_size = int(getattr(engine, "dp_world_size", 1) or 1)
-        if isinstance(config, RunConfig):
-            self.config = config
-        elif isinstance(config, (Mapping, str, os.PathLike)):
-            self.config = load_config(config, world_size=self.dp_world_size)
-        else:
-            raise TypeError(f"config must be a RunConfig, a dict or a path, got {type(config).__name__}")
-        cfg = self.config
+        self.config = cfg = as_run_config(config, self.dp_world_size)
         if cfg.world_size != self.dp_world_size:
             raise ValueError(f"the config was checked for {cfg.world_size} data-parallel ranks but the engine "
                              f"has {self.dp_world_size}: load it with world_size={self.dp_world_size}")
         self._check_batch_sizes()
-        if cfg.count_tokens_by not in ("shape", "loss_mask"):
-            raise ValueError(f"count_tokens_by must be 'shape' or 'loss_mask', got {cfg.count_tokens_by!r}")
-        cur = cfg.curriculum
-        self.scheduler = CurriculumScheduler(cur) if cur is not None and cur.enabled else None
-        self.mode = self._resolve_mode(mode if mode is not None else (cur.mode if cur is not None else None))
+        forward = None if self.pipeline else getattr(engine, "module", engine).forward
+        self.core = CurriculumCore(cfg, forward, mode=mode, pipeline=self.pipeline,
+                                   process_group=getattr(engine, "data_parallel_group", None))
+        self.scheduler = self.core.scheduler
+        self.mode = self.core.mode
         if getattr(engine, "lr_scheduler", None) is not None:
             logger.warning("the DeepSpeed engine has an LR scheduler: seqwarm sets the learning rate before "
                            "every step, so drop the config's scheduler block")
-        self._progress = Progress()
-        self.lr = lr_at(self._progress, cfg.lr)
-        self.current_seqlen: int | None = None
-        self.skipped_steps = 0
-        self._step_seqlen: int | None = None
-        self._pending_samples = 0
-        self._pending_tokens: int | torch.Tensor = 0
         self._staged: tuple[Progress, float, int] | None = None
         self._pipe_shape: tuple[int, int] | None = None
 
@@ -218,26 +213,6 @@ class DeepSpeedCurriculum:
             raise ValueError(f"the engine's batch sizes differ from the seqwarm config's ({diff}): build the "
                              "engine with deepspeed_config(run_config)")
 
-    def _resolve_mode(self, mode: str | None) -> str | None:
-        if self.scheduler is None:
-            return None
-        if mode not in (None, "truncate", "reshape", "inject"):
-            raise ValueError(f"curriculum mode must be truncate, reshape or inject, got {mode!r}")
-        if self.pipeline:
-            if mode == "inject":
-                raise ValueError("a pipeline engine cannot pass curriculum_seqlen through its stages: use mode "
-                                 "'truncate' (the same cut, made on the data) or 'reshape'")
-            return mode or "truncate"
-        module = getattr(self.engine, "module", self.engine)
-        params = inspect.signature(module.forward).parameters
-        takes = "curriculum_seqlen" in params
-        if mode is None:
-            return "inject" if takes else "truncate"
-        if mode == "inject" and not (takes or any(p.kind is p.VAR_KEYWORD for p in params.values())):
-            raise ValueError(f"curriculum mode 'inject' needs a model whose forward takes curriculum_seqlen; "
-                             f"{type(module).__name__}.forward does not (use 'truncate' or 'reshape')")
-        return mode
-
     # -- the clock --------------------------------------------------------------------------------
     def _settle(self) -> None:
         """Commit (or drop, on an fp16 overflow skip) the step staged by before_step once it ran."""
@@ -249,15 +224,14 @@ class DeepSpeedCurriculum:
         self._staged = None
         applied = self.engine.was_step_applied() if hasattr(self.engine, "was_step_applied") else True
         if applied:
-            self._progress, self.lr = new, lr
+            self.core.commit(new, lr)
         else:
-            self.skipped_steps += 1
+            self.core.skip()
 
-    @property
-    def progress(self) -> Progress:
-        """Optimizer steps applied, samples and tokens trained (global, all data-parallel ranks)."""
-        self._settle()
-        return self._progress
+    progress = _settled("progress", "Optimizer steps applied, samples and tokens trained (all DP ranks).")
+    lr = _settled("lr", "The learning rate of the last applied step (``lr_at(progress)``).")
+    skipped_steps = _settled("skipped_steps", "Steps DeepSpeed skipped on an fp16 overflow (the clock stays).")
+    current_seqlen = property(lambda self: self.core.current_seqlen, doc="This step's curriculum length.")
 
     @property
     def global_steps(self) -> int:
@@ -274,34 +248,10 @@ class DeepSpeedCurriculum:
         added (inject). Counts its tokens; on a pipeline engine resets the activation shapes when
         the micro-batch's shape changes. Call it for every training micro-batch, on every rank."""
         self._settle()
-        batch = dict(batch)
-        key, b, s = batch_shape(batch)
-        mask = batch.get("loss_mask") if isinstance(batch.get("loss_mask"), torch.Tensor) else None
-        if self.config.count_tokens_by == "loss_mask" and mask is None:
-            raise ValueError("count_tokens_by 'loss_mask' needs a loss_mask tensor in every training batch")
-        if self.scheduler is None:
-            out, rows, length = batch, b, s
-            self.current_seqlen = s
-        else:
-            if self._step_seqlen is None:  # first micro-batch of this optimizer step
-                self._step_seqlen = self.scheduler.update_difficulty(self._progress.step + 1)
-            seqlen = self._step_seqlen
-            if self.mode == "inject":
-                out, rows, length = {**batch, "curriculum_seqlen": seqlen}, b, min(seqlen, s)
-                mask = None if mask is None else mask[:, :length]
-            else:
-                out = (truncate_batch if self.mode == "truncate" else reshape_batch)(batch, seqlen)
-                rows, length = int(out[key].shape[0]), int(out[key].shape[1])
-                mask = out.get("loss_mask") if mask is not None else None
-            self.current_seqlen = seqlen
-        self._pending_samples += b
-        if self.config.count_tokens_by == "loss_mask":
-            self._pending_tokens = self._pending_tokens + mask.detach().sum(dtype=torch.int64)
-        else:
-            self._pending_tokens += rows * length
-        if self.pipeline and self._pipe_shape != (rows, length):
+        out = self.core.shape(batch)
+        if self.pipeline and self._pipe_shape != self.core.micro_shape:
             self.engine.reset_activation_shape()
-            self._pipe_shape = (rows, length)
+            self._pipe_shape = self.core.micro_shape
         return out
 
     def before_step(self) -> float | None:
@@ -313,13 +263,9 @@ class DeepSpeedCurriculum:
         self._settle()
         if not self.pipeline and not self.engine.is_gradient_accumulation_boundary():
             return None
-        samples, tokens = self._take_pending()
-        new = advance(self._progress, samples, tokens, self.config.lr)
-        lr = lr_at(new, self.config.lr)
-        for group in self.engine.optimizer.param_groups:
-            group["lr"] = lr * group.get("lr_scale", 1.0)
+        new, lr = self.core.end_step()
+        set_lr(self.engine.optimizer, lr)
         self._staged = (new, lr, int(self.engine.global_steps))
-        self._step_seqlen = None
         return lr
 
     def before_eval(self) -> None:
@@ -329,18 +275,6 @@ class DeepSpeedCurriculum:
             self.engine.reset_activation_shape()
             self._pipe_shape = None
 
-    def _take_pending(self) -> tuple[int, int]:
-        samples, tokens = self._pending_samples, self._pending_tokens
-        self._pending_samples, self._pending_tokens = 0, 0
-        world = self.dp_world_size
-        if isinstance(tokens, torch.Tensor):  # loss-mask counts differ between ranks: sum them exactly
-            dist = torch.distributed
-            if world > 1 and dist.is_available() and dist.is_initialized():
-                dist.all_reduce(tokens, group=getattr(self.engine, "data_parallel_group", None))
-                return samples * world, int(tokens.item())
-            return samples * world, int(tokens.item()) * world
-        return samples * world, tokens * world
-
     # -- checkpointing ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Clock, scheduler, LR and step bookkeeping (small; put it in ``client_state``). Save between
@@ -348,34 +282,13 @@ class DeepSpeedCurriculum:
         self._settle()
         if self._staged is not None:
             raise RuntimeError("state_dict() between before_step() and engine.step(): save after the step")
-        pending = self._pending_tokens
-        return {
-            "format": STATE_FORMAT,
-            "progress": self._progress.to_dict(),
-            "lr": self.lr,
-            "current_seqlen": self.current_seqlen,
-            "step_seqlen": self._step_seqlen,
-            "skipped_steps": self.skipped_steps,
-            "pending_samples": self._pending_samples,
-            "pending_tokens": int(pending.item()) if isinstance(pending, torch.Tensor) else pending,
-            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
-        }
+        return {"format": STATE_FORMAT, **self.core.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a DeepSpeedCurriculum state dict (format {state.get('format')!r}, "
-                             f"expected {STATE_FORMAT!r})")
-        self._progress = Progress.from_dict(state["progress"])
-        self.lr = float(state["lr"])
-        self.current_seqlen = state["current_seqlen"]
-        self._step_seqlen = state["step_seqlen"]
-        self.skipped_steps = int(state["skipped_steps"])
-        self._pending_samples = int(state["pending_samples"])
-        self._pending_tokens = int(state["pending_tokens"])
+        check_state_format(state, STATE_FORMAT, "DeepSpeedCurriculum")
+        self.core.load_state_dict(state)
         self._staged = None
         self._pipe_shape = None
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
 
     def __repr__(self) -> str:
         p = self.progress
