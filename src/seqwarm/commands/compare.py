@@ -1,7 +1,7 @@
 """``seqwarm compare``: the baseline and the curriculum run side by side, with speedups and stability.
 
 Every ``seqwarm train`` flag is accepted and applies to both runs. See
-:mod:`seqwarm.experiments.compare` for what is run and :mod:`seqwarm.compare_report` for the report.
+:mod:`seqwarm.experiments.compare` for what is run and :mod:`seqwarm.experiments.report` for the report.
 """
 
 from __future__ import annotations
