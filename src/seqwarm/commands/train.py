@@ -166,7 +166,7 @@ def _execute(args: argparse.Namespace, info):
         raise UserError(f"--pipeline-stages {stages} must divide the number of processes ({info.world_size})")
     cfg = resolve_config(args, world_size=info.world_size // stages)
     if args.eval_wikitext or args.eval_lambada:
-        from seqwarm.evaluate import check_eval_files
+        from seqwarm.evaluation import check_eval_files
         check_eval_files(wikitext=args.eval_wikitext, lambada=args.eval_lambada)  # fail before training
     out = Path(args.out) if args.out else Path("runs") / f"{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     if info.enabled and not args.out:
@@ -209,7 +209,7 @@ def _execute(args: argparse.Namespace, info):
         say(line, flush=True)
     if (args.eval_wikitext or args.eval_lambada) and info.is_main:
         from seqwarm.commands.eval import format_results
-        from seqwarm.evaluate import run_paper_evals
+        from seqwarm.evaluation import run_paper_evals
         res = run_paper_evals(run.run_dir, wikitext=args.eval_wikitext, lambada=args.eval_lambada,
                               device=args.device, progress=not args.no_progress)
         for line in format_results(res):
