@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from seqwarm.cli import main
 from seqwarm.experiments import curves
 from seqwarm.experiments.compare import QUICK_FRACTION, ComparePlan, build_report, plan_compare
-from seqwarm.experiments.report import write_report
 from seqwarm.experiments.launch import run_state, train_namespace
+from seqwarm.experiments.report import write_report
 
 from conftest import small_config
 

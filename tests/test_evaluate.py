@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import small_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -27,8 +28,6 @@ from seqwarm.evaluation import (
     wikitext_detokenize,
     wikitext_windows,
 )
-
-from conftest import small_config
 
 BYTE = ByteTokenizer()
 

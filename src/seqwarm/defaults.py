@@ -4,19 +4,18 @@ The recipe is SPEC §7's CPU-scale setting: 4 layers, d 256 (5.3M parameters), a
 8192 trained on the corpus, length 256, 16 sequences per step, AdamW (0.9, 0.95), weight decay 0.1,
 clipping 1.0, LR warmup ~2% of the steps by iterations then cosine decay by tokens to 0.1x the peak,
 fixed_linear 8 -> 256 (step 8) over ~30% of the steps. ``examples/tiny_cpu.json`` is this config.
+
+Pure data: the embedded corpus this recipe trains on is prepared by
+:func:`seqwarm.data.embedded_data_dir`, not here.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
-import os
-from pathlib import Path
 from typing import Any
 
-logger = logging.getLogger(__name__)
-
 DEFAULT_TOKENIZER = "bpe:8192"
+"""The tokenizer of the default recipe and of ``seqwarm prepare`` (a byte-level BPE of 8192 tokens)."""
 
 _DEFAULT_TRAIN_CONFIG: dict[str, Any] = {
     # Only the global batch: the micro-batch follows from the world size (16 on one process, 8 on two).
@@ -45,25 +44,3 @@ _DEFAULT_TRAIN_CONFIG: dict[str, Any] = {
 def default_train_config() -> dict[str, Any]:
     """A fresh copy of the default run's config (DeepSpeed JSON plus a seqwarm block)."""
     return copy.deepcopy(_DEFAULT_TRAIN_CONFIG)
-
-
-def cache_dir() -> Path:
-    """Where the embedded corpus is prepared once: $SEQWARM_CACHE, else $XDG_CACHE_HOME/seqwarm."""
-    if os.environ.get("SEQWARM_CACHE"):
-        return Path(os.environ["SEQWARM_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "seqwarm"
-
-
-def default_data_dir(tokenizer: str = DEFAULT_TOKENIZER) -> Path:
-    """The embedded corpus prepared with ``tokenizer`` (prepared on first use, then reused)."""
-    from seqwarm import __version__
-    from seqwarm.data import prepare_dataset
-
-    folder = cache_dir() / f"embedded-{tokenizer.replace(':', '')}-v{__version__}"
-    if (folder / "meta.json").exists():
-        return folder
-    logger.info("preparing the embedded public-domain corpus with %s into %s (once)", tokenizer, folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    prepare_dataset(folder, None, tokenizer=tokenizer, force=True)
-    return folder

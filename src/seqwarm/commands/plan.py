@@ -6,9 +6,9 @@ import argparse
 import json
 import sys
 
-from seqwarm.config.describe import describe
 from seqwarm.commands.common import add_setting_flags, overrides_from_args
 from seqwarm.config import load_config
+from seqwarm.config.describe import describe
 from seqwarm.plan import Plan, make_plan
 from seqwarm.plots import plot_plan
 from seqwarm.units import human_count

@@ -154,8 +154,7 @@ def _check_deepspeed_flags(args: argparse.Namespace) -> None:
 
 
 def _execute(args: argparse.Namespace, info):
-    from seqwarm.data import open_prepared
-    from seqwarm.defaults import default_data_dir
+    from seqwarm.data import embedded_data_dir, open_prepared
     from seqwarm.distributed import barrier
     from seqwarm.model import GPTConfig
     from seqwarm.train import Run, TrainOptions, finish_lines, format_start, prepare_run_dir, write_resolved_config
@@ -182,9 +181,9 @@ def _execute(args: argparse.Namespace, info):
         data_dir = opts.data
     else:  # rank 0 prepares the embedded corpus once; the others wait for it
         if info.is_main:
-            default_data_dir()
+            embedded_data_dir()
         barrier(info)
-        data_dir = default_data_dir()
+        data_dir = embedded_data_dir()
     if not data_dir.exists():
         raise UserError(f"--data {data_dir}: no such folder (create it with `seqwarm prepare --out {data_dir}`)")
     data = open_prepared(data_dir)

@@ -22,7 +22,6 @@ from seqwarm.errors import UserError
 
 EOD_TOKEN = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
-DEFAULT_TOKENIZER = "bpe:8192"
 MIN_BPE_VOCAB = 258  # 256 byte symbols + EOD + at least one merge
 
 
