@@ -1,6 +1,8 @@
 """`seqwarm plan`: the run ahead of time, and its agreement with the token budget."""
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -78,3 +80,13 @@ def test_plan_shows_the_tutorial_conversions(capsys):
     # 375M tokens at min_difficulty 8 = 46,875,000 samples = 11,445 iterations of 4096 (rounded up)
     assert out["conversions"] == {"lr_decay_tokens": 100_000 * 1024, "lr_warmup_samples": 46_875_000,
                                   "lr_warmup_iters": 11_445}
+
+
+def test_plan_and_check_config_do_not_import_torch_or_matplotlib():
+    # cli.py registers every command at start-up, so one command module importing torch slows them all.
+    code = ("import sys; from seqwarm.cli import main; "
+            f"assert main(['check-config', {str(SEED)!r}]) == 0; assert main(['plan', {str(SEED)!r}]) == 0; "
+            "heavy = sorted(m for m in ('torch', 'matplotlib') if m in sys.modules); "
+            "assert not heavy, heavy")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from seqwarm.model import PRESETS
+    from seqwarm.defaults import PRESETS
 
     p = sub.add_parser(
         "train", help="pretrain a GPT with a sequence-length curriculum (default: tiny GPT, embedded corpus, CPU)",
@@ -64,7 +64,7 @@ def resolve_config(args: argparse.Namespace, world_size: int = 1):
     """The run's RunConfig: the --config file (or the default recipe) with the flags applied."""
     from seqwarm.config import load_config
     from seqwarm.defaults import default_train_config
-    from seqwarm.model import PRESETS
+    from seqwarm.defaults import PRESETS
 
     source = args.config if args.config else default_train_config()
     overrides = overrides_from_args(args)
