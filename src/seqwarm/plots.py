@@ -14,15 +14,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from seqwarm.atomic import atomic_path
 from seqwarm.errors import UserError
 from seqwarm.metrics import read_metrics
+from seqwarm.plan import Plan
 from seqwarm.units import human_count
-
-if TYPE_CHECKING:
-    from seqwarm.plan import Plan
 
 COMPARE_RUNS = ("baseline", "curriculum")
 COMPARE_COLORS = {"baseline": "tab:gray", "curriculum": "tab:blue"}
