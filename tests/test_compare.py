@@ -14,6 +14,7 @@ from seqwarm.cli import main
 from seqwarm.experiments import curves
 from seqwarm.experiments.compare import QUICK_FRACTION, ComparePlan, build_report, plan_compare
 from seqwarm.experiments.launch import run_state, train_namespace
+from seqwarm.experiments.report import write_report
 
 from conftest import small_config
 
@@ -129,8 +130,6 @@ def _synthetic_plan(tmp_path, base_evals, cur_evals):
 
 
 def test_report_says_when_the_target_is_never_reached(tmp_path):
-    from seqwarm.compare_report import write_report
-
     plan = _synthetic_plan(tmp_path, [(1000, 5.0), (2000, 4.0)], [(1000, 4.8), (2000, 4.3)])
     report = build_report(plan, {"baseline": {"status": "trained"}, "curriculum": {"status": "trained"}})
     write_report(tmp_path, report)

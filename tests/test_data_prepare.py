@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 from tokenizers import pre_tokenizers
 
+from seqwarm import __version__
 from seqwarm.cli import main
+from seqwarm.data import embedded_data_dir
 from seqwarm.data import prepare as prep
 from seqwarm.data.indexed import IndexedTokens, sha256_file
 from seqwarm.data.prepare import prepare_dataset
@@ -249,7 +251,7 @@ def test_failure_late_leaves_nothing_and_keeps_old_output(tmp_path, monkeypatch)
     def boom(*a, **k):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(prep, "write_json_atomic", boom)
+    monkeypatch.setattr(prep, "write_json", boom)
     with pytest.raises(OSError, match="No space"):
         prepare_dataset(out, [src], tokenizer="bpe:300", force=True, workers=1, progress=False)
     with pytest.raises(OSError):
@@ -257,3 +259,12 @@ def test_failure_late_leaves_nothing_and_keeps_old_output(tmp_path, monkeypatch)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert not (tmp_path / "fresh").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in", "out"]
+
+
+def test_embedded_data_dir_reuses_the_cached_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("SEQWARM_CACHE", str(tmp_path))
+    folder = tmp_path / f"embedded-bpe8192-v{__version__}"  # the name users' caches already have
+    folder.mkdir()
+    (folder / "meta.json").write_text("{}")
+    monkeypatch.setattr(prep, "prepare_dataset", lambda *a, **k: pytest.fail("prepared again"))
+    assert embedded_data_dir() == folder

@@ -8,25 +8,26 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import small_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqwarm.cli import main
 from seqwarm.data.tokenizer import ByteTokenizer
 from seqwarm.errors import UserError
-from seqwarm.evaluate import (
+from seqwarm.evaluation import (
+    check_eval_files,
     count_original_words,
     evaluate_lambada,
     evaluate_wikitext,
     lambada_example,
     load_run,
     read_lambada,
+    record_results,
     run_paper_evals,
     wikitext_detokenize,
     wikitext_windows,
 )
-
-from conftest import small_config
 
 BYTE = ByteTokenizer()
 
@@ -419,8 +420,6 @@ def test_bad_input_exits_2(run_dir, eval_files, tmp_path, capsys):
 
 
 def test_eval_file_merges_by_step_in_numeric_order(tmp_path):
-    from seqwarm.evaluate import record_results
-
     record_results(tmp_path, 16, {"val": {"loss": 1.0}})
     record_results(tmp_path, 8, {"wikitext": {"ppl": 3.0}})
     record_results(tmp_path, 16, {"lambada": {"accuracy": 0.5}})
@@ -439,8 +438,6 @@ def test_broken_eval_file_fails_before_the_work(eval_files, tmp_path, capsys):
 
 
 def test_check_eval_files_fails_fast(eval_files, tmp_path):
-    from seqwarm.evaluate import check_eval_files
-
     wiki, lam = eval_files
     check_eval_files(wikitext=wiki, lambada=lam)
     with pytest.raises(UserError, match="does not exist"):

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from seqwarm.batch import truncate_batch
-from seqwarm.model import GPT, PRESETS, GPTConfig
+from seqwarm.defaults import PRESETS
+from seqwarm.model import GPT, GPTConfig
 
 SMALL = dict(vocab_size=97, seq_length=32, n_layer=2, n_head=2, n_embd=32)
 

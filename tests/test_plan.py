@@ -1,6 +1,8 @@
 """`seqwarm plan`: the run ahead of time, and its agreement with the token budget."""
 
 import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -82,9 +84,6 @@ def test_plan_shows_the_tutorial_conversions(capsys):
 
 def test_a_closed_pipe_ends_the_command_quietly(tmp_path):
     """`seqwarm plan ... --json | head -c 100`: the reader leaves early; no traceback, exit 0."""
-    import subprocess
-    import sys
-
     cfg = json.loads(SEED.read_text())  # a length change every step: far more JSON than a pipe holds
     cfg["curriculum_learning"].update(max_difficulty=4096, schedule_config={"total_curriculum_step": 4000,
                                                                             "difficulty_step": 1})
@@ -97,3 +96,13 @@ def test_a_closed_pipe_ends_the_command_quietly(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
     assert proc.returncode == 0
+
+
+def test_plan_and_check_config_do_not_import_torch_or_matplotlib():
+    # cli.py registers every command at start-up, so one command module importing torch slows them all.
+    code = ("import sys; from seqwarm.cli import main; "
+            f"assert main(['check-config', {str(SEED)!r}]) == 0; assert main(['plan', {str(SEED)!r}]) == 0; "
+            "heavy = sorted(m for m in ('torch', 'matplotlib') if m in sys.modules); "
+            "assert not heavy, heavy")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

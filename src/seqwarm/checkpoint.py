@@ -1,14 +1,14 @@
 """Atomic checkpoints of everything a resume needs, named by step, the last few kept.
 
 A checkpoint is written to a temporary name in the same folder, flushed to disk, then renamed into
-place, so a crash (even SIGKILL) mid-write never leaves a file under a checkpoint name that does not
-load. :func:`latest_checkpoint` skips files that fail to load and falls back to the previous one.
+place (:func:`seqwarm.atomic.atomic_path`), so a crash (even SIGKILL) mid-write never leaves a file
+under a checkpoint name that does not load. :func:`latest_checkpoint` skips files that fail to load
+and falls back to the previous one.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import random
 import re
 from pathlib import Path
@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from seqwarm.atomic import TMP_MARK, atomic_path
 
 logger = logging.getLogger(__name__)
 
@@ -56,38 +58,15 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 def save_checkpoint(folder: Path, step: int, payload: dict[str, Any], keep: int = 3) -> Path:
     """Write ``payload`` as the checkpoint of ``step`` atomically; delete all but the newest ``keep``."""
-    folder.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(folder, step)
-    tmp = folder / f".{final.name}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as fh:
-            torch.save({"format": FORMAT, "step": step, **payload}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-        _fsync_dir(folder)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_path(final) as tmp:  # fsync the file, rename, fsync the folder
+        torch.save({"format": FORMAT, "step": step, **payload}, tmp)
     if keep > 0:
         for _, old in list_checkpoints(folder)[:-keep]:
             old.unlink(missing_ok=True)
-    for stale in folder.glob(".step_*.tmp-*"):  # left by a run killed mid-write
+    for stale in folder.glob(f".step_*.pt{TMP_MARK}*"):  # left by a run killed mid-write
         stale.unlink(missing_ok=True)
     return final
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:

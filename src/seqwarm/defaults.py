@@ -4,19 +4,31 @@ The recipe is SPEC §7's CPU-scale setting: 4 layers, d 256 (5.3M parameters), a
 8192 trained on the corpus, length 256, 16 sequences per step, AdamW (0.9, 0.95), weight decay 0.1,
 clipping 1.0, LR warmup ~2% of the steps by iterations then cosine decay by tokens to 0.1x the peak,
 fixed_linear 8 -> 256 (step 8) over ~30% of the steps. ``examples/tiny_cpu.json`` is this config.
+
+``PRESETS`` are the GPT sizes ``--model`` chooses from (:meth:`seqwarm.model.GPTConfig.preset`), here
+so that the CLI can list them without importing torch.
+
+Pure data: the embedded corpus this recipe trains on is prepared by
+:func:`seqwarm.data.embedded_data_dir`, not here.
 """
 
 from __future__ import annotations
 
 import copy
-import logging
-import os
-from pathlib import Path
 from typing import Any
 
-logger = logging.getLogger(__name__)
-
 DEFAULT_TOKENIZER = "bpe:8192"
+"""The tokenizer of the default recipe and of ``seqwarm prepare`` (a byte-level BPE of 8192 tokens)."""
+
+PRESETS: dict[str, dict[str, int]] = {
+    # CPU demo model (SPEC §7): ~5.3M parameters.
+    "tiny": dict(vocab_size=8192, seq_length=256, n_layer=4, n_head=4, n_embd=256),
+    "gpt2-124m": dict(vocab_size=50257, seq_length=1024, n_layer=12, n_head=12, n_embd=768),
+    "gpt2-350m": dict(vocab_size=50257, seq_length=1024, n_layer=24, n_head=16, n_embd=1024),
+    "gpt2-774m": dict(vocab_size=50257, seq_length=1024, n_layer=36, n_head=20, n_embd=1280),
+    "gpt2-1.5b": dict(vocab_size=50257, seq_length=1024, n_layer=48, n_head=25, n_embd=1600),
+}
+"""GPT sizes by name: vocabulary, full length, layers, heads, width (GPT-2 sizes as in the GPT-2 paper)."""
 
 _DEFAULT_TRAIN_CONFIG: dict[str, Any] = {
     # Only the global batch: the micro-batch follows from the world size (16 on one process, 8 on two).
@@ -45,25 +57,3 @@ _DEFAULT_TRAIN_CONFIG: dict[str, Any] = {
 def default_train_config() -> dict[str, Any]:
     """A fresh copy of the default run's config (DeepSpeed JSON plus a seqwarm block)."""
     return copy.deepcopy(_DEFAULT_TRAIN_CONFIG)
-
-
-def cache_dir() -> Path:
-    """Where the embedded corpus is prepared once: $SEQWARM_CACHE, else $XDG_CACHE_HOME/seqwarm."""
-    if os.environ.get("SEQWARM_CACHE"):
-        return Path(os.environ["SEQWARM_CACHE"])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "seqwarm"
-
-
-def default_data_dir(tokenizer: str = DEFAULT_TOKENIZER) -> Path:
-    """The embedded corpus prepared with ``tokenizer`` (prepared on first use, then reused)."""
-    from seqwarm import __version__
-    from seqwarm.data import prepare_dataset
-
-    folder = cache_dir() / f"embedded-{tokenizer.replace(':', '')}-v{__version__}"
-    if (folder / "meta.json").exists():
-        return folder
-    logger.info("preparing the embedded public-domain corpus with %s into %s (once)", tokenizer, folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    prepare_dataset(folder, None, tokenizer=tokenizer, force=True)
-    return folder

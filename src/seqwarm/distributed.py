@@ -114,11 +114,3 @@ def gather_floats(values: list[float], info: DistInfo, device: torch.device) -> 
     dist.all_gather(out, t)
     return [o.tolist() for o in out]
 
-
-def any_rank_failed(failed: bool, info: DistInfo, device: torch.device) -> bool:
-    """True on every rank when any rank reports a failure (so all ranks stop together)."""
-    if not info.enabled:
-        return failed
-    t = torch.tensor([1.0 if failed else 0.0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item() > 0)

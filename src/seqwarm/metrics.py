@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from seqwarm.atomic import write_text
 from seqwarm.units import human_count
 
 logger = logging.getLogger(__name__)
@@ -40,9 +41,7 @@ def read_metrics(path: Path) -> list[dict[str, Any]]:
 def truncate_metrics(path: Path, step: int) -> None:
     """Keep the rows up to ``step`` (on resume, rows after the checkpoint will be written again)."""
     rows = [r for r in read_metrics(path) if r.get("step", 0) <= step]
-    tmp = path.with_suffix(".jsonl.tmp")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    tmp.replace(path)
+    write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 class MetricsWriter:

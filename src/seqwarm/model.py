@@ -25,17 +25,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from seqwarm.batch import truncate_batch
+from seqwarm.defaults import PRESETS
 
-__all__ = ["GPTConfig", "GPT", "PRESETS"]
-
-PRESETS: dict[str, dict[str, int]] = {
-    # CPU demo model (SPEC §7): ~5.3M parameters.
-    "tiny": dict(vocab_size=8192, seq_length=256, n_layer=4, n_head=4, n_embd=256),
-    "gpt2-124m": dict(vocab_size=50257, seq_length=1024, n_layer=12, n_head=12, n_embd=768),
-    "gpt2-350m": dict(vocab_size=50257, seq_length=1024, n_layer=24, n_head=16, n_embd=1024),
-    "gpt2-774m": dict(vocab_size=50257, seq_length=1024, n_layer=36, n_head=20, n_embd=1280),
-    "gpt2-1.5b": dict(vocab_size=50257, seq_length=1024, n_layer=48, n_head=25, n_embd=1600),
-}
+__all__ = ["GPTConfig", "GPT"]
 
 
 @dataclass(frozen=True)

@@ -385,7 +385,7 @@ class Run:
         if self.is_main:
             (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
             try:
-                from seqwarm.report import plot_run
+                from seqwarm.plots import plot_run
                 plot_run(self.run_dir)
             except Exception as err:  # noqa: BLE001 - a plot must never fail a finished run
                 logger.warning("could not draw curves.png: %s", err)

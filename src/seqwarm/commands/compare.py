@@ -1,15 +1,16 @@
 """``seqwarm compare``: the baseline and the curriculum run side by side, with speedups and stability.
 
 Every ``seqwarm train`` flag is accepted and applies to both runs. See
-:mod:`seqwarm.experiments.compare` for what is run and :mod:`seqwarm.compare_report` for the report.
+:mod:`seqwarm.experiments.compare` for what is run and :mod:`seqwarm.experiments.report` for the report.
 """
 
 from __future__ import annotations
 
 import argparse
 
-from seqwarm.experiments.compare import DEFAULT_SMOOTH_STEPS, DEFAULT_SPIKE_THRESHOLD, QUICK_FRACTION
+from seqwarm.experiments.compare import DEFAULT_SMOOTH_STEPS, DEFAULT_SPIKE_THRESHOLD, QUICK_FRACTION, run_compare
 from seqwarm.experiments.launch import add_parser_with_train_flags
+from seqwarm.units import human_count
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,9 +42,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from seqwarm.experiments.compare import run_compare
-    from seqwarm.units import human_count
-
     report = run_compare(args)
     base, cur = report["baseline"], report["curriculum"]
     print()

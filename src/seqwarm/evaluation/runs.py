@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from seqwarm.atomic import write_json
+from seqwarm.checkpoint import checkpoint_path, latest_checkpoint, list_checkpoints, load_checkpoint
+from seqwarm.data.dataset import open_prepared
+from seqwarm.data.tokenizer import load_tokenizer
+from seqwarm.distributed import DistInfo, device_for
 from seqwarm.errors import UserError
 from seqwarm.evaluation.common import evaluate_val
 from seqwarm.evaluation.lambada import evaluate_lambada, read_lambada
 from seqwarm.evaluation.wikitext import evaluate_wikitext, read_wikitext
+from seqwarm.model import GPT, GPTConfig
 
 EVAL_FILE = "eval.json"
 
@@ -44,11 +49,6 @@ def load_run(run_dir: str | Path, *, checkpoint: int | None = None, device: str 
              data: str | Path | None = None) -> LoadedRun:
     """The GPT of ``run_dir``'s checkpoint ``checkpoint`` (default: the newest that loads), its tokenizer
     (from the run's prepared data folder, or ``data``) and the step; UserError on anything missing."""
-    from seqwarm.checkpoint import checkpoint_path, latest_checkpoint, list_checkpoints, load_checkpoint
-    from seqwarm.data.tokenizer import load_tokenizer
-    from seqwarm.model import GPT, GPTConfig
-    from seqwarm.distributed import DistInfo, device_for
-
     run = Path(run_dir)
     if not run.is_dir():
         raise UserError(f"run folder {str(run)!r} does not exist")
@@ -119,9 +119,7 @@ def record_results(run_dir: str | Path, step: int, results: dict[str, Any]) -> P
     existing[str(step)] = entry
     # steps in numeric order ("8" before "16"); any key that is not a step goes last
     ordered = dict(sorted(existing.items(), key=lambda kv: (0, int(kv[0]), "") if kv[0].isdigit() else (1, 0, kv[0])))
-    tmp = path.with_name(f".{EVAL_FILE}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(ordered, indent=2) + "\n")
-    os.replace(tmp, path)
+    write_json(path, ordered)
     return path
 
 
@@ -157,8 +155,6 @@ def run_paper_evals(run_dir: str | Path, wikitext: str | Path | None = None, lam
         res = evaluate_lambada(loaded.model, loaded.tokenizer, texts, strict=strict, source=str(lambada), **common)
         results["lambada"] = {"file": str(lambada), **res}
     if val:
-        from seqwarm.data.dataset import open_prepared
-
         prepared = open_prepared(loaded.data_dir)
         results["val"] = evaluate_val(loaded.model, prepared, num_windows=val_windows, **common)
     if write:

@@ -5,6 +5,7 @@
   ratio and spikes, validation fluctuation), unit-tested on synthetic curves.
 - :mod:`seqwarm.experiments.launch`: ``seqwarm train`` flag sets, derived configs, run-folder reuse/resume.
 - :mod:`seqwarm.experiments.compare`: plan, run and report a comparison.
+- :mod:`seqwarm.experiments.report`: the comparison's report.json, report.md and figures.
 - :mod:`seqwarm.experiments.tune`: the injectable search and the real probe runs.
 """
 

@@ -4,7 +4,7 @@
 ``--no-curriculum``, ``DIR/curriculum``), :func:`run_compare` runs them one after the other (reusing a
 finished run, resuming one that has checkpoints) and :func:`build_report` reads their metrics into the
 report (speedups to the baseline's final validation loss, stability, final losses). The arithmetic is
-in :mod:`seqwarm.experiments.curves`; figures and markdown in :mod:`seqwarm.compare_report`.
+in :mod:`seqwarm.experiments.curves`; figures and markdown in :mod:`seqwarm.experiments.report`.
 """
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def run_compare(args: argparse.Namespace, *, echo=print) -> dict[str, Any]:
             echo(f"{name}: reusing the finished run in {ns.out}")
         write_json(state_path, {**state, **status})
     report = build_report(plan, status)
-    from seqwarm.compare_report import write_report
+    from seqwarm.experiments.report import write_report
 
     write_report(plan.out, report)
     return report

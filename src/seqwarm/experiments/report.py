@@ -1,5 +1,7 @@
 """The compare report a person reads: ``report.md`` and two figures, from the dict ``report.json`` holds.
 
+The figures are drawn by :mod:`seqwarm.plots`; this module writes the files and the markdown.
+
 - ``compare_val.png``: full-length validation loss against tokens and against wall-clock, with the
   target (the baseline's final loss) and where each run first reaches it.
 - ``compare_stability.png``: loss ratio (smoothed, with the spike threshold), training loss at the
@@ -13,14 +15,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+from seqwarm.atomic import write_json, write_text
 from seqwarm.experiments import curves
-from seqwarm.experiments.launch import write_json
 from seqwarm.metrics import format_duration, read_metrics
-from seqwarm.report import pyplot
+from seqwarm.plots import COMPARE_RUNS as RUNS
+from seqwarm.plots import plot_compare_stability, plot_compare_val
 from seqwarm.units import human_count
 
-RUNS = ("baseline", "curriculum")
-COLORS = {"baseline": "tab:gray", "curriculum": "tab:blue"}
 FIGURES = ("compare_val.png", "compare_stability.png")
 
 
@@ -29,102 +30,28 @@ def write_report(out: Path, report: dict[str, Any]) -> list[Path]:
     out = Path(out)
     report["figures"] = list(FIGURES)
     paths = [write_json(out / "report.json", report)]
-    paths += [plot_val(report, out / FIGURES[0]), plot_stability(report, out / FIGURES[1])]
-    md = out / "report.md"
-    md.write_text(render_markdown(report))
-    return paths + [md]
+    paths += [plot_compare_val(report, out / FIGURES[0]),
+              plot_compare_stability(report, stability_curves(report), out / FIGURES[1])]
+    return paths + [write_text(out / "report.md", render_markdown(report))]
 
 
-def _label(report: dict[str, Any], name: str) -> str:
-    run = report[name]
-    if name == "baseline":
-        return "baseline (full length)"
-    k = report["settings"].get("scale_batch", 1)
-    m = report["settings"].get("scale_lr", 1)
-    extra = f", {k}x batch, {m:g}x LR" if (k, m) != (1, 1) else ""
-    return f"curriculum (T={run.get('total_curriculum_step')}{extra})"
-
-
-def plot_val(report: dict[str, Any], path: Path) -> Path:
-    plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.3), sharey=True)
-    target = report.get("target")
-    for name in RUNS:
-        ev = report[name]["evals"]
-        axes[0].plot([t / 1e6 for t in ev["tokens"]], ev["val_loss"], "o-", ms=3, color=COLORS[name],
-                     label=_label(report, name))
-        axes[1].plot([s / 60 for s in ev["elapsed_s"]], ev["val_loss"], "o-", ms=3, color=COLORS[name],
-                     label=_label(report, name))
-    if target is not None:
-        for ax, key, scale in ((axes[0], "tokens_to_target", 1e6), (axes[1], "time_to_target", 60)):
-            ax.axhline(target, color="tab:red", ls="--", lw=1, label=f"target {target:.3f}")
-            hit = report.get(key) or {}
-            for name in RUNS:
-                if hit.get(name) is not None:
-                    ax.axvline(hit[name] / scale, color=COLORS[name], ls=":", lw=1)
-    axes[0].set_xlabel("tokens trained (M)")
-    axes[1].set_xlabel("wall-clock (minutes, incl. evaluation)")
-    axes[0].set_ylabel("validation loss (full length)")
-    sp_t, sp_s = report.get("speedup_tokens"), report.get("speedup_time")
-    axes[0].set_title(f"against tokens (speedup {sp_t:.2f}x)" if sp_t else "against tokens")
-    axes[1].set_title(f"against wall-clock (speedup {sp_s:.2f}x)" if sp_s else "against wall-clock")
-    _zoom(axes[0], [v for n in RUNS for v in report[n]["evals"]["val_loss"]])
-    for ax in axes:
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle("seqwarm compare: full-length validation loss")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return Path(path)
-
-
-def _zoom(ax, values: list[float]) -> None:
-    """Leave out the first evaluations' very high losses so the end of the race is readable."""
-    finite = sorted(v for v in values if isinstance(v, (int, float)) and math.isfinite(v))
-    if len(finite) >= 4:
-        lo, hi = finite[0], finite[int(len(finite) * 0.85)]
-        pad = (hi - lo) * 0.08 or 0.1
-        ax.set_ylim(lo - pad, hi + pad)
-
-
-def plot_stability(report: dict[str, Any], path: Path) -> Path:
-    plt = pyplot()
+def stability_curves(report: dict[str, Any]) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
+    """Each run's ``(tokens, values)`` for every panel of the stability figure, from its metrics.jsonl."""
     window = report["stability"]["smooth_steps"]
-    threshold = report["stability"]["threshold"]
-    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
-    panels = {"ratio": axes[0][0], "loss": axes[0][1], "seqlen": axes[0][2], "grad_norm": axes[1][0],
-              "adam_v_l1": axes[1][1], "adam_v_max": axes[1][2]}
+    out: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
     for name in RUNS:
         rows = [r for r in read_metrics(Path(report[name]["run_dir"]) / "metrics.jsonl") if r.get("kind") == "train"]
         if not rows:
             continue
-        tokens = [r["tokens"] / 1e6 for r in rows]
-        style = {"color": COLORS[name], "label": _label(report, name), "lw": 1}
-        panels["ratio"].plot(tokens, curves.loss_ratio([r["loss"] for r in rows], window), **style)
-        panels["loss"].plot(tokens, [r["loss"] for r in rows], **style)
-        panels["seqlen"].plot(tokens, [r["seqlen"] for r in rows], **style)
+        tokens = [r["tokens"] for r in rows]
+        losses = [r["loss"] for r in rows]
+        series = {"ratio": (tokens, curves.loss_ratio(losses, window)), "loss": (tokens, losses),
+                  "seqlen": (tokens, [r["seqlen"] for r in rows])}
         for key in ("grad_norm", "adam_v_l1", "adam_v_max"):
             pts = [(t, r[key]) for t, r in zip(tokens, rows) if isinstance(r.get(key), (int, float))]
-            if pts:
-                panels[key].plot(*zip(*pts), **style)
-    panels["ratio"].axhline(threshold, color="tab:red", ls="--", lw=1, label=f"spike threshold {threshold:g}")
-    titles = {"ratio": f"loss ratio (trailing mean of {window} / min so far)",
-              "loss": "training loss (current length)", "seqlen": "sequence length",
-              "grad_norm": "gradient norm (before clipping)", "adam_v_l1": "Adam second moment: l1 norm",
-              "adam_v_max": "Adam second moment: max"}
-    for key, ax in panels.items():
-        ax.set_title(titles[key], fontsize=10)
-        ax.set_xlabel("tokens trained (M)")
-        ax.grid(alpha=0.3)
-        if key in ("adam_v_l1", "adam_v_max", "loss"):
-            ax.set_yscale("log")
-    panels["ratio"].legend(fontsize=8)
-    fig.suptitle("seqwarm compare: stability")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return Path(path)
+            series[key] = ([t for t, _ in pts], [v for _, v in pts])
+        out[name] = series
+    return out
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,0 +1,203 @@
+"""Every figure seqwarm draws, in one place; matplotlib is imported only when a figure is drawn.
+
+- :func:`plot_run`: a run's curves (``RUN/curves.png``): loss against tokens, length and LR against steps.
+- :func:`plot_plan`: ``seqwarm plan --plot``: length and LR against steps and tokens, before training.
+- :func:`plot_compare_val` and :func:`plot_compare_stability`: the two figures of ``seqwarm compare``'s
+  report (``compare_val.png``, ``compare_stability.png``), from the report dict and the runs' curves
+  that :mod:`seqwarm.experiments.report` reads.
+
+Figures are written atomically (:func:`seqwarm.atomic.atomic_path`), so a reader never sees half a PNG.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from seqwarm.atomic import atomic_path
+from seqwarm.errors import UserError
+from seqwarm.metrics import read_metrics
+from seqwarm.plan import Plan
+from seqwarm.units import human_count
+
+COMPARE_RUNS = ("baseline", "curriculum")
+COMPARE_COLORS = {"baseline": "tab:gray", "curriculum": "tab:blue"}
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only), or a UserError saying how to get it."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        # matplotlib is a base dependency (pyproject.toml), so it is missing only from a broken install.
+        raise UserError("matplotlib is not installed (needed for plots); it is a dependency of seqwarm: "
+                        "reinstall seqwarm (pip install --force-reinstall seqwarm) or pip install matplotlib") from None
+    return plt
+
+
+def _save(plt, fig, path: Path, dpi: int) -> Path:
+    """Write ``fig`` to ``path`` atomically (format from the suffix, PNG when it has none) and close it."""
+    path = Path(path)
+    try:
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png")
+    finally:
+        plt.close(fig)
+    return path
+
+
+def plot_run(run_dir: Path, path: Path | None = None) -> Path:
+    """Train loss (current length) and val loss (full length) against tokens; length and LR against steps."""
+    plt = pyplot()
+    run_dir = Path(run_dir)
+    rows = read_metrics(run_dir / "metrics.jsonl")
+    train = [r for r in rows if r.get("kind") == "train"]
+    evals = [r for r in rows if r.get("kind") == "eval"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    ax = axes[0]
+    if train:
+        ax.plot([r["tokens"] / 1e6 for r in train], [r["loss"] for r in train], color="tab:blue", alpha=0.7,
+                label="train loss (current length)")
+    if evals:
+        ax.plot([r["tokens"] / 1e6 for r in evals], [r["val_loss"] for r in evals], "o-", color="tab:red",
+                label="val loss (full length)")
+    ax.set_xlabel("tokens trained (M)")
+    ax.set_ylabel("loss")
+    ax.set_title("loss against tokens")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    if train:
+        steps = [r["step"] for r in train]
+        axes[1].step(steps, [r["seqlen"] for r in train], where="post", color="tab:green")
+        axes[2].plot(steps, [r["lr"] for r in train], color="tab:purple")
+    axes[1].set_title("sequence length")
+    axes[1].set_xlabel("optimizer step")
+    axes[1].set_ylabel("tokens per sequence")
+    axes[2].set_title("learning rate")
+    axes[2].set_xlabel("optimizer step")
+    for a in axes[1:]:
+        a.grid(alpha=0.3)
+    fig.suptitle(f"seqwarm run: {run_dir.name}")
+    fig.tight_layout()
+    return _save(plt, fig, Path(path) if path else run_dir / "curves.png", dpi=100)
+
+
+def plot_plan(plan: Plan, path: str | Path) -> Path:
+    """Length and LR against optimizer steps and tokens (``plan`` made with ``keep_series=True``)."""
+    plt = pyplot()
+    fig, axes = plt.subplots(2, 2, figsize=(11, 6.5), sharey="row")
+    scale, unit = (1e9, "B") if plan.total_tokens >= 1e10 else (1e6, "M")
+    tokens = [t / scale for t in plan.cum_tokens]
+    for col, (x, label) in enumerate(((plan.steps, "optimizer step"), (tokens, f"tokens trained ({unit})"))):
+        axes[0][col].plot(x, plan.seqlens, color="tab:blue")
+        axes[0][col].set_ylabel("sequence length")
+        axes[1][col].plot(x, plan.lrs, color="tab:red")
+        axes[1][col].set_ylabel("learning rate")
+        axes[1][col].set_xlabel(label)
+        for ax in (axes[0][col], axes[1][col]):
+            ax.grid(alpha=0.3)
+    fig.suptitle(f"seqwarm plan: {plan.total_steps:,} steps, {human_count(plan.total_tokens)} tokens")
+    fig.tight_layout()
+    try:
+        return _save(plt, fig, Path(path), dpi=110)
+    except OSError as err:
+        raise UserError(f"cannot write the plot to {path}: {err}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# seqwarm compare
+
+
+def compare_label(report: Mapping[str, Any], name: str) -> str:
+    """The legend entry of run ``name`` (``baseline`` or ``curriculum``) of a compare report."""
+    run = report[name]
+    if name == "baseline":
+        return "baseline (full length)"
+    k = report["settings"].get("scale_batch", 1)
+    m = report["settings"].get("scale_lr", 1)
+    extra = f", {k}x batch, {m:g}x LR" if (k, m) != (1, 1) else ""
+    return f"curriculum (T={run.get('total_curriculum_step')}{extra})"
+
+
+def plot_compare_val(report: Mapping[str, Any], path: Path) -> Path:
+    """Full-length validation loss against tokens and wall-clock, the target and where each run reaches it."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.3), sharey=True)
+    target = report.get("target")
+    for name in COMPARE_RUNS:
+        ev = report[name]["evals"]
+        axes[0].plot([t / 1e6 for t in ev["tokens"]], ev["val_loss"], "o-", ms=3, color=COMPARE_COLORS[name],
+                     label=compare_label(report, name))
+        axes[1].plot([s / 60 for s in ev["elapsed_s"]], ev["val_loss"], "o-", ms=3, color=COMPARE_COLORS[name],
+                     label=compare_label(report, name))
+    if target is not None:
+        for ax, key, scale in ((axes[0], "tokens_to_target", 1e6), (axes[1], "time_to_target", 60)):
+            ax.axhline(target, color="tab:red", ls="--", lw=1, label=f"target {target:.3f}")
+            hit = report.get(key) or {}
+            for name in COMPARE_RUNS:
+                if hit.get(name) is not None:
+                    ax.axvline(hit[name] / scale, color=COMPARE_COLORS[name], ls=":", lw=1)
+    axes[0].set_xlabel("tokens trained (M)")
+    axes[1].set_xlabel("wall-clock (minutes, incl. evaluation)")
+    axes[0].set_ylabel("validation loss (full length)")
+    sp_t, sp_s = report.get("speedup_tokens"), report.get("speedup_time")
+    axes[0].set_title(f"against tokens (speedup {sp_t:.2f}x)" if sp_t else "against tokens")
+    axes[1].set_title(f"against wall-clock (speedup {sp_s:.2f}x)" if sp_s else "against wall-clock")
+    _zoom(axes[0], [v for n in COMPARE_RUNS for v in report[n]["evals"]["val_loss"]])
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle("seqwarm compare: full-length validation loss")
+    fig.tight_layout()
+    return _save(plt, fig, path, dpi=100)
+
+
+def _zoom(ax, values: list[float]) -> None:
+    """Leave out the first evaluations' very high losses so the end of the race is readable."""
+    finite = sorted(v for v in values if isinstance(v, (int, float)) and math.isfinite(v))
+    if len(finite) >= 4:
+        lo, hi = finite[0], finite[int(len(finite) * 0.85)]
+        pad = (hi - lo) * 0.08 or 0.1
+        ax.set_ylim(lo - pad, hi + pad)
+
+
+STABILITY_PANELS = ("ratio", "loss", "seqlen", "grad_norm", "adam_v_l1", "adam_v_max")
+
+
+def plot_compare_stability(report: Mapping[str, Any], curves: Mapping[str, Mapping[str, Sequence]],
+                           path: Path) -> Path:
+    """Loss ratio (with the spike threshold), training loss, length, gradient norm and Adam's second moment.
+
+    ``curves[run][panel]`` is that run's ``(tokens, values)`` pair for each of :data:`STABILITY_PANELS`
+    (a panel left out or with no points is not drawn); the caller computes the loss ratio, so the
+    definition stays with the rest of the compare arithmetic.
+    """
+    plt = pyplot()
+    window = report["stability"]["smooth_steps"]
+    threshold = report["stability"]["threshold"]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
+    panels = dict(zip(STABILITY_PANELS, [axes[0][0], axes[0][1], axes[0][2], axes[1][0], axes[1][1], axes[1][2]]))
+    for name in COMPARE_RUNS:
+        style = {"color": COMPARE_COLORS[name], "label": compare_label(report, name), "lw": 1}
+        for key, (xs, ys) in curves.get(name, {}).items():
+            if len(xs):
+                panels[key].plot([t / 1e6 for t in xs], ys, **style)
+    panels["ratio"].axhline(threshold, color="tab:red", ls="--", lw=1, label=f"spike threshold {threshold:g}")
+    titles = {"ratio": f"loss ratio (trailing mean of {window} / min so far)",
+              "loss": "training loss (current length)", "seqlen": "sequence length",
+              "grad_norm": "gradient norm (before clipping)", "adam_v_l1": "Adam second moment: l1 norm",
+              "adam_v_max": "Adam second moment: max"}
+    for key, ax in panels.items():
+        ax.set_title(titles[key], fontsize=10)
+        ax.set_xlabel("tokens trained (M)")
+        ax.grid(alpha=0.3)
+        if key in ("adam_v_l1", "adam_v_max", "loss"):
+            ax.set_yscale("log")
+    panels["ratio"].legend(fontsize=8)
+    fig.suptitle("seqwarm compare: stability")
+    fig.tight_layout()
+    return _save(plt, fig, path, dpi=100)
