@@ -13,8 +13,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from seqwarm.atomic import write_json
 from seqwarm.experiments import curves
-from seqwarm.experiments.launch import write_json
 from seqwarm.metrics import format_duration, read_metrics
 from seqwarm.report import pyplot
 from seqwarm.units import human_count
