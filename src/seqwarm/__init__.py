@@ -33,6 +33,8 @@ _LAZY = {
     "GPT": "seqwarm.model",
     "GPTConfig": "seqwarm.model",
     "CurriculumEngine": "seqwarm.engine",
+    "RunSpec": "seqwarm.runner",
+    "run_training": "seqwarm.runner",
 }
 
 __all__ = [

@@ -6,7 +6,7 @@
     from seqwarm.runner import RunSpec, run_training
 
     result = run_training(RunSpec(config="examples/tiny_cpu.json", settings={"train_tokens": 20_000},
-                                  out="runs/demo", device="cpu"))
+                                  out="runs/demo", device="cpu"))  # paths may be str or Path
     print(result.final_val_loss, result.run_dir)
 
 A spec holds everything ``seqwarm train`` takes: the config file (or None for the built-in recipe,
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -93,8 +94,17 @@ class RunSpec:
     tensorboard: bool = field(default=True, metadata={"group": "run", "flag": "--no-tensorboard"})
     """no TensorBoard event files"""
 
+    def __post_init__(self) -> None:
+        # paths given as strings become Paths and settings a private dict, so that equal runs compare equal
+        for name in _PATH_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
+        object.__setattr__(self, "settings", dict(self.settings))
+
 
 _FIELDS = tuple(f.name for f in fields(RunSpec) if f.name != "settings")
+_PATH_FIELDS = tuple(name for name, hint in typing.get_type_hints(RunSpec).items() if Path in typing.get_args(hint))
 
 
 def with_changes(spec: RunSpec, **changes: Any) -> RunSpec:
