@@ -135,12 +135,12 @@ def policy_problems(cfg: RunConfig) -> list[Problem]:
     if cfg.rampup_batch_size:
         ramp = f"rampup_batch_size ({flag_for('rampup_batch_size')})"
         if cfg.curriculum is not None:
-            problems.append(Problem(ramp, list(cfg.rampup_batch_size),
+            problems.append(Problem(ramp, " ".join(map(str, cfg.rampup_batch_size)),
                                     "cannot be combined with a sequence-length curriculum: both cut the tokens per "
                                     "batch and SLW is the more stable of the two (Li et al. 2022, §5.4)",
                                     "keep the global batch fixed (consider a larger micro-batch) and drop the ramp"))
         else:
-            problems.append(Problem(ramp, list(cfg.rampup_batch_size),
+            problems.append(Problem(ramp, " ".join(map(str, cfg.rampup_batch_size)),
                                     "Megatron's batch-size warmup is not implemented by seqwarm's loop",
                                     "drop the ramp"))
     if cfg.curriculum is not None and cfg.curriculum.schedule_type == "custom":
