@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tokenizers import pre_tokenizers
 
-from seqwarm import __version__
+from seqwarm.version import __version__
 from seqwarm.cli import main
 from seqwarm.data import embedded_data_dir
 from seqwarm.data import prepare as prep

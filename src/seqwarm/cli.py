@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from seqwarm import __version__
+from seqwarm.version import __version__
 from seqwarm.errors import SeqwarmError, UserError
 
 # Modules that provide a command; a module that does not exist yet is skipped.

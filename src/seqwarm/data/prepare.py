@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from seqwarm import __version__
+from seqwarm.version import __version__
 from seqwarm.atomic import write_json
 from seqwarm.data import corpus
 from seqwarm.data.indexed import (
