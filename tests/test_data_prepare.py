@@ -314,6 +314,9 @@ def test_hf_tokenizer_json_with_70k_vocabulary_writes_uint32(tmp_path, capsys):
     tok = load_tokenizer(out)
     assert (tok.vocab_size, tok.eod_id, tok.name) == (70_000, 69_999, meta["tokenizer"]["name"])
     assert tok.encode(texts[0]) == expected[0][:-1]
+    # Worker processes rebuild it from its payload: the same ids, the same EOD.
+    again = prep.tokenizer_from_payload(tok.worker_payload())
+    assert again.encode_document(texts[1]) == expected[1] and again.eod_id == 69_999
 
 
 def test_hf_tokenizer_folder_and_eod_token(tmp_path, capsys):
