@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "seqwarm.commands.check_config",
     "seqwarm.commands.prepare",
     "seqwarm.commands.eval",
+    "seqwarm.commands.export",
     "seqwarm.commands.compare",
     "seqwarm.commands.tune",
 )
