@@ -17,9 +17,11 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "seqwarm"
 
 # `seqwarm train`'s flags, listed before the CLI was generated from RunSpec: (flag, default, --help group).
 TRAIN_FLAGS = [
-    ("--config", None, "options"), ("--data", None, "options"), ("--model", "tiny", "options"),
+    ("--config", None, "options"), ("--data", None, "options"),
+    ("--data-path", (), "options"), ("--split", "969,30,1", "options"), ("--tokenizer", None, "options"),
+    ("--vocab-size", None, "options"), ("--eod-id", None, "options"), ("--model", "tiny", "options"),
     ("--rotary", False, "options"), ("--fsdp", False, "options"),
-    ("--deepspeed", False, "DeepSpeed"), ("--pipeline-stages", 0, "DeepSpeed"),
+    ("--deepspeed", False, "DeepSpeed"), ("--pipeline-stages", 0, "DeepSpeed"), ("--local-rank", None, "DeepSpeed"),
     ("--train-tokens", None, "budget"), ("--train-iters", None, "budget"), ("--train-samples", None, "budget"),
     ("--lr", None, "learning rate"), ("--min-lr", None, "learning rate"), ("--lr-decay-style", None, "learning rate"),
     ("--lr-decay-tokens", None, "learning rate"), ("--lr-decay-iters", None, "learning rate"),
@@ -28,7 +30,8 @@ TRAIN_FLAGS = [
     ("--seq-length", None, "batch"), ("--micro-batch-size", None, "batch"), ("--global-batch-size", None, "batch"),
     ("--gradient-accumulation-steps", None, "batch"), ("--rampup-batch-size", None, "batch"),
     ("--curriculum-mode", None, "batch"), ("--count-tokens-by", None, "batch"), ("--no-curriculum", False, "batch"),
-    ("--weight-decay", None, "optimizer"), ("--clip-grad", None, "optimizer"), ("--precision", None, "optimizer"),
+    ("--weight-decay", None, "optimizer"), ("--clip-grad", None, "optimizer"), ("--adam-beta1", None, "optimizer"),
+    ("--adam-beta2", None, "optimizer"), ("--adam-eps", None, "optimizer"), ("--precision", None, "optimizer"),
     ("--out", None, "run"), ("--resume", False, "run"), ("--allow-config-change", False, "run"),
     ("--seed", 1234, "run"), ("--device", "auto", "run"), ("--eval-interval", 50, "run"), ("--eval-iters", 8, "run"),
     ("--save-interval", 100, "run"), ("--keep-checkpoints", 3, "run"), ("--log-interval", 10, "run"),
@@ -51,7 +54,7 @@ def test_train_flags_are_unchanged_and_all_have_help():
         for action in group._group_actions:
             if action.dest == "help":
                 continue
-            flag = max(action.option_strings, key=len)
+            flag = action.option_strings[0]  # the others are aliases (Megatron's and launchers' spellings)
             switch = action.nargs == 0
             default = (action.default is False) != (action.const is False) if switch else action.default
             found.append((flag, False if switch else default, group.title))

@@ -7,7 +7,7 @@ the command that reproduces a run with :func:`train_argv` / :func:`command_line`
   unless its metadata names another (``progress_bar`` -> ``--no-progress``);
 - a ``bool`` field is a switch that flips its default (``--rotary`` sets True, ``--no-progress`` False);
 - ``settings`` become their own flags, named by the settings table (:func:`seqwarm.config.settings.flag_for`);
-- only values that differ from the defaults are written.
+- only values that differ from the defaults are written (never a launcher's ``--local-rank``).
 """
 
 from __future__ import annotations
@@ -52,10 +52,12 @@ def train_argv(spec) -> list[str]:
         value = getattr(spec, f.name)
         if f.name == "settings":
             argv += settings_argv(value)
-        elif value is None or value == f.default:
+        elif value is None or value == f.default or f.metadata.get("launcher"):
             continue
         elif isinstance(f.default, bool):
             argv.append(flag_of(f))
+        elif isinstance(value, tuple):
+            argv += [flag_of(f), *map(str, value)]
         else:
             argv += [flag_of(f), str(value)]
     return argv

@@ -21,6 +21,7 @@ together as one :class:`~seqwarm.problems.ConfigError`), which the CLI turns int
 from __future__ import annotations
 
 import logging
+import os
 import time
 import typing
 from collections.abc import Mapping
@@ -49,12 +50,25 @@ class RunSpec:
     """One ``seqwarm train`` run. Field metadata (``flag``, ``metavar``, ``group``, ``parse``) shapes its
     command-line flag; the docstring under a field is that flag's ``--help``."""
 
-    config: Path | None = field(default=None, metadata={"metavar": "FILE"})
+    config: Path | None = field(default=None, metadata={"metavar": "FILE",
+                                                         "aliases": ("--deepspeed_config", "--deepspeed-config")})
     """DeepSpeed JSON config (curriculum_learning or data_efficiency block, batch sizes, optimizer,
     clipping, precision; optional 'seqwarm' block). Default: the built-in CPU demo recipe
     (examples/tiny_cpu.json)"""
     data: Path | None = field(default=None, metadata={"metavar": "DIR"})
     """a folder written by `seqwarm prepare` (default: the embedded corpus, prepared once into the cache)"""
+    data_path: tuple[str, ...] = field(default=(), metadata={"metavar": "PREFIX"})
+    """Megatron indexed data read in place instead of --data: PREFIX for PREFIX.bin + PREFIX.idx, or a blend
+    W1 PREFIX1 W2 PREFIX2 ... (see docs/MIGRATING.md)"""
+    split: str = field(default="969,30,1", metadata={"metavar": "T,V,E"})
+    """with --data-path: Megatron's train,valid,test split of the documents (default 969,30,1; the test part
+    is not used)"""
+    tokenizer: str | None = field(default=None, metadata={"metavar": "NAME"})
+    """with --data-path: the tokenizer the data was made with (gpt2, hf:PATH), for its vocabulary and EOD id"""
+    vocab_size: int | None = field(default=None, metadata={"parse": "int", "metavar": "N"})
+    """with --data-path: the vocabulary size (default: the tokenizer's; e.g. Megatron's padded size)"""
+    eod_id: int | None = field(default=None, metadata={"parse": "int", "metavar": "ID"})
+    """with --data-path: the end-of-document token id (default: the tokenizer's)"""
     model: str = "tiny"
     """model size preset (default: tiny)"""
     rotary: bool = False
@@ -64,13 +78,17 @@ class RunSpec:
     deepspeed: bool = field(default=False, metadata={"group": "deepspeed"})
     """train on a DeepSpeed engine (under torchrun or the deepspeed launcher); ZeRO stage, offload,
     precision and batch sizes come from --config"""
-    pipeline_stages: int = field(default=0, metadata={"group": "deepspeed", "metavar": "K"})
+    pipeline_stages: int = field(default=0, metadata={"group": "deepspeed", "metavar": "K",
+                                                      "aliases": ("--pipeline-model-parallel-size",)})
     """with --deepspeed: a K-stage (K >= 2) DeepSpeed pipeline of the GPT (ZeRO stage 0 or 1; K must divide
     the number of processes)"""
+    local_rank: int | None = field(default=None, metadata={"group": "deepspeed", "parse": "int", "metavar": "N",
+                                                           "aliases": ("--local_rank",), "launcher": True})
+    """set by the deepspeed launcher (--local_rank=N); checked against its LOCAL_RANK, which seqwarm uses"""
     settings: Mapping[str, Any] = field(default_factory=dict)
     """``load_config`` overrides, keyed as the settings table (``{"train_tokens": 2_000_000, "lr": 3e-4,
     "curriculum": False}``); each key is a flag of its own (``--train-tokens``, ``--lr``, ``--no-curriculum``)"""
-    out: Path | None = field(default=None, metadata={"group": "run", "metavar": "RUN"})
+    out: Path | None = field(default=None, metadata={"group": "run", "metavar": "RUN", "aliases": ("--save",)})
     """run folder (default: runs/<model>-<date>-<time>)"""
     resume: bool = field(default=False, metadata={"group": "run"})
     """continue the run in --out from its latest valid checkpoint"""
@@ -106,6 +124,7 @@ class RunSpec:
             if value is not None and not isinstance(value, Path):
                 object.__setattr__(self, name, Path(value))
         object.__setattr__(self, "settings", dict(self.settings))
+        object.__setattr__(self, "data_path", tuple(str(p) for p in self.data_path))
 
 
 _FIELDS = tuple(f.name for f in fields(RunSpec) if f.name != "settings")
@@ -185,6 +204,21 @@ def check_spec(spec: RunSpec) -> None:
     if spec.deepspeed and spec.fsdp:
         raise UserError("--deepspeed and --fsdp both shard the model: choose one (ZeRO-3 in the DeepSpeed config "
                         "is the DeepSpeed counterpart of --fsdp)")
+    if spec.data and spec.data_path:
+        raise UserError("--data (a seqwarm prepared folder) and --data-path (Megatron indexed files) both name "
+                        "the training data: give one")
+    if not spec.data_path:
+        given = [flag for name, flag in (("tokenizer", "--tokenizer"), ("vocab_size", "--vocab-size"),
+                                         ("eod_id", "--eod-id")) if getattr(spec, name) is not None]
+        if spec.split != RunSpec.split:
+            given.append("--split")
+        if given:
+            raise UserError(f"{', '.join(given)} only apply to --data-path (a prepared folder carries its own "
+                            "tokenizer and split)")
+    env_rank = os.environ.get("LOCAL_RANK")
+    if spec.local_rank is not None and env_rank is not None and int(env_rank) != spec.local_rank:
+        raise UserError(f"--local_rank={spec.local_rank} but the launcher set LOCAL_RANK={env_rank}: launch with "
+                        "deepspeed or torchrun, which set both alike")
     if spec.deepspeed:
         from seqwarm.integrations.deepspeed import require_deepspeed
         require_deepspeed()
@@ -280,7 +314,12 @@ def _run(spec: RunSpec, info) -> TrainResult:
                         allow_config_change=spec.allow_config_change, progress_bar=spec.progress_bar,
                         tensorboard=spec.tensorboard)
     prepare_run_dir(opts, info)
-    data = open_prepared(_data_dir(spec, info))
+    if spec.data_path:
+        from seqwarm.data.megatron import open_megatron
+        data = open_megatron(spec.data_path, split=spec.split, tokenizer=spec.tokenizer,
+                             vocab_size=spec.vocab_size, eod_id=spec.eod_id)
+    else:
+        data = open_prepared(_data_dir(spec, info))
     model_cfg = GPTConfig.preset(spec.model, vocab_size=data.vocab_size, seq_length=cfg.seq_length,
                                  rotary=spec.rotary)
     if spec.deepspeed:

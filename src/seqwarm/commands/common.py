@@ -56,7 +56,7 @@ def add_setting_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ..
                 kwargs.update(nargs="+", metavar=s.metavar)
             else:
                 kwargs.update(type=types[s.kind], metavar=s.metavar)
-            target.add_argument(s.flag, **kwargs)
+            target.add_argument(s.flag, *s.aliases, **kwargs)
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -2,7 +2,9 @@
 
 Flag name and switch rule: :func:`seqwarm.run_command.flag_of` (the rule the experiments render command
 lines with). Type from the annotation (``bool``: a switch flipping the default; ``int``: a count such as
-1000, 1e6, 1M, or a plain int with ``metadata["parse"] == "int"``; ``Path``/``str``: as given). Help from
+1000, 1e6, 1M, or a plain int with ``metadata["parse"] == "int"``; ``Path``/``str``: as given;
+``tuple[str, ...]``: one or more values). ``metadata["aliases"]``: more spellings of the flag (Megatron's
+and the deepspeed launcher's, e.g. ``--deepspeed_config``, ``--local_rank``). Help from
 the docstring under the field, read with :mod:`ast` from the class source. The ``settings`` field stands
 for the settings-table flags (:func:`seqwarm.commands.common.add_setting_flags`), added in its place.
 """
@@ -64,7 +66,9 @@ def add_spec_flags(parser: argparse.ArgumentParser, *, groups: dict[str, str],
             target = made[group_name]
         kind = _base_type(hints[f.name])
         kwargs: dict[str, Any] = {"dest": f.name, "help": docs[f.name].replace("%", "%%")}
-        if kind is bool:
+        if typing.get_origin(hints[f.name]) is tuple:  # one or more values
+            kwargs.update(nargs="+", default=f.default, metavar=f.metadata.get("metavar"))
+        elif kind is bool:
             kwargs.update(action="store_false" if f.default else "store_true")
         else:
             kwargs["default"] = f.default
@@ -76,7 +80,7 @@ def add_spec_flags(parser: argparse.ArgumentParser, *, groups: dict[str, str],
                 kwargs["metavar"] = f.metadata["metavar"]
             if choices and f.name in choices:
                 kwargs["choices"] = choices[f.name]
-        target.add_argument(flag_of(f), **kwargs)
+        target.add_argument(flag_of(f), *f.metadata.get("aliases", ()), **kwargs)
 
 
 def spec_from_args(args: argparse.Namespace, **changes: Any) -> RunSpec:

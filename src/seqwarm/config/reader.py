@@ -251,6 +251,23 @@ def _optimizer(chk: Checker, raw: Mapping[str, Any]) -> OptimizerConfig:
                            weight_decay=wd if wd is not None else 0.0, params=dict(params))
 
 
+def _adam_overrides(chk: Checker, s: dict[str, tuple[Any, str]], opt: OptimizerConfig) -> OptimizerConfig:
+    """--adam-beta1 / --adam-beta2 / --adam-eps over the optimizer block's betas and eps."""
+    betas = list(opt.betas)
+    for i, key in enumerate(("adam_beta1", "adam_beta2")):
+        if key in s:
+            value = chk.number(s[key][0], s[key][1])
+            if value is not None and not 0 <= value < 1:
+                chk.add(s[key][1], value, "must be in [0, 1)", "use e.g. 0.9 and 0.95")
+            elif value is not None:
+                betas[i] = float(value)
+    eps = opt.eps
+    if "adam_eps" in s:
+        value = chk.number(s["adam_eps"][0], s["adam_eps"][1])
+        eps = float(value) if value is not None else eps
+    return dataclasses.replace(opt, betas=(betas[0], betas[1]), eps=eps)
+
+
 def _precision(chk: Checker, raw: Mapping[str, Any], s: dict[str, tuple[Any, str]]) -> tuple[str, FP16Config]:
     fp16_block = chk.section(raw, "fp16", "fp16") or {}
     bf16_block = chk.section(raw, "bf16", "bf16") or {}
@@ -384,6 +401,7 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
         wd = chk.number(s["weight_decay"][0], s["weight_decay"][1])
         if wd is not None:
             opt = dataclasses.replace(opt, weight_decay=wd)
+    opt = _adam_overrides(chk, s, opt)
     if clip is None or clip == 0:
         mgn = opt.params.get("max_grad_norm")
         if isinstance(mgn, (int, float)) and not isinstance(mgn, bool) and mgn > 0 \

@@ -52,6 +52,8 @@ class Setting:
     """Settings sharing this name are mutually exclusive (one LR warmup unit, one decay unit)."""
     metavar: str | None = None
     """The value's name in ``--help`` (``N``, ``L``, ``B``, ...)."""
+    aliases: tuple[str, ...] = ()
+    """More spellings of the flag (another tool's name for the same setting)."""
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -108,6 +110,12 @@ SETTINGS: tuple[Setting, ...] = (
             "none); default: the config's optimizer weight_decay", "optimizer", metavar="WD"),
     Setting("gradient_clipping", "--clip-grad", "float", "clip the global gradient norm to this value (0: off); "
             "DeepSpeed's gradient_clipping", "optimizer", metavar="NORM"),
+    Setting("adam_beta1", "--adam-beta1", "float", "Adam's beta1, in [0, 1) (default: the config's optimizer "
+            "betas)", "optimizer", metavar="B1"),
+    Setting("adam_beta2", "--adam-beta2", "float", "Adam's beta2, in [0, 1) (default: the config's optimizer "
+            "betas)", "optimizer", metavar="B2"),
+    Setting("adam_eps", "--adam-eps", "float", "Adam's epsilon (default: the config's optimizer eps)",
+            "optimizer", metavar="EPS"),
     Setting("precision", "--precision", "choice", "fp32, bf16 (autocast) or fp16 (autocast with dynamic loss "
             "scaling); default: the config's fp16/bf16 blocks, else fp32", "optimizer", choices=PRECISIONS),
 )
