@@ -8,6 +8,7 @@ not by megatron-core, which does not install on a CPU-only machine without pulli
 
 from __future__ import annotations
 
+import json
 import struct
 
 import numpy as np
@@ -234,3 +235,56 @@ def test_local_rank_must_agree_with_the_launcher(tmp_path, monkeypatch, capsys):
 def test_tokenizer_flags_need_data_path(tmp_path, capsys):
     assert main(["train", *FAST, "--tokenizer", "gpt2", "--out", str(tmp_path / "r")]) == 2
     assert "only apply to --data-path" in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------------------------------
+# end to end (tiny CPU runs)
+
+
+def test_built_in_recipe_follows_seq_length():
+    from seqwarm.runner import RunSpec, resolve_config
+
+    cfg = resolve_config(RunSpec(settings={"seq_length": 128}))
+    assert (cfg.seq_length, cfg.curriculum.max_difficulty) == (128, 128)
+    assert cfg.curriculum.schedule_config["total_curriculum_step"] == 260  # twice the recipe's 130 at 256
+    assert resolve_config(RunSpec()).curriculum.schedule_config["total_curriculum_step"] == 130
+    assert resolve_config(RunSpec(model="gpt2-124m")).curriculum.max_difficulty == 1024
+    assert resolve_config(RunSpec(settings={"seq_length": 4})).curriculum.min_difficulty == 4
+
+
+@pytest.mark.slow
+def test_data_path_trains_like_the_prepared_folder(tmp_path, byte_data, monkeypatch):
+    """`seqwarm train --seq-length 128` with no config, on Megatron files under the deepspeed launcher's
+    --local_rank, logging to W&B offline: step for step the run on the same documents prepared by
+    seqwarm, never longer than 128."""
+    _, docs, n_train, n_val = prepared_documents(byte_data)
+    prefix = write_megatron(tmp_path / "corpus_text_document", docs, np.uint16)
+    common = [*FAST, "--seq-length", "128", "--train-tokens", "5000", "--eval-interval", "2", "--eval-iters", "2",
+              "--log-interval", "1"]
+    assert main(["train", *common, "--data", str(byte_data), "--out", str(tmp_path / "prepared")]) == 0
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    wandb = ["--wandb-project", "seqwarm-test"] if _has("wandb") else []
+    assert main(["train", *common, "--data-path", prefix, "--tokenizer", "byte", "--split", f"{n_train},{n_val},0",
+                 "--local_rank=0", *wandb, "--out", str(tmp_path / "megatron")]) == 0
+    from conftest import train_rows
+
+    ref, got = train_rows(tmp_path / "prepared"), train_rows(tmp_path / "megatron")
+    assert [(r["step"], r["seqlen"], r["tokens"], r["loss"]) for r in got] == \
+        [(r["step"], r["seqlen"], r["tokens"], r["loss"]) for r in ref]
+    assert max(r["seqlen"] for r in got) <= 128 and got[-1]["seqlen"] == 128
+    summary = json.loads((tmp_path / "megatron" / "summary.json").read_text())
+    assert summary["final_val_loss"] == json.loads((tmp_path / "prepared" / "summary.json").read_text())["final_val_loss"]
+    if wandb:
+        from test_trackers import wandb_summary
+
+        wb = wandb_summary(tmp_path / "megatron")
+        assert wb["curriculum/seqlen"] == 128 and wb["progress/tokens"] == got[-1]["tokens"]
+        assert wb["train/loss"] == pytest.approx(got[-1]["loss"]) and wb["final_val_loss"] == summary["final_val_loss"]
+        assert wb["val/loss"] == pytest.approx(summary["final_val_loss"])
+
+
+def _has(module):
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None

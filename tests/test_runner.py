@@ -36,7 +36,8 @@ TRAIN_FLAGS = [
     ("--seed", 1234, "run"), ("--device", "auto", "run"), ("--eval-interval", 50, "run"), ("--eval-iters", 8, "run"),
     ("--save-interval", 100, "run"), ("--keep-checkpoints", 3, "run"), ("--log-interval", 10, "run"),
     ("--no-progress", False, "run"), ("--eval-wikitext", None, "run"), ("--eval-lambada", None, "run"),
-    ("--no-tensorboard", False, "run"),
+    ("--no-tensorboard", False, "run"), ("--tensorboard-dir", None, "run"), ("--wandb-project", None, "run"),
+    ("--wandb-run-name", None, "run"),
 ]
 
 

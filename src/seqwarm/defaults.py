@@ -54,6 +54,30 @@ _DEFAULT_TRAIN_CONFIG: dict[str, Any] = {
 }
 
 
-def default_train_config() -> dict[str, Any]:
-    """A fresh copy of the default run's config (DeepSpeed JSON plus a seqwarm block)."""
-    return copy.deepcopy(_DEFAULT_TRAIN_CONFIG)
+_CURRICULUM_FRACTION = 130 / (1_200_000 / (16 * 256))
+"""The recipe's curriculum length over its step count at full length (130 of ~293 steps)."""
+
+
+def default_train_config(seq_length: int | None = None, *, train_tokens: int | None = None,
+                         train_batch_size: int | None = None) -> dict[str, Any]:
+    """A fresh copy of the default run's config (DeepSpeed JSON plus a seqwarm block).
+
+    With ``seq_length`` L (the user's ``--seq-length``, or the model preset's length) the recipe follows
+    it: full length and ``max_difficulty`` L, and ``total_curriculum_step`` scaled so the curriculum
+    keeps its share of the run — the recipe's 130 steps per 1.2M tokens at batch 16 and length 256,
+    i.e. ``0.44 x train_tokens / (global batch x L)`` (``train_tokens`` / ``train_batch_size``: the
+    user's, else the recipe's). L = 256 with the recipe's budget and batch gives the recipe unchanged.
+    """
+    cfg = copy.deepcopy(_DEFAULT_TRAIN_CONFIG)
+    if seq_length is None:
+        return cfg
+    length = int(seq_length)
+    tokens = int(train_tokens or cfg["seqwarm"]["train_tokens"])
+    batch = int(train_batch_size or cfg["train_batch_size"])
+    cl = cfg["curriculum_learning"]
+    cl["min_difficulty"] = min(cl["min_difficulty"], length)
+    cl["max_difficulty"] = length
+    cl["schedule_config"]["difficulty_step"] = 8 if length >= 8 else 1
+    cl["schedule_config"]["total_curriculum_step"] = max(1, round(_CURRICULUM_FRACTION * tokens / (batch * length)))
+    cfg["seqwarm"]["seq_length"] = length
+    return cfg

@@ -1,8 +1,9 @@
-"""Run metrics: one console line per log interval, ``metrics.jsonl``, TensorBoard when installed.
+"""Run metrics: one console line per log interval, ``metrics.jsonl``, the trackers (:mod:`seqwarm.trackers`).
 
 Rows in ``metrics.jsonl`` carry ``kind`` = ``train`` (step, tokens, samples, seqlen, lr, loss at the
 current length, tokens_per_s, grad_norm, elapsed_s, ...) or ``eval`` (step, tokens, val_loss, val_ppl at
-full length). TensorBoard tags are namespaced: ``train/loss``, ``curriculum/seqlen``, ``progress/tokens``.
+full length). Tracker tags are namespaced (``train/loss``, ``curriculum/seqlen``, ``progress/tokens``) and
+repeated under Megatron-DeepSpeed's names (:data:`seqwarm.trackers.MEGATRON_TAGS`).
 """
 
 from __future__ import annotations
@@ -15,14 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from seqwarm.atomic import write_text
+from seqwarm.trackers import TrackerConfig, open_trackers, tracker_config
 from seqwarm.units import human_count
 
 logger = logging.getLogger(__name__)
-
-_TB_TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "seqlen": "curriculum/seqlen",
-            "tokens_per_s": "perf/tokens_per_s", "tokens": "progress/tokens", "val_loss": "val/loss",
-            "val_ppl": "val/ppl", "adam_v_l1": "stability/adam_v_l1", "adam_v_max": "stability/adam_v_max",
-            "loss_ratio": "stability/loss_ratio"}
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:
@@ -45,32 +42,35 @@ def truncate_metrics(path: Path, step: int) -> None:
 
 
 class MetricsWriter:
-    """Appends rows to RUN/metrics.jsonl and mirrors numbers to TensorBoard when available."""
+    """Appends rows to RUN/metrics.jsonl and mirrors their numbers to the run's trackers
+    (:mod:`seqwarm.trackers`: TensorBoard when installed, W&B and CSV when asked for)."""
 
-    def __init__(self, run_dir: Path, tensorboard: bool = True):
+    def __init__(self, run_dir: Path, tensorboard: bool = True, trackers: TrackerConfig | None = None):
         self.path = run_dir / "metrics.jsonl"
         self._fh = open(self.path, "a", buffering=1)
-        self._tb = None
-        if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-                self._tb = SummaryWriter(str(run_dir / "tensorboard"))
-            except Exception:  # noqa: BLE001 - tensorboard is optional
-                logger.debug("tensorboard not installed: no event files (pip install 'seqwarm[tensorboard]')")
+        self._trackers = open_trackers(trackers or tracker_config({}, run_dir, tensorboard=tensorboard))
 
     def write(self, row: Mapping[str, Any]) -> None:
         self._fh.write(json.dumps(row) + "\n")
-        if self._tb is not None:
-            step = int(row["step"])
-            for key, tag in _TB_TAGS.items():
-                value = row.get(key)
-                if isinstance(value, (int, float)) and math.isfinite(value):
-                    self._tb.add_scalar(tag, value, step)
+        for tracker in self._trackers:
+            tracker.log(row)
 
-    def close(self) -> None:
-        self._fh.close()
-        if self._tb is not None:
-            self._tb.close()
+    def close(self, summary: Mapping[str, Any] | None = None) -> None:
+        """Close the file and the trackers (W&B gets ``summary`` as its run summary)."""
+        self.close_file()
+        self.close_trackers(summary)
+
+    def close_file(self) -> None:
+        """Close metrics.jsonl and flush the trackers, which stay open for :meth:`close_trackers`."""
+        if not self._fh.closed:
+            self._fh.close()
+        for tracker in self._trackers:
+            tracker.flush()
+
+    def close_trackers(self, summary: Mapping[str, Any] | None = None) -> None:
+        for tracker in self._trackers:
+            tracker.close(summary)
+        self._trackers = []
 
 
 def format_duration(seconds: float | None) -> str:

@@ -1,7 +1,7 @@
 """What a training run reports: metrics rows, the console line, the progress bar, summary.json, curves.
 
 :class:`MetricsLogger` is the loop's one reporting component. On rank 0 it appends train and eval rows
-to ``RUN/metrics.jsonl`` (and TensorBoard), prints one line per log interval (through the progress bar
+to ``RUN/metrics.jsonl`` (and the trackers: TensorBoard, W&B, CSV), prints one line per log interval (through the progress bar
 when one is shown) and at the end writes ``RUN/summary.json`` atomically — the marker of a finished run
 — and draws ``RUN/curves.png``. On the other ranks every method does nothing.
 """
@@ -16,6 +16,7 @@ from typing import Any
 from seqwarm.atomic import write_json
 from seqwarm.metrics import MetricsWriter, console_line
 from seqwarm.plots import plot_run
+from seqwarm.trackers import TrackerConfig
 
 __all__ = ["MetricsLogger", "adam_stats"]
 
@@ -36,9 +37,11 @@ class MetricsLogger:
     """Rows, console and progress bar of one run (rank 0 only)."""
 
     def __init__(self, run_dir: Path, *, budget_tokens: int | None, is_main: bool, log_interval: int,
-                 progress_bar: bool = True, tensorboard: bool = True):
+                 progress_bar: bool = True, tensorboard: bool = True, trackers: TrackerConfig | None = None):
         self.run_dir, self.budget_tokens, self.is_main = Path(run_dir), budget_tokens, is_main
         self.log_interval, self.progress_bar, self.tensorboard = max(1, log_interval), progress_bar, tensorboard
+        self.trackers = trackers
+        self._closing: MetricsWriter | None = None
         self.writer: MetricsWriter | None = None
         self.bar = None
         self._window_tokens, self._window_time, self._losses = 0, 0.0, []
@@ -46,14 +49,15 @@ class MetricsLogger:
     def open(self, tokens_so_far: int) -> None:
         if not self.is_main:
             return
-        self.writer = MetricsWriter(self.run_dir, tensorboard=self.tensorboard)
+        self.writer = MetricsWriter(self.run_dir, tensorboard=self.tensorboard, trackers=self.trackers)
         self.bar = self._progress_bar(tokens_so_far)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
-        if self.writer is not None:
-            self.writer.close()
+        if self.writer is not None:  # the trackers stay open until finish() gives them the summary
+            self.writer.close_file()
+            self._closing = self.writer
         self.bar = self.writer = None
 
     def _progress_bar(self, tokens_so_far: int):
@@ -113,6 +117,9 @@ class MetricsLogger:
         if not self.is_main:
             return
         write_json(self.run_dir / "summary.json", summary)
+        if self._closing is not None:  # W&B's run summary
+            self._closing.close_trackers(summary)
+            self._closing = None
         try:
             plot_run(self.run_dir)
         except Exception as err:  # noqa: BLE001 - a plot must never fail a finished run

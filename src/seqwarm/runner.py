@@ -116,6 +116,14 @@ class RunSpec:
     """after training, LAMBADA zero-shot accuracy on this local lambada_test.jsonl"""
     tensorboard: bool = field(default=True, metadata={"group": "run", "flag": "--no-tensorboard"})
     """no TensorBoard event files"""
+    tensorboard_dir: Path | None = field(default=None, metadata={"group": "run", "metavar": "DIR"})
+    """TensorBoard event files here instead of RUN/tensorboard (also the config's "tensorboard" block)"""
+    wandb_project: str | None = field(default=None, metadata={"group": "run", "metavar": "NAME"})
+    """log to Weights & Biases, this project (pip install 'seqwarm[wandb]'; also the config's "wandb"
+    block; WANDB_MODE=offline keeps it local)"""
+    wandb_run_name: str | None = field(default=None, metadata={"group": "run", "metavar": "NAME",
+                                                               "aliases": ("--wandb-exp-name",)})
+    """the W&B run's name (default: the run folder's name)"""
 
     def __post_init__(self) -> None:
         # paths given as strings become Paths and settings a private dict, so that equal runs compare equal
@@ -183,8 +191,13 @@ def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
     """The run's RunConfig: the config file (or the default recipe) with the settings applied; raises one
     ConfigError listing every run-policy problem."""
 
-    source: Any = str(spec.config) if spec.config else default_train_config()
     overrides = dict(spec.settings)
+    if spec.config:
+        source: Any = str(spec.config)
+    else:  # the built-in recipe follows the user's length (an explicit config is checked strictly)
+        source = default_train_config(overrides.get("seq_length") or PRESETS[spec.model]["seq_length"],
+                                      train_tokens=overrides.get("train_tokens"),
+                                      train_batch_size=overrides.get("train_batch_size"))
     cfg = load_config(source, overrides=overrides, world_size=world_size)
     if cfg.seq_length is None:
         seq = cfg.full_length or PRESETS[spec.model]["seq_length"]
@@ -312,7 +325,8 @@ def _run(spec: RunSpec, info) -> TrainResult:
                         save_interval=spec.save_interval, keep_checkpoints=spec.keep_checkpoints,
                         log_interval=max(1, spec.log_interval), resume=spec.resume,
                         allow_config_change=spec.allow_config_change, progress_bar=spec.progress_bar,
-                        tensorboard=spec.tensorboard)
+                        tensorboard=spec.tensorboard, tensorboard_dir=spec.tensorboard_dir,
+                        wandb_project=spec.wandb_project, wandb_run_name=spec.wandb_run_name)
     prepare_run_dir(opts, info)
     if spec.data_path:
         from seqwarm.data.megatron import open_megatron

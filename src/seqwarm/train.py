@@ -37,6 +37,7 @@ from seqwarm.errors import SeqwarmError, UserError
 from seqwarm.evaluator import Evaluator
 from seqwarm.metrics import format_duration, truncate_metrics
 from seqwarm.metrics_logger import MetricsLogger, adam_stats
+from seqwarm.trackers import tracker_config
 from seqwarm.optim import build_optimizer
 from seqwarm.version import __version__
 
@@ -76,6 +77,10 @@ class TrainOptions:
     allow_config_change: bool = False
     progress_bar: bool = True
     tensorboard: bool = True
+    tensorboard_dir: Path | None = None
+    """TensorBoard here instead of RUN/tensorboard (see :func:`seqwarm.trackers.tracker_config`)."""
+    wandb_project: str | None = None
+    wandb_run_name: str | None = None
 
 
 @dataclass
@@ -193,7 +198,11 @@ class Run:
         self.evaluator = Evaluator(data, model_cfg.seq_length, cfg.micro_batch_size, opts.eval_iters, self.device)
         self.log = MetricsLogger(self.run_dir, budget_tokens=cfg.train_tokens, is_main=self.is_main,
                                  log_interval=opts.log_interval, progress_bar=opts.progress_bar,
-                                 tensorboard=opts.tensorboard)
+                                 tensorboard=opts.tensorboard,
+                                 trackers=tracker_config(cfg.deepspeed, self.run_dir, tensorboard=opts.tensorboard,
+                                                         tensorboard_dir=opts.tensorboard_dir,
+                                                         wandb_project=opts.wandb_project,
+                                                         wandb_run_name=opts.wandb_run_name))
         self.batches = data.train_batches(model_cfg.seq_length, cfg.micro_batch_size, seed=opts.seed,
                                           rank=dp_rank, world_size=dp_world)
         self.elapsed_before = 0.0

@@ -38,6 +38,7 @@ from seqwarm.config import RunConfig
 from seqwarm.core import CurriculumCore, as_run_config, check_state_format, set_lr
 from seqwarm.errors import MissingDependencyError, UserError
 from seqwarm.optim import build_optimizer
+from seqwarm.trackers import TRACKER_BLOCKS
 
 __all__ = ["DeepSpeedCurriculum", "DeepSpeedEngineAdapter", "deepspeed_config", "require_deepspeed",
            "build_deepspeed_optimizer", "is_pipeline_engine", "DEEPSPEED_VERSION"]
@@ -89,7 +90,8 @@ def deepspeed_config(cfg: RunConfig, *, pipeline: bool = False) -> dict[str, Any
     """The dict for ``deepspeed.initialize(config=...)`` from a checked :class:`RunConfig`.
 
     Starts from ``cfg.deepspeed`` (the user's config minus the curriculum and ``seqwarm`` blocks), so
-    ZeRO, offload, activation checkpointing, monitors, ... pass through untouched. seqwarm then sets
+    ZeRO, offload, activation checkpointing, ... pass through untouched (the tensorboard / wandb /
+    csv_monitor blocks go to seqwarm's trackers instead, :mod:`seqwarm.trackers`). seqwarm then sets
     what it resolved itself: the batch sizes (micro batch x accumulation x data-parallel size),
     gradient clipping and precision (``--precision`` wins over the file's fp16/bf16 blocks). The
     ``optimizer`` and ``scheduler`` blocks are dropped: seqwarm builds the optimizer from the former
@@ -99,6 +101,8 @@ def deepspeed_config(cfg: RunConfig, *, pipeline: bool = False) -> dict[str, Any
     for key in _OWNED_KEYS:
         ds.pop(key, None)
     ds.pop("curriculum_learning", None)
+    for key in TRACKER_BLOCKS:  # seqwarm's trackers log them (with Megatron's tags), not DeepSpeed's monitor
+        ds.pop(key, None)
     ds["train_batch_size"] = cfg.train_batch_size
     ds["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
     ds["gradient_accumulation_steps"] = cfg.gradient_accumulation_steps
