@@ -9,7 +9,12 @@ not by megatron-core, which does not install on a CPU-only machine without pulli
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import struct
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -288,3 +293,72 @@ def _has(module):
     import importlib.util
 
     return importlib.util.find_spec(module) is not None
+
+
+# --------------------------------------------------------------------------------------------------
+# docs/MIGRATING.md
+
+
+MIGRATING = (Path(__file__).resolve().parents[1] / "docs" / "MIGRATING.md").read_text()
+
+
+def _tiny_command() -> str:
+    block = MIGRATING.split("<!-- tiny -->", 1)[1]
+    return block.split("```bash\n", 1)[1].split("```", 1)[0].strip()
+
+
+def _launcher_argv(line: str) -> list[str]:
+    """What the deepspeed launcher runs for ``... --module seqwarm ARGS``: ``-m seqwarm --local_rank=N ARGS``."""
+    args = shlex.split(line.replace("\\\n", " ").split("--module seqwarm", 1)[1])
+    return ["--local_rank=1", *[a for a in args if a != "..."]]
+
+
+def test_the_launcher_recipes_parse_as_the_deepspeed_launcher_passes_them(monkeypatch):
+    from seqwarm.cli import build_parser
+
+    block = MIGRATING.split("## The launcher", 1)[1].split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = [c.strip() for c in block.replace("\\\n", " ").splitlines() if "--module seqwarm" in c]
+    assert len(lines) == 2 and "--hostfile hostfile" in lines[1]
+    for line in lines:
+        args = build_parser().parse_args(_launcher_argv(line))
+        assert (args.command, args.launcher_local_rank, args.deepspeed) == ("train", 1, True)
+        assert str(args.config) == "ds_config.json"
+    args = build_parser().parse_args(shlex.split(_tiny_command())[1:])
+    assert args.launcher_local_rank == 0 and args.data_path == ["0.3", "data/a_text_document", "0.7",
+                                                                  "data/b_text_document"]
+
+
+@pytest.mark.slow
+@pytest.mark.deepspeed
+def test_the_tiny_migrating_command_runs_on_deepspeed(tmp_path, byte_data):
+    pytest.importorskip("deepspeed", reason="needs the deepspeed extra")
+    _, docs, _, _ = prepared_documents(byte_data)
+    (tmp_path / "data").mkdir()
+    write_megatron(tmp_path / "data" / "a_text_document", docs[: len(docs) // 2], np.uint16)
+    write_megatron(tmp_path / "data" / "b_text_document", docs[len(docs) // 2:], np.int32)
+    ds = json.loads((Path(__file__).resolve().parents[1] / "examples" / "ds_config_gpt2.json").read_text())
+    ds.pop("fp16")  # CPU: fp32
+    ds.update(train_batch_size=8, gradient_accumulation_steps=2,
+              tensorboard={"enabled": True, "output_path": "runs/tiny/ignored", "job_name": "x"},
+              csv_monitor={"enabled": True, "output_path": "runs/csv", "job_name": "tiny"})
+    ds["curriculum_learning"].update(max_difficulty=64)
+    ds["curriculum_learning"]["schedule_config"]["total_curriculum_step"] = 4
+    (tmp_path / "ds_tiny.json").write_text(json.dumps(ds))
+    argv = shlex.split(_tiny_command())
+    assert argv[0] == "seqwarm"
+    paths = [str(Path(__file__).resolve().parents[1] / "src")]  # absolute: the run's folder is tmp_path
+    paths += [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "LOCAL_RANK": "0", "PYTHONPATH": os.pathsep.join(paths)}
+    proc = subprocess.run([sys.executable, "-m", "seqwarm", *argv[1:]], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    from conftest import train_rows
+
+    run = tmp_path / "runs" / "tiny"
+    rows = train_rows(run)
+    assert [r["seqlen"] for r in rows][:4] == [16, 32, 48, 64] and rows[-1]["tokens"] >= 3000
+    assert json.loads((run / "config.json").read_text())["parallelism"].startswith("deepspeed")
+    csv = tmp_path / "runs" / "csv" / "tiny" / "seqlen_curriculum_seqlen_vs_tokens.csv"
+    assert csv.read_text().splitlines()[1].startswith(f"{rows[0]['tokens']},16")
+    if _has("tensorboard"):  # --tensorboard-dir wins over the config's block
+        assert list((run / "tb").glob("events.out.tfevents.*")) and not (tmp_path / "runs" / "tiny" / "ignored").exists()

@@ -44,6 +44,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"seqwarm {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    # `deepspeed [--module] seqwarm train ...` puts its --local_rank=N before the command
+    parser.add_argument("--local_rank", "--local-rank", dest="launcher_local_rank", type=int, metavar="N",
+                        help="set by the deepspeed launcher before the command; passed on to `train`")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMAND_MODULES:
         try:
@@ -67,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if args.command is None else 2
+    if args.launcher_local_rank is not None:
+        if not hasattr(args, "local_rank"):
+            parser.error(f"--local_rank is the deepspeed launcher's: it runs `seqwarm train`, not `seqwarm {args.command}`")
+        if args.local_rank is None:
+            args.local_rank = args.launcher_local_rank
     try:
         return int(args.func(args) or 0)
     except UserError as err:
