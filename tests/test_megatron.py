@@ -3,7 +3,7 @@ and its scripts' flags (--local_rank, --deepspeed_config, Megatron setting names
 following --seq-length.
 
 The Megatron files are written here from the published ``MMIDIDX`` layout (see seqwarm.data.megatron),
-not by megatron-core, which does not install on a CPU-only machine without pulling a CUDA torch.
+and, when megatron-core is installed (it installs on CPU with the CPU torch), by its own builder too.
 """
 
 from __future__ import annotations
@@ -124,6 +124,8 @@ def test_ids_outside_the_vocabulary_are_refused(tmp_path):
         MegatronData([prefix], vocab_size=50304, eod_id=3)
     with pytest.raises(UserError, match="needs the vocabulary"):
         MegatronData([prefix])
+    with pytest.raises(UserError, match="trains a new tokenizer"):
+        MegatronData([prefix], tokenizer="bpe:8192")
 
 
 def test_a_corrupt_index_exits_2(tmp_path, capsys):
@@ -216,6 +218,7 @@ def test_launcher_and_megatron_flag_spellings(tmp_path):
     spec = _spec(["--data-path", "0.3", "A", "0.7", "B", "--adam-beta1", "0.8", "--adam-beta2", "0.99",
                   "--adam-eps", "1e-6", "--clip-grad", "0.5", "--weight-decay", "0.01", "--eval-iters", "3"])
     assert spec.data_path == ("0.3", "A", "0.7", "B") and spec.eval_iters == 3
+    assert _spec(["--fp16"]).settings == {"precision": "fp16"} and _spec(["--bf16"]).settings == {"precision": "bf16"}
     assert spec.settings == {"adam_beta1": 0.8, "adam_beta2": 0.99, "adam_eps": 1e-6,
                              "gradient_clipping": 0.5, "weight_decay": 0.01}
     from seqwarm.run_command import train_argv
@@ -362,3 +365,26 @@ def test_the_tiny_migrating_command_runs_on_deepspeed(tmp_path, byte_data):
     assert csv.read_text().splitlines()[1].startswith(f"{rows[0]['tokens']},16")
     if _has("tensorboard"):  # --tensorboard-dir wins over the config's block
         assert list((run / "tb").glob("events.out.tfevents.*")) and not (tmp_path / "runs" / "tiny" / "ignored").exists()
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_files_from_megatron_cores_own_builder(tmp_path, dtype):
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed (optional cross-check)")
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    docs = [[1, 2, 3, BYTE_EOD], [5, 6, BYTE_EOD], [7, 8, 9, 10, 11, BYTE_EOD]]
+    prefix = tmp_path / "mcore"
+    builder = IndexedDatasetBuilder(f"{prefix}.bin", dtype=dtype)
+    builder.add_document(torch.tensor(docs[0]), [2, 2])  # a document of two sequences (sentences)
+    for d in docs[1:]:
+        builder.add_document(torch.tensor(d), [len(d)])
+    builder.finalize(f"{prefix}.idx")
+    indexed = MegatronIndexed(prefix)
+    assert (indexed.num_sequences, len(indexed), indexed.dtype) == (4, 3, np.dtype(dtype))
+    np.testing.assert_array_equal(indexed.tokens, np.concatenate(docs))
+    assert [list(indexed.document(i)) for i in range(3)] == docs
+    ours = write_megatron(tmp_path / "ours", docs, dtype)  # the fixture writer: byte for byte the same .bin
+    assert open(f"{ours}.bin", "rb").read() == open(f"{prefix}.bin", "rb").read()
+    data = MegatronData([str(prefix)], split="2,1,0", tokenizer="byte")
+    assert data.meta["splits"]["train"] == {"tokens": 7, "documents": 2}

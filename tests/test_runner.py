@@ -32,6 +32,7 @@ TRAIN_FLAGS = [
     ("--curriculum-mode", None, "batch"), ("--count-tokens-by", None, "batch"), ("--no-curriculum", False, "batch"),
     ("--weight-decay", None, "optimizer"), ("--clip-grad", None, "optimizer"), ("--adam-beta1", None, "optimizer"),
     ("--adam-beta2", None, "optimizer"), ("--adam-eps", None, "optimizer"), ("--precision", None, "optimizer"),
+    ("--fp16", False, "optimizer"), ("--bf16", False, "optimizer"),
     ("--out", None, "run"), ("--resume", False, "run"), ("--allow-config-change", False, "run"),
     ("--seed", 1234, "run"), ("--device", "auto", "run"), ("--eval-interval", 50, "run"), ("--eval-iters", 8, "run"),
     ("--save-interval", 100, "run"), ("--keep-checkpoints", 3, "run"), ("--log-interval", 10, "run"),

@@ -57,6 +57,9 @@ def add_setting_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ..
             else:
                 kwargs.update(type=types[s.kind], metavar=s.metavar)
             target.add_argument(s.flag, *s.aliases, **kwargs)
+            for flag, value in s.switches:
+                target.add_argument(flag, dest=_dest(s), action="store_const", const=value,
+                                    help=f"the same as {s.flag} {value}")
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -54,6 +54,8 @@ class Setting:
     """The value's name in ``--help`` (``N``, ``L``, ``B``, ...)."""
     aliases: tuple[str, ...] = ()
     """More spellings of the flag (another tool's name for the same setting)."""
+    switches: tuple[tuple[str, str], ...] = ()
+    """``(flag, value)``: switch flags that set a ``choice`` setting to one value (Megatron's ``--fp16``)."""
 
 
 SETTINGS: tuple[Setting, ...] = (
@@ -117,7 +119,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("adam_eps", "--adam-eps", "float", "Adam's epsilon (default: the config's optimizer eps)",
             "optimizer", metavar="EPS"),
     Setting("precision", "--precision", "choice", "fp32, bf16 (autocast) or fp16 (autocast with dynamic loss "
-            "scaling); default: the config's fp16/bf16 blocks, else fp32", "optimizer", choices=PRECISIONS),
+            "scaling); default: the config's fp16/bf16 blocks, else fp32", "optimizer", choices=PRECISIONS,
+            switches=(("--fp16", "fp16"), ("--bf16", "bf16"))),
 )
 
 _BY_KEY = {s.key: s for s in SETTINGS}

@@ -321,6 +321,9 @@ class MegatronData:
 
     def __init__(self, data_path: Sequence[str], *, split: str = DEFAULT_SPLIT, tokenizer: str | None = None,
                  vocab_size: int | None = None, eod_id: int | None = None):
+        if tokenizer and tokenizer.strip().lower().startswith("bpe:"):
+            raise UserError(f"--tokenizer {tokenizer} trains a new tokenizer; --data-path data was tokenized "
+                            "already: give the tokenizer it was made with (gpt2, hf:PATH) or --vocab-size/--eod-id")
         self._tokenizer = build_tokenizer(tokenizer) if tokenizer else None
         if vocab_size is None:
             if self._tokenizer is None:
