@@ -352,9 +352,18 @@ def test_the_tiny_migrating_command_runs_on_deepspeed(tmp_path, byte_data):
     paths = [str(Path(__file__).resolve().parents[1] / "src")]  # absolute: the run's folder is tmp_path
     paths += [str(Path(p).resolve()) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "LOCAL_RANK": "0", "PYTHONPATH": os.pathsep.join(paths)}
-    proc = subprocess.run([sys.executable, "-m", "seqwarm", *argv[1:]], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=600)
+    launcher = Path(sys.executable).parent / "deepspeed"
+    if launcher.exists():  # the real launcher: it runs `python -u -m seqwarm --local_rank=0 train ...`
+        assert argv[1:3] == ["--local_rank=0", "train"]
+        env.pop("LOCAL_RANK")
+        cmd = [str(launcher), "--num_gpus", "1", "--master_port", str(_free_port()), "--module", "seqwarm",
+               *argv[2:]]
+    else:
+        cmd = [sys.executable, "-m", "seqwarm", *argv[1:]]
+    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    if launcher.exists():
+        assert "'-m', 'seqwarm', '--local_rank=0', 'train'" in proc.stdout + proc.stderr
     from conftest import train_rows
 
     run = tmp_path / "runs" / "tiny"
@@ -388,3 +397,11 @@ def test_files_from_megatron_cores_own_builder(tmp_path, dtype):
     assert open(f"{ours}.bin", "rb").read() == open(f"{prefix}.bin", "rb").read()
     data = MegatronData([str(prefix)], split="2,1,0", tokenizer="byte")
     assert data.meta["splits"]["train"] == {"tokens": 7, "documents": 2}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
