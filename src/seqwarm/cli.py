@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="seqwarm",
         description="Sequence-length curriculum learning (sequence length warmup) for GPT pretraining.",
+        allow_abbrev=False,  # else a command's own flag (tune's --lo) would be read as short for --local_rank
     )
     parser.add_argument("--version", action="version", version=f"seqwarm {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
