@@ -281,6 +281,8 @@ def test_data_path_trains_like_the_prepared_folder(tmp_path, byte_data, monkeypa
     assert [(r["step"], r["seqlen"], r["tokens"], r["loss"]) for r in got] == \
         [(r["step"], r["seqlen"], r["tokens"], r["loss"]) for r in ref]
     assert max(r["seqlen"] for r in got) <= 128 and got[-1]["seqlen"] == 128
+    resolved = json.loads((tmp_path / "megatron" / "config.json").read_text())["data"]["megatron"]
+    assert resolved["sources"][0]["prefix"] == prefix and resolved["split"] == f"{n_train},{n_val},0"
     summary = json.loads((tmp_path / "megatron" / "summary.json").read_text())
     assert summary["final_val_loss"] == json.loads((tmp_path / "prepared" / "summary.json").read_text())["final_val_loss"]
     if wandb:

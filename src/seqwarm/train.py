@@ -214,7 +214,9 @@ class Run:
             "data": {"folder": str(Path(data.folder).resolve()), "tokenizer": data.meta.get("tokenizer"),
                      "vocab_size": data.vocab_size,
                      "train_tokens": data.meta["splits"]["train"]["tokens"],
-                     "val_tokens": data.meta["splits"]["val"]["tokens"]},
+                     "val_tokens": data.meta["splits"]["val"]["tokens"],
+                     **({"megatron": {k: data.meta[k] for k in ("sources", "split", "eod_id")}}
+                        if data.meta.get("format") == "megatron" else {})},
             "options": jsonable({k: v for k, v in asdict(opts).items() if k not in ("resume",)}),
             "world_size": cfg.world_size,
             "parallelism": built.parallelism,

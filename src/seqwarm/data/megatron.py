@@ -351,7 +351,8 @@ class MegatronData:
                   for i, name in enumerate(("train", "val"))}
         self.meta: dict[str, Any] = {
             "format": "megatron", "vocab_size": self.vocab_size, "eod_id": self.eod_id, "split": split,
-            "tokenizer": self._tokenizer.describe() if self._tokenizer else None,
+            "tokenizer": (self._tokenizer.describe() if self._tokenizer else
+                          {"name": None, "vocab_size": self.vocab_size, "eod_id": self.eod_id}),
             "sources": [{"prefix": str(s.indexed.prefix), "weight": s.weight, "dtype": s.indexed.dtype.name,
                          "documents": len(s.indexed)} for s in self.sources],
             "splits": counts,
