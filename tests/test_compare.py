@@ -16,9 +16,9 @@ from seqwarm.experiments.launch import run_state
 from seqwarm.experiments.report import write_report
 from seqwarm.runner import RunSpec
 
-from conftest import small_config
+from conftest import FAST_TRAIN_FLAGS, small_config
 
-FAST = ["--model", "tiny", "--eval-iters", "2", "--no-progress", "--no-tensorboard"]
+FAST = FAST_TRAIN_FLAGS
 
 
 # -- crossings and speedups -------------------------------------------------------------------------
@@ -152,6 +152,7 @@ def test_report_speedups_from_synthetic_runs(tmp_path):
 # -- two tiny real runs ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_compare_two_tiny_runs_report_reuse_and_resume(tmp_path, byte_data, capsys):
     cfg = small_config(tmp_path / "c.json", train_tokens=1200, total_step=4)
     out = tmp_path / "cmp"

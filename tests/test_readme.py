@@ -61,6 +61,7 @@ def test_cheap_commands_run(line, monkeypatch, capsys):
         assert "total steps:               45,000" in out
 
 
+@pytest.mark.slow
 def test_train_and_prepare_commands_run(tmp_path, byte_data, monkeypatch, capsys):
     """The README's prepare/train/export lines, on a tiny corpus and budget (same flags otherwise)."""
     monkeypatch.chdir(tmp_path)

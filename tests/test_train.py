@@ -14,9 +14,9 @@ from seqwarm import load_config, make_plan
 from seqwarm.cli import main
 from seqwarm.metrics import read_metrics
 
-from conftest import small_config
+from conftest import FAST_TRAIN_FLAGS, small_config
 
-FAST = ["--model", "tiny", "--eval-iters", "2", "--no-progress", "--no-tensorboard", "--log-interval", "1"]
+FAST = [*FAST_TRAIN_FLAGS, "--log-interval", "1"]
 
 
 def train(args, capsys=None):
@@ -24,6 +24,7 @@ def train(args, capsys=None):
     return code
 
 
+@pytest.mark.slow
 def test_end_to_end_run(tmp_path, byte_data, capsys):
     cfg = small_config(tmp_path / "c.json")
     out = tmp_path / "run"
@@ -63,6 +64,7 @@ def _plan_tokens(cfg):
     return plan.cum_tokens
 
 
+@pytest.mark.slow
 def test_no_curriculum_baseline_is_full_length(tmp_path, byte_data):
     cfg = small_config(tmp_path / "c.json", train_tokens=2000)
     out = tmp_path / "base"
@@ -109,6 +111,7 @@ def test_sigkill_and_resume_is_exact(tmp_path, byte_data):
     assert got == expected, f"killed at step {killed_at}"
 
 
+@pytest.mark.slow
 def test_resume_refuses_changed_config(tmp_path, byte_data, capsys):
     cfg = small_config(tmp_path / "c.json", train_tokens=1500)
     out = tmp_path / "run"
@@ -159,6 +162,7 @@ def test_bad_config_file_exits_2(tmp_path, byte_data, capsys):
     assert "curriculum_learning.min_difficulty" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_train_runs_paper_evals_at_the_end(tmp_path, byte_data, capsys):
     wiki = tmp_path / "wiki.test.raw"
     wiki.write_text(" = Title = \n The model learns short context first , then long context @-@ later . \n" * 4)
@@ -186,6 +190,7 @@ def test_default_recipe_file_matches_code():
         assert cfg.train_batch_size == 16 and cfg.micro_batch_size == 16 // world
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path, byte_data, capsys, monkeypatch):
     import torch
 
@@ -219,6 +224,7 @@ def _fp16_config(path, **fp16):
     return path
 
 
+@pytest.mark.slow
 def test_fp16_skipped_steps_do_not_repeat_eval_log_or_save(tmp_path, byte_data, capsys):
     # 2**90 overflows fp32 gradients: the first steps are skipped until the scale has halved enough
     cfg = _fp16_config(tmp_path / "c.json", initial_scale_power=90, hysteresis=1)
@@ -233,6 +239,7 @@ def test_fp16_skipped_steps_do_not_repeat_eval_log_or_save(tmp_path, byte_data, 
     assert not (out / "checkpoints" / "step_00000000.pt").exists()
 
 
+@pytest.mark.slow
 def test_endless_fp16_overflow_stops_the_run(tmp_path, byte_data, capsys, monkeypatch):
     import torch
 
