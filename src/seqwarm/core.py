@@ -208,14 +208,17 @@ class CurriculumCore:
         self._injected = None if seqlen is None else (rows, length)
         return seqlen
 
-    def check_output(self, output: Any) -> None:
+    def check_output(self, output: Any, shape: tuple[int, int] | None = None) -> None:
         """After an injected training forward: raise ValueError when the model's output is not at the
         length it was given (it ignored ``curriculum_seqlen``: it trained at another length than the
-        clock counts). An output without a sequence dimension (a loss only) cannot be checked: a
+        clock counts). ``shape``: the (rows, length) the model was given (default: those of the last
+        :meth:`observe`). An output without a sequence dimension (a loss only) cannot be checked: a
         warning says so, once. No-op outside inject mode."""
-        if self._injected is None:
-            return
-        (rows, length), self._injected = self._injected, None
+        if shape is None:
+            if self._injected is None:
+                return
+            shape, self._injected = self._injected, None
+        rows, length = shape
         got = output_length(output, rows)
         if got is None:
             if not self._warned_unchecked:
