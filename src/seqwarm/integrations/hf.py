@@ -42,6 +42,7 @@ import torch
 from seqwarm.budget import Progress, should_stop
 from seqwarm.config import LRConfig, RunConfig, load_config
 from seqwarm.core import CurriculumCore, as_run_config
+from seqwarm.data.dataset import TokenWindows
 from seqwarm.errors import MissingDependencyError, UserError
 from seqwarm.lr_schedule import lr_at
 
@@ -153,7 +154,8 @@ def trainer_deepspeed_config(source: Any) -> dict[str, Any]:
     without the keys seqwarm handles (``curriculum_learning``, the ``seqwarm`` block, the curriculum
     of ``data_efficiency``, the ``scheduler``); ``"auto"`` values stay, for the Trainer to fill."""
     ds = {k: v for k, v in _read(source).items() if k not in _SEQWARM_DS_KEYS}
-    sampling = ds.get("data_efficiency", {}).get("data_sampling") if isinstance(ds.get("data_efficiency"), dict) else None
+    efficiency = ds.get("data_efficiency")
+    sampling = efficiency.get("data_sampling") if isinstance(efficiency, dict) else None
     if isinstance(sampling, dict):
         sampling.pop("curriculum_learning", None)
     return ds
@@ -218,7 +220,6 @@ def _hand_deepspeed_config(args: Any) -> None:
 
 def _build_trainer_class() -> type:
     transformers = require_transformers("CurriculumTrainer")
-    from seqwarm.data.dataset import TokenWindows
 
     class _CurriculumCallback(transformers.TrainerCallback):
         """Commit the step once the optimizer applied it, and stop at the budget."""
