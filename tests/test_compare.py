@@ -3,7 +3,6 @@ resume of run folders, the scaled and quick plans, and bad input."""
 
 import json
 import math
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -13,8 +12,9 @@ from hypothesis import strategies as st
 from seqwarm.cli import main
 from seqwarm.experiments import curves
 from seqwarm.experiments.compare import QUICK_FRACTION, ComparePlan, build_report, plan_compare
-from seqwarm.experiments.launch import run_state, train_namespace
+from seqwarm.experiments.launch import run_state
 from seqwarm.experiments.report import write_report
+from seqwarm.runner import RunSpec
 
 from conftest import small_config
 
@@ -124,7 +124,7 @@ def _fake_run(folder: Path, evals, final=True):
 def _synthetic_plan(tmp_path, base_evals, cur_evals):
     _fake_run(tmp_path / "baseline", base_evals)
     _fake_run(tmp_path / "curriculum", cur_evals)
-    runs = {n: train_namespace(Namespace(), out=str(tmp_path / n)) for n in ("baseline", "curriculum")}
+    runs = {n: RunSpec(out=tmp_path / n) for n in ("baseline", "curriculum")}
     return ComparePlan(tmp_path, runs, {"spike_threshold": 1.2, "smooth_steps": 2, "scale_batch": 1,
                                         "scale_lr": 1.0})
 
@@ -205,18 +205,21 @@ def test_compare_two_tiny_runs_report_reuse_and_resume(tmp_path, byte_data, caps
 
 def _compare_args(tmp_path, *extra):
     from seqwarm.cli import build_parser
+    from seqwarm.commands.compare import compare_inputs
 
-    return build_parser().parse_args(["compare", *FAST, "--out", str(tmp_path / "cmp"), *extra])
+    return compare_inputs(build_parser().parse_args(["compare", *FAST, "--out", str(tmp_path / "cmp"), *extra]))
 
 
 def test_scaled_batch_and_lr_plan(tmp_path):
     cfg = small_config(tmp_path / "c.json", train_tokens=20_000, total_step=40)
-    plan = plan_compare(_compare_args(tmp_path, "--config", str(cfg), "--scale-batch", "4", "--scale-lr", "3"))
+    plan = plan_compare(*_compare_args(tmp_path, "--config", str(cfg), "--scale-batch", "4", "--scale-lr", "3"))
     base, cur = plan.runs["baseline"], plan.runs["curriculum"]
-    assert base.global_batch_size is None and base.no_curriculum
-    assert cur.global_batch_size == 32 and cur.gradient_accumulation_steps == 8 and cur.micro_batch_size == 4
-    assert cur.lr == pytest.approx(0.006) and cur.min_lr == pytest.approx(0.0006)
-    assert cur.lr_warmup_iters == 1  # 2 iterations of 8 sequences = 16 samples ~ 1 step of 32 (at least 1)
+    b, c = base.settings, cur.settings
+    assert "train_batch_size" not in b and b["curriculum"] is False
+    assert c["train_batch_size"] == 32 and c["gradient_accumulation_steps"] == 8
+    assert c["train_micro_batch_size_per_gpu"] == 4
+    assert c["lr"] == pytest.approx(0.006) and c["min_lr"] == pytest.approx(0.0006)
+    assert c["lr_warmup_iters"] == 1  # 2 iterations of 8 sequences = 16 samples ~ 1 step of 32 (at least 1)
     written = json.loads(Path(cur.config).read_text())
     assert written["curriculum_learning"]["schedule_config"]["total_curriculum_step"] == 10
     assert cur.eval_interval == max(1, round(base.eval_interval / 4))
@@ -225,16 +228,17 @@ def test_scaled_batch_and_lr_plan(tmp_path):
 
 def test_quick_plan_shrinks_budget_and_schedule(tmp_path):
     cfg = small_config(tmp_path / "c.json", train_tokens=50_000, total_step=50)
-    plan = plan_compare(_compare_args(tmp_path, "--config", str(cfg), "--quick"))
+    plan = plan_compare(*_compare_args(tmp_path, "--config", str(cfg), "--quick"))
     cur = plan.runs["curriculum"]
     tokens = round(50_000 * QUICK_FRACTION)
-    assert cur.train_tokens == tokens and cur.lr_decay_tokens == tokens and cur.eval_iters == 2
+    assert cur.settings["train_tokens"] == tokens and cur.settings["lr_decay_tokens"] == tokens
+    assert cur.eval_iters == 2
     assert json.loads(Path(cur.config).read_text())["curriculum_learning"]["schedule_config"][
         "total_curriculum_step"] == round(50 * QUICK_FRACTION)
     assert cur.log_interval == 1
     # an explicit budget is kept
-    plan = plan_compare(_compare_args(tmp_path, "--config", str(cfg), "--quick", "--train-tokens", "9000"))
-    assert plan.runs["curriculum"].train_tokens == 9000
+    plan = plan_compare(*_compare_args(tmp_path, "--config", str(cfg), "--quick", "--train-tokens", "9000"))
+    assert plan.runs["curriculum"].settings["train_tokens"] == 9000
 
 
 @pytest.mark.parametrize("extra,fragment", [

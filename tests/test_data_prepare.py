@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from tokenizers import pre_tokenizers
 
-from seqwarm import __version__
+from seqwarm.version import __version__
 from seqwarm.cli import main
 from seqwarm.data import embedded_data_dir
 from seqwarm.data import prepare as prep
@@ -268,3 +268,155 @@ def test_embedded_data_dir_reuses_the_cached_folder(tmp_path, monkeypatch):
     (folder / "meta.json").write_text("{}")
     monkeypatch.setattr(prep, "prepare_dataset", lambda *a, **k: pytest.fail("prepared again"))
     assert embedded_data_dir() == folder
+
+
+# --------------------------------------------------------------------------------------------------
+# Hugging Face tokenizers (hf:PATH) and table inputs (parquet, datasets folders)
+
+
+def word_level_tokenizer(size: int, eos: str | None = "</s>"):
+    """A WordLevel tokenizer of ``size`` entries: WORDS first, fillers after, ``eos`` (if any) last."""
+    from tokenizers import Tokenizer, models
+    from tokenizers import pre_tokenizers as pre
+
+    vocab = {w: i for i, w in enumerate(["<unk>", *WORDS])}
+    vocab.update({f"w{i}": i for i in range(len(vocab), size - (1 if eos else 0))})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre.WhitespaceSplit()
+    if eos:
+        from tokenizers import AddedToken
+        tok.add_special_tokens([AddedToken(eos, special=True)])
+    assert tok.get_vocab_size() == size
+    return tok
+
+
+def test_hf_tokenizer_json_with_70k_vocabulary_writes_uint32(tmp_path, capsys):
+    texts = make_texts(6)
+    hf = word_level_tokenizer(70_000)
+    hf.save(str(tmp_path / "tokenizer.json"))
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    src = write_txt(tmp_path / "in", texts)
+    out = tmp_path / "out"
+    code, stdout, err = cli(capsys, "--input", str(src), "--tokenizer", f"hf:{tmp_path / 'tokenizer.json'}",
+                            "--workers", "1", "--out", str(out))
+    assert code == 0, err
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["vocab_size"], meta["eod_id"], meta["dtype"]) == (70_000, 69_999, "uint32")
+    assert meta["tokenizer"]["eod_token"] == "</s>"
+    assert meta["tokenizer"]["files"] == ["tokenizer.json", "tokenizer_config.json"]
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(meta["files"])
+    docs = read_docs(out, "train") + read_docs(out, "val")
+    assert (out / "train.bin").stat().st_size == 4 * meta["splits"]["train"]["tokens"]
+    expected = [hf.encode(t, add_special_tokens=False).ids + [69_999] for t in texts]
+    assert sorted(docs) == sorted(expected)
+    # train/eval rebuild it from the prepared folder alone (the original file may be gone).
+    (tmp_path / "tokenizer.json").unlink()
+    tok = load_tokenizer(out)
+    assert (tok.vocab_size, tok.eod_id, tok.name) == (70_000, 69_999, meta["tokenizer"]["name"])
+    assert tok.encode(texts[0]) == expected[0][:-1]
+    # Worker processes rebuild it from its payload: the same ids, the same EOD.
+    again = prep.tokenizer_from_payload(tok.worker_payload())
+    assert again.encode_document(texts[1]) == expected[1] and again.eod_id == 69_999
+
+
+def test_hf_tokenizer_folder_and_eod_token(tmp_path, capsys):
+    texts = make_texts(5)
+    src = write_txt(tmp_path / "in", texts)
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    word_level_tokenizer(500, eos=None).save(str(bare / "tokenizer.json"))
+    # No eos token declared anywhere: exit 2, pointing at --eod-token.
+    code, _, err = cli(capsys, "--input", str(src), "--tokenizer", f"hf:{bare}", "--out", str(tmp_path / "o1"))
+    assert code == 2 and "--eod-token" in err and not (tmp_path / "o1").exists()
+    code, _, err = cli(capsys, "--input", str(src), "--tokenizer", f"hf:{bare}", "--eod-token", "nope",
+                       "--out", str(tmp_path / "o1"))
+    assert code == 2 and "'nope'" in err
+    code, _, err = cli(capsys, "--input", str(src), "--tokenizer", f"hf:{bare}", "--eod-token", "w20",
+                       "--workers", "1", "--out", str(tmp_path / "o1"))
+    assert code == 0, err
+    assert json.loads((tmp_path / "o1" / "meta.json").read_text())["eod_id"] == 20
+    code, _, err = cli(capsys, "--tokenizer", "byte", "--eod-token", "x", "--out", str(tmp_path / "o2"))
+    assert code == 2 and "only applies to --tokenizer hf:" in err
+    code, _, err = cli(capsys, "--tokenizer", f"hf:{tmp_path / 'missing'}", "--out", str(tmp_path / "o2"))
+    assert code == 2 and "does not exist" in err
+
+
+def test_hf_tokenizer_folder_without_tokenizer_json(tmp_path, capsys):
+    """A slow-only folder (vocab.json + merges.txt) goes through transformers.AutoTokenizer, offline."""
+    transformers = pytest.importorskip("transformers", reason="transformers (the hf extra) is not installed")
+    folder = tmp_path / "gpt2ish"
+    folder.mkdir()
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {c: i for i, c in enumerate(alphabet)}
+    vocab["<|endoftext|>"] = len(vocab)
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    (folder / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "GPT2Tokenizer", "eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"}))
+    src = write_txt(tmp_path / "in", make_texts(4))
+    out = tmp_path / "out"
+    code, _, err = cli(capsys, "--input", str(src), "--tokenizer", f"hf:{folder}", "--workers", "1",
+                       "--out", str(out))
+    assert code == 0, err
+    meta = json.loads((out / "meta.json").read_text())
+    assert (meta["vocab_size"], meta["eod_id"]) == (257, 256)
+    auto = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    docs = read_docs(out, "train") + read_docs(out, "val")
+    text = (src / "doc000.txt").read_text()
+    assert auto.encode(text, add_special_tokens=False) + [256] in docs
+
+
+def _write_parquet(path: pathlib.Path, texts: list[str], column: str = "text") -> None:
+    pa = pytest.importorskip("pyarrow", reason="pyarrow (the hf extra) is not installed")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({column: texts, "id": list(range(len(texts)))}), str(path), row_group_size=3)
+
+
+def test_parquet_and_save_to_disk_give_the_same_tokens_as_txt_and_jsonl(tmp_path):
+    datasets = pytest.importorskip("datasets", reason="datasets (a dev dependency) is not installed")
+    texts = make_texts(10)
+    kw = dict(tokenizer="gpt2", workers=1, progress=False)
+    ref = prepare_dataset(tmp_path / "ref", [write_txt(tmp_path / "txt", texts)], **kw)
+    jsonl = tmp_path / "a.jsonl"
+    jsonl.write_text("".join(json.dumps({"body": t}) + "\n" for t in texts))
+    via_jsonl = prepare_dataset(tmp_path / "j", [jsonl], json_key="body", **kw)
+    _write_parquet(tmp_path / "a.parquet", texts, column="body")
+    via_parquet = prepare_dataset(tmp_path / "p", [tmp_path / "a.parquet"], text_field="body", **kw)
+    ds = datasets.Dataset.from_dict({"text": texts, "n": list(range(10))})
+    ds.save_to_disk(str(tmp_path / "ds"), num_shards=2)
+    via_disk = prepare_dataset(tmp_path / "d", [tmp_path / "ds"], **kw)
+    # A DatasetDict folder: its splits' Arrow files, in sorted order ("a" before "b").
+    datasets.DatasetDict({"b": ds.select(range(6, 10)), "a": ds.select(range(6))}).save_to_disk(str(tmp_path / "dd"))
+    via_dict = prepare_dataset(tmp_path / "dd_out", [tmp_path / "dd"], **kw)
+    for res in (via_jsonl, via_parquet, via_disk, via_dict):
+        assert res.meta["files"]["train.bin"] == ref.meta["files"]["train.bin"]
+        assert res.meta["files"]["val.bin"] == ref.meta["files"]["val.bin"]
+    assert via_parquet.meta["corpus"]["text_field"] == "body"
+
+
+def test_mixed_folder_of_txt_and_parquet(tmp_path):
+    pytest.importorskip("pyarrow", reason="pyarrow (the hf extra) is not installed")
+    texts = make_texts(8)
+    folder = write_txt(tmp_path / "mix", texts[:4])
+    _write_parquet(folder / "z.parquet", texts[4:])
+    res = prepare_dataset(tmp_path / "out", [folder], tokenizer="byte", workers=1, progress=False)
+    tok = ByteTokenizer()
+    docs = read_docs(tmp_path / "out", "train") + read_docs(tmp_path / "out", "val")
+    assert res.meta["corpus"]["files"] == 5
+    assert sorted(docs) == sorted(tok.encode_document(t) for t in texts)
+
+
+@pytest.mark.parametrize("make,args,fragment", [
+    (lambda p: _write_parquet(p / "t.parquet", ["a", "b"], column="body"), [], "no 'text' column"),
+    (lambda p: (p / "bad.parquet").write_bytes(b"not parquet at all"), [], "cannot read parquet file"),
+    (lambda p: (p / "bad.arrow").write_bytes(b"junk"), [], "cannot read Arrow file"),
+    (lambda p: _write_parquet(p / "t.parquet", ["a", "b"]), ["--text-field", "id"], "must hold strings"),
+])
+def test_bad_table_inputs_exit_2_naming_the_file(tmp_path, capsys, make, args, fragment):
+    pytest.importorskip("pyarrow", reason="pyarrow (the hf extra) is not installed")
+    make(tmp_path)
+    name = next(p for p in tmp_path.iterdir() if p.suffix in (".parquet", ".arrow"))
+    code, _, err = cli(capsys, "--input", str(name), "--tokenizer", "byte", *args, "--out", str(tmp_path / "out"))
+    assert code == 2 and fragment in err and name.name in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()

@@ -10,7 +10,8 @@ Rules:
 3. no module imports the package facade ``seqwarm`` (``seqwarm/__init__.py`` sits above everything);
 4. only the CLI layer imports ``argparse`` or ``seqwarm.commands``;
 5. an import inside a function is allowed only for a heavy dependency: an optional package (torch,
-   deepspeed, matplotlib, ...) or a seqwarm module whose own top-level imports bring one in.
+   deepspeed, matplotlib, ...), a seqwarm module whose own top-level imports (or its parent package's)
+   bring one in, or a lazy facade (a package with a module-level ``__getattr__``).
 """
 
 from __future__ import annotations
@@ -111,6 +112,11 @@ def imports_of(name: str, path: Path, modules: dict[str, Path], package: str) ->
     return found
 
 
+def _defines_getattr(path: Path) -> bool:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return any(isinstance(n, ast.FunctionDef) and n.name == "__getattr__" for n in tree.body)
+
+
 def layer_of(module: str, layers: dict[str, int], package: str) -> int | None:
     parts = module.split(".")[1:]  # drop the package name
     for i in range(len(parts), 0, -1):
@@ -167,13 +173,18 @@ def check_layers(src: Path, package: str, doc: Path) -> list[str]:
             problems.append(f"{rel[m]}: module {m} is in no layer of {doc.name}; add it to the table")
     # which modules bring in a heavy dependency at import time (through their top-level imports)
     top = {m: {i.target for i in imps if not i.nested} for m, imps in all_imports.items()}
+    lazy = {m for m, p in modules.items() if _defines_getattr(p)}  # a lazy facade defers heavy imports
     heavy: dict[str, bool] = {}
 
     def is_heavy(m: str, seen: frozenset = frozenset()) -> bool:
         if m not in modules:
             return m.split(".")[0] in HEAVY
-        if m not in heavy:
-            heavy[m] = any(is_heavy(t, seen | {m}) for t in top[m] if t not in seen and t != m)
+        if m in lazy:
+            return True
+        if m not in heavy:  # importing pkg.sub runs pkg/__init__.py first
+            parent = m.rsplit(".", 1)[0] if "." in m else None
+            heavy[m] = any(is_heavy(t, seen | {m}) for t in top[m] if t not in seen and t != m) or (
+                parent is not None and parent not in seen and is_heavy(parent, seen | {m}))
         return heavy[m]
 
     graph: dict[str, set[str]] = {m: set() for m in modules}

@@ -1,6 +1,7 @@
 """Every README snippet runs: Python blocks are executed, every `seqwarm ...` command line is run
 (training and prepare lines with a tiny budget / tiny input appended, so they finish in seconds)."""
 
+import importlib.util
 import re
 import shlex
 from pathlib import Path
@@ -61,7 +62,7 @@ def test_cheap_commands_run(line, monkeypatch, capsys):
 
 
 def test_train_and_prepare_commands_run(tmp_path, byte_data, monkeypatch, capsys):
-    """The README's prepare/train lines, on a tiny corpus and budget (same flags otherwise)."""
+    """The README's prepare/train/export lines, on a tiny corpus and budget (same flags otherwise)."""
     monkeypatch.chdir(tmp_path)
     make_corpus(tmp_path / "my_texts", docs=12, words_per_doc=200)
     small = ["--train-tokens", "1500", "--eval-iters", "1", "--no-progress", "--no-tensorboard",
@@ -77,6 +78,9 @@ def test_train_and_prepare_commands_run(tmp_path, byte_data, monkeypatch, capsys
             # the README's budget flags are replaced by the tiny ones appended (argparse: last wins)
             code = main(argv + small + ["--lr-warmup-iters", "1"] + _curriculum_for(argv))
             assert code == 0, capsys.readouterr().err
+        elif argv[0] == "export" and importlib.util.find_spec("transformers") is not None:
+            assert main(argv) == 0, capsys.readouterr().err
+            assert (Path(argv[argv.index("--hf") + 1]) / "model.safetensors").is_file()
 
 
 def _curriculum_for(argv):

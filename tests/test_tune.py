@@ -136,14 +136,16 @@ def test_config_editing_in_both_curriculum_forms(tmp_path):
 
 
 def _tune_args(tmp_path, *extra):
-    return build_parser().parse_args(["tune", *FAST, "--out", str(tmp_path / "tune"), *extra])
+    from seqwarm.commands.tune import tune_inputs
+
+    return tune_inputs(build_parser().parse_args(["tune", *FAST, "--out", str(tmp_path / "tune"), *extra]))
 
 
 def test_run_tune_with_a_fake_probe_writes_the_tuned_config(tmp_path, capsys):
     cfg = small_config(tmp_path / "c.json", train_tokens=20_000, total_step=6)
     args = _tune_args(tmp_path, "--config", str(cfg), "--lo", "2", "--hi", "40", "--resolution", "1")
     fake = FakeProbe(17)
-    report = run_tune(args, probe=fake)
+    report = run_tune(*args, probe=fake)
     printed = capsys.readouterr().out
     assert report["chosen"] == 17 and "chosen total_curriculum_step = 17" in printed
     assert "probe T=    18: FAIL" in printed and "max rise 10.00%" in printed
@@ -158,11 +160,11 @@ def test_run_tune_with_a_fake_probe_writes_the_tuned_config(tmp_path, capsys):
     assert "--train-iters 8" in saved["probe_command"]
     # a rerun reads the state file and probes nothing
     again = FakeProbe(17)
-    assert run_tune(args, probe=again)["chosen"] == 17 and again.calls == []
+    assert run_tune(*args, probe=again)["chosen"] == 17 and again.calls == []
     assert "done before" in capsys.readouterr().out
     # a different probe length is a different search
     with pytest.raises(UserError, match="different settings"):
-        run_tune(_tune_args(tmp_path, "--config", str(cfg), "--probe-steps", "5"), probe=again)
+        run_tune(*_tune_args(tmp_path, "--config", str(cfg), "--probe-steps", "5"), probe=again)
 
 
 def test_tiny_real_search(tmp_path, byte_data, capsys):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from seqwarm.version import __version__
 
 from seqwarm.budget import Progress, advance, should_stop, stop_reason, tokens_per_step
 from seqwarm.config import (
@@ -34,6 +34,8 @@ _LAZY = {
     "GPTConfig": "seqwarm.model",
     "CurriculumEngine": "seqwarm.engine",
     "CurriculumCore": "seqwarm.core",
+    "RunSpec": "seqwarm.runner",
+    "run_training": "seqwarm.runner",
 }
 
 __all__ = [

@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from seqwarm import __version__
+from seqwarm.version import __version__
 from seqwarm.errors import SeqwarmError, UserError
 
 # Modules that provide a command; a module that does not exist yet is skipped.
@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "seqwarm.commands.check_config",
     "seqwarm.commands.prepare",
     "seqwarm.commands.eval",
+    "seqwarm.commands.export",
     "seqwarm.commands.compare",
     "seqwarm.commands.tune",
 )

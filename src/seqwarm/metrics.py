@@ -92,3 +92,24 @@ def console_line(row: Mapping[str, Any], budget_tokens: int | None, val_loss: fl
     return (f"step {row['step']} | seqlen {row['seqlen']} | tokens {human_count(row['tokens'])}{budget} | "
             f"loss {row['loss']:.3f} | val {val} | lr {row['lr']:.2e} | "
             f"{human_count(round(row['tokens_per_s']))} tok/s | eta {format_duration(eta_s)}")
+
+
+def format_results(result: dict) -> list[str]:
+    """The console lines of a :func:`~seqwarm.evaluation.run_paper_evals` result, one per section
+    (``seqwarm eval``, and ``seqwarm train --eval-wikitext/--eval-lambada``)."""
+    tokens = f", {result['tokens']:,} tokens" if result.get("tokens") is not None else ""
+    lines = [f"checkpoint: {result['checkpoint']} (step {result['step']:,}{tokens})"]
+    if "wikitext" in result:
+        w = result["wikitext"]
+        lines.append(f"wikitext:   ppl {w['ppl']:.3f} | adjusted ppl {w['adjusted_ppl']:.3f} | loss {w['loss']:.4f} | "
+                     f"{w['num_tokenized_tokens']:,} tokens, {w['num_original_words']:,} original words | "
+                     f"{w['num_windows']:,} windows of {w['seq_length']}, stride {w['overlapping_eval']}")
+    if "lambada" in result:
+        lam = result["lambada"]
+        lines.append(f"lambada:    accuracy {100 * lam['accuracy']:.2f}% ({lam['num_correct']:,}/{lam['num_examples']:,}, "
+                     f"{'strict' if lam['strict'] else 'non-strict'}) | target loss {lam['loss']:.4f}")
+    if "val" in result:
+        v = result["val"]
+        lines.append(f"val:        loss {v['loss']:.4f} | ppl {v['ppl']:.3f} | {v['num_windows']:,} windows of "
+                     f"{v['seq_length']} ({v['num_tokens']:,} tokens)")
+    return lines

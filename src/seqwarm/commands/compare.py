@@ -8,8 +8,16 @@ from __future__ import annotations
 
 import argparse
 
-from seqwarm.experiments.compare import DEFAULT_SMOOTH_STEPS, DEFAULT_SPIKE_THRESHOLD, QUICK_FRACTION, run_compare
-from seqwarm.experiments.launch import add_parser_with_train_flags
+from seqwarm.commands.spec_flags import spec_from_args
+from seqwarm.commands.train import add_parser_with_train_flags
+from seqwarm.experiments.compare import (
+    DEFAULT_SMOOTH_STEPS,
+    DEFAULT_SPIKE_THRESHOLD,
+    QUICK_FRACTION,
+    CompareOptions,
+    run_compare,
+)
+from seqwarm.runner import RunSpec
 from seqwarm.units import human_count
 
 
@@ -41,8 +49,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def compare_inputs(args: argparse.Namespace) -> tuple[RunSpec, CompareOptions]:
+    """The two runs' shared spec and the comparison's options from the parsed ``seqwarm compare`` flags."""
+    options = CompareOptions(out=args.out, quick=args.quick, scale_batch=args.scale_batch, scale_lr=args.scale_lr,
+                             spike_threshold=args.spike_threshold, smooth_steps=args.smooth_steps,
+                             eval_interval=args.eval_interval, eval_iters=args.eval_iters,
+                             log_interval=args.log_interval)
+    return spec_from_args(args, out=None), options
+
+
 def run(args: argparse.Namespace) -> int:
-    report = run_compare(args)
+    report = run_compare(*compare_inputs(args))
     base, cur = report["baseline"], report["curriculum"]
     print()
     for name, r in (("baseline", base), ("curriculum", cur)):

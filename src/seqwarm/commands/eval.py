@@ -8,6 +8,7 @@ import json
 
 from seqwarm.commands.common import count
 from seqwarm.errors import UserError
+from seqwarm.metrics import format_results
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -36,27 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def format_results(result: dict) -> list[str]:
-    tokens = f", {result['tokens']:,} tokens" if result.get("tokens") is not None else ""
-    lines = [f"checkpoint: {result['checkpoint']} (step {result['step']:,}{tokens})"]
-    if "wikitext" in result:
-        w = result["wikitext"]
-        lines.append(f"wikitext:   ppl {w['ppl']:.3f} | adjusted ppl {w['adjusted_ppl']:.3f} | loss {w['loss']:.4f} | "
-                     f"{w['num_tokenized_tokens']:,} tokens, {w['num_original_words']:,} original words | "
-                     f"{w['num_windows']:,} windows of {w['seq_length']}, stride {w['overlapping_eval']}")
-    if "lambada" in result:
-        lam = result["lambada"]
-        lines.append(f"lambada:    accuracy {100 * lam['accuracy']:.2f}% ({lam['num_correct']:,}/{lam['num_examples']:,}, "
-                     f"{'strict' if lam['strict'] else 'non-strict'}) | target loss {lam['loss']:.4f}")
-    if "val" in result:
-        v = result["val"]
-        lines.append(f"val:        loss {v['loss']:.4f} | ppl {v['ppl']:.3f} | {v['num_windows']:,} windows of "
-                     f"{v['seq_length']} ({v['num_tokens']:,} tokens)")
-    return lines
-
-
 def run(args: argparse.Namespace) -> int:
-    from seqwarm.evaluation import EVAL_FILE, run_paper_evals  # imports torch: not at `seqwarm --help`
+    from seqwarm.evaluation import (  # imports torch: not at `seqwarm --help`
+        EVAL_FILE,
+        run_paper_evals,
+    )
 
     if args.val_windows is not None and not args.val:
         raise UserError("--val-windows only applies with --val")

@@ -8,8 +8,16 @@ from __future__ import annotations
 import argparse
 
 from seqwarm.commands.common import count
-from seqwarm.experiments.launch import add_parser_with_train_flags
-from seqwarm.experiments.tune import DEFAULT_FLUCTUATION_PCT, DEFAULT_PROBE_EVALS, DEFAULT_PROBE_MULTIPLE, run_tune
+from seqwarm.commands.spec_flags import spec_from_args
+from seqwarm.commands.train import add_parser_with_train_flags
+from seqwarm.experiments.tune import (
+    DEFAULT_FLUCTUATION_PCT,
+    DEFAULT_PROBE_EVALS,
+    DEFAULT_PROBE_MULTIPLE,
+    TuneOptions,
+    run_tune,
+)
+from seqwarm.runner import RunSpec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -38,6 +46,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def tune_inputs(args: argparse.Namespace) -> tuple[RunSpec, TuneOptions]:
+    """The probes' shared spec and the search's options from the parsed ``seqwarm tune`` flags."""
+    options = TuneOptions(out=args.out, probe_multiple=args.probe_multiple, probe_steps=args.probe_steps,
+                          probe_evals=args.probe_evals, fluctuation=args.fluctuation, lo=args.lo, hi=args.hi,
+                          resolution=args.resolution, jobs=args.jobs, eval_interval=args.eval_interval)
+    return spec_from_args(args, out=None), options
+
+
 def run(args: argparse.Namespace) -> int:
-    report = run_tune(args)
+    report = run_tune(*tune_inputs(args))
     return 0 if report["chosen"] is not None else 1

@@ -1,4 +1,5 @@
-"""Data pipeline: embedded corpus, tokenizers, indexed token files, datasets.
+"""Data pipeline: embedded corpus and user inputs (text, JSONL, tables), tokenizers, indexed token
+files, datasets.
 
     corpus -> tokenizer -> SPLIT.bin/.idx + meta.json (prepare_dataset) -> PreparedData -> batches
 
@@ -18,6 +19,8 @@ _EXPORTS = {
     "describe_default_corpus": "corpus",
     "iter_input_documents": "corpus",
     "resolve_inputs": "corpus",
+    "iter_parquet": "tables",
+    "iter_arrow": "tables",
     "strip_gutenberg_boilerplate": "corpus",
     "CorpusSource": "corpus",
     # tokenizers
@@ -26,6 +29,7 @@ _EXPORTS = {
     "HFTokenizer": "tokenizer",
     "build_tokenizer": "tokenizer",
     "gpt2_tokenizer": "tokenizer",
+    "hf_tokenizer": "tokenizer",
     "train_bpe": "tokenizer",
     "load_tokenizer": "tokenizer",
     "parse_tokenizer_name": "tokenizer",

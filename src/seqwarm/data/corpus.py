@@ -1,4 +1,5 @@
-"""Documents in: the embedded public-domain default corpus, and the user's .txt / .jsonl files.
+"""Documents in: the embedded public-domain default corpus, and the user's .txt / .jsonl / .parquet files
+and ``datasets`` folders (the last two read by :mod:`seqwarm.data.tables`).
 
 A *document* is a ``(name, text)`` pair. Every reader here is a generator, so a corpus is never held in
 memory as a whole (one document at a time; a ``.txt`` file is one document).
@@ -24,6 +25,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from seqwarm.data.tables import iter_arrow, iter_parquet
 from seqwarm.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -33,6 +35,8 @@ Document = tuple[str, str]
 
 TEXT_SUFFIXES = (".txt",)
 JSONL_SUFFIXES = (".jsonl",)
+TABLE_SUFFIXES = {".parquet": "parquet", ".arrow": "arrow"}
+TABLE_KINDS = tuple(TABLE_SUFFIXES.values())
 
 
 # --------------------------------------------------------------------------------------------------
@@ -192,7 +196,8 @@ def iter_default_documents(sources: Iterable[str] | None = None) -> Iterator[Doc
 
 @dataclass(frozen=True)
 class InputFile:
-    """One input file: ``txt`` (the whole file is one document) or ``jsonl`` (one per line)."""
+    """One input file: ``txt`` (the whole file is one document), ``jsonl`` (one per line), ``parquet`` or
+    ``arrow`` (one per row; ``.arrow`` is what ``datasets`` save_to_disk writes)."""
 
     path: Path
     kind: str
@@ -204,7 +209,7 @@ def _kind_of(path: Path) -> str | None:
         return "txt"
     if suffix in JSONL_SUFFIXES:
         return "jsonl"
-    return None
+    return TABLE_SUFFIXES.get(suffix)
 
 
 def resolve_inputs(paths: Sequence[str | Path]) -> list[InputFile]:
@@ -218,13 +223,15 @@ def resolve_inputs(paths: Sequence[str | Path]) -> list[InputFile]:
                 key=lambda p: p.relative_to(path).parts,
             )
             if not found:
-                raise UserError(f"input folder {str(raw)!r} has no .txt or .jsonl files (searched recursively)")
+                raise UserError(f"input folder {str(raw)!r} has no .txt or .jsonl files, nor .parquet or .arrow "
+                                "ones (searched recursively)")
             files.extend(InputFile(p, _kind_of(p) or "txt") for p in found)
         elif path.is_file():
             kind = _kind_of(path)
             if kind is None:
                 raise UserError(f"input file {str(raw)!r} has an unsupported type {path.suffix!r}; "
-                                "use .txt (one document per file) or .jsonl (one JSON object per line)")
+                                "use .txt (one document per file), .jsonl (one JSON object per line), .parquet "
+                                "(one document per row) or a folder written by datasets' save_to_disk")
             files.append(InputFile(path, kind))
         elif path.exists():
             raise UserError(f"input {str(raw)!r} is neither a file nor a folder")
@@ -276,10 +283,17 @@ def _iter_jsonl(path: Path, json_key: str) -> Iterator[Document]:
             yield where, text
 
 
-def iter_input_documents(files: Sequence[InputFile], json_key: str = "text") -> Iterator[Document]:
-    """Yield the documents of resolved input files, in order, one at a time."""
+def iter_input_documents(files: Sequence[InputFile], json_key: str = "text",
+                         text_field: str | None = None) -> Iterator[Document]:
+    """Yield the documents of resolved input files, in order, one at a time. ``text_field`` is the text
+    column of tables (default: ``json_key``)."""
+    field = json_key if text_field is None else text_field
     for item in files:
         if item.kind == "txt":
             yield str(item.path), _read_text(item.path)
+        elif item.kind == "parquet":
+            yield from iter_parquet(item.path, field)
+        elif item.kind == "arrow":
+            yield from iter_arrow(item.path, field)
         else:
             yield from _iter_jsonl(item.path, json_key)

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from seqwarm import __version__
+from seqwarm.version import __version__
 from seqwarm.atomic import write_json
 from seqwarm.data import corpus
 from seqwarm.data.indexed import (
@@ -211,6 +211,8 @@ def prepare_dataset(
     tokenizer: str = DEFAULT_TOKENIZER,
     val_fraction: float = DEFAULT_VAL_FRACTION,
     json_key: str = "text",
+    text_field: str | None = None,
+    eod_token: str | None = None,
     vocab_file: str | Path | None = None,
     merges_file: str | Path | None = None,
     workers: int | None = None,
@@ -219,7 +221,9 @@ def prepare_dataset(
     progress: bool = True,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> PrepareResult:
-    """Tokenize ``inputs`` (files/folders of .txt/.jsonl; ``None`` = the embedded corpus) into ``out``.
+    """Tokenize ``inputs`` (files/folders of .txt/.jsonl/.parquet, ``datasets`` folders; ``None`` = the
+    embedded corpus) into ``out``. ``text_field`` is the text column of tables (default: ``json_key``);
+    ``eod_token`` names the EOD of an ``hf:`` tokenizer that declares no eos token.
 
     Raises :class:`UserError` for every mistake the user can fix, before anything is written where
     possible; on any failure ``out`` is left as it was.
@@ -233,20 +237,30 @@ def prepare_dataset(
         raise UserError(f"--workers must be at least 1, got {workers}")
     if not json_key:
         raise UserError("--json-key must not be empty")
+    text_field = json_key if text_field is None else text_field
+    if not text_field:
+        raise UserError("--text-field must not be empty")
     kind, _ = parse_tokenizer_name(tokenizer)
     if kind != "gpt2" and (vocab_file or merges_file):
         raise UserError(f"--vocab-file/--merges-file only apply to --tokenizer gpt2, not {tokenizer!r}")
+    if kind != "hf" and eod_token is not None:
+        raise UserError(f"--eod-token only applies to --tokenizer hf:PATH, not {tokenizer!r}")
     _check_out(out, force)
+    # A fixed tokenizer is loaded before the corpus is read, so a bad one fails in seconds.
+    fixed = None if kind == "bpe" else build_tokenizer(tokenizer, vocab_file=vocab_file, merges_file=merges_file,
+                                                       eod_token=eod_token)
 
     if inputs:
         files = corpus.resolve_inputs(inputs)
         _check_inputs_outside(out, inputs)
 
         def documents() -> Iterator[corpus.Document]:
-            return _non_empty(corpus.iter_input_documents(files, json_key))
+            return _non_empty(corpus.iter_input_documents(files, json_key, text_field))
 
         source_desc: dict[str, Any] = {"inputs": [str(p) for p in inputs], "json_key": json_key,
                                        "files": len(files)}
+        if any(f.kind in corpus.TABLE_KINDS for f in files):
+            source_desc["text_field"] = text_field
     else:
         present = [s.key for s in corpus.default_corpus_sources() if s.available]
 
@@ -280,7 +294,8 @@ def prepare_dataset(
             tok = build_tokenizer(tokenizer, train_texts, num_documents=int((~val_mask).sum()),
                                   show_progress=progress and sys.stderr.isatty())
         else:
-            tok = build_tokenizer(tokenizer, vocab_file=vocab_file, merges_file=merges_file)
+            assert fixed is not None
+            tok = fixed
         tokenizer_seconds = time.perf_counter() - t0 if kind == "bpe" else 0.0
         dtype = choose_dtype(tok.vocab_size)
 

@@ -1,11 +1,13 @@
-"""Tokenizers: ``gpt2`` (original GPT-2 BPE, offline), ``bpe:N`` (byte-level BPE trained here), ``byte``.
+"""Tokenizers: ``gpt2`` (original GPT-2 BPE, offline), ``bpe:N`` (byte-level BPE trained here), ``byte``,
+and ``hf:PATH`` (any Hugging Face tokenizer saved locally: a ``tokenizer.json`` or a tokenizer folder).
 
 All share one small interface (:class:`Tokenizer`): ``encode(text) -> list[int]`` (no EOD),
 ``encode_document(text)`` (the same plus exactly one EOD at the end), ``decode(ids)``, ``vocab_size``,
 ``eod_id``, ``name``, ``save(folder)`` and :func:`load_tokenizer` to re-create it from a prepared folder.
 
-EOD is ``<|endoftext|>``. The literal string ``<|endoftext|>`` inside a text is encoded as ordinary
-text, never as EOD, so every document holds exactly one EOD (its last token).
+EOD is ``<|endoftext|>`` (``hf:``: the tokenizer's eos token, or ``--eod-token``). The literal EOD string
+inside a text is encoded as ordinary text, never as EOD, so every document holds exactly one EOD (its
+last token).
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from seqwarm.errors import UserError
 
 EOD_TOKEN = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
+HF_CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+                   "chat_template.json")
+"""Files of a ``save_pretrained`` tokenizer folder copied beside ``tokenizer.json`` (``hf:`` only), so the
+prepared folder, and a model exported from a run on it, carry the tokenizer whole."""
 MIN_BPE_VOCAB = 258  # 256 byte symbols + EOD + at least one merge
 
 
@@ -103,18 +109,24 @@ class ByteTokenizer(Tokenizer):
 
 
 class HFTokenizer(Tokenizer):
-    """A Hugging Face ``tokenizers`` byte-level BPE (``gpt2`` or ``bpe:N``) with ``<|endoftext|>``."""
+    """A Hugging Face ``tokenizers`` tokenizer: ``gpt2``/``bpe:N`` (EOD ``<|endoftext|>``) or ``hf:PATH``.
 
-    def __init__(self, hf, name: str):
-        eod = hf.token_to_id(EOD_TOKEN)
+    ``extra_files`` (name -> contents) are written beside ``tokenizer.json`` by :meth:`save`.
+    """
+
+    def __init__(self, hf, name: str, eod_token: str = EOD_TOKEN, extra_files: Mapping[str, bytes] | None = None):
+        eod = hf.token_to_id(eod_token)
         if eod is None:
-            raise UserError(f"tokenizer {name!r}: its vocabulary has no {EOD_TOKEN!r} token")
-        # Text that happens to contain "<|endoftext|>" is ordinary text, not an EOD.
+            hint = "; name one it has with --eod-token" if name.startswith("hf:") else ""
+            raise UserError(f"tokenizer {name!r}: its vocabulary has no {eod_token!r} token (the EOD){hint}")
+        # Text that happens to contain the EOD string is ordinary text, not an EOD.
         hf.encode_special_tokens = True
         self.hf = hf
         self.name = name
+        self.eod_token = eod_token
         self.eod_id = int(eod)
         self.vocab_size = max(hf.get_vocab(with_added_tokens=True).values()) + 1
+        self.extra_files = dict(extra_files or {})
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
@@ -124,13 +136,15 @@ class HFTokenizer(Tokenizer):
 
     def save(self, folder: str | Path) -> list[str]:
         self.hf.save(str(Path(folder) / TOKENIZER_FILE))
-        return [TOKENIZER_FILE]
+        for name, data in self.extra_files.items():
+            (Path(folder) / name).write_bytes(data)
+        return [TOKENIZER_FILE, *self.extra_files]
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "files": [TOKENIZER_FILE]}
+        return {**super().describe(), "eod_token": self.eod_token, "files": [TOKENIZER_FILE, *self.extra_files]}
 
     def worker_payload(self) -> tuple:
-        return ("hf", self.hf.to_str(), self.name)
+        return ("hf", self.hf.to_str(), self.name, self.eod_token)
 
 
 def tokenizer_from_payload(payload: tuple) -> Tokenizer:
@@ -138,7 +152,7 @@ def tokenizer_from_payload(payload: tuple) -> Tokenizer:
         return ByteTokenizer()
     from tokenizers import Tokenizer as _HF
 
-    return HFTokenizer(_HF.from_str(payload[1]), payload[2])
+    return HFTokenizer(_HF.from_str(payload[1]), payload[2], payload[3])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -146,7 +160,12 @@ def tokenizer_from_payload(payload: tuple) -> Tokenizer:
 
 
 def parse_tokenizer_name(name: str) -> tuple[str, int | None]:
-    """``"gpt2" -> ("gpt2", None)``, ``"bpe:8192" -> ("bpe", 8192)``, ``"byte" -> ("byte", None)``."""
+    """``"gpt2" -> ("gpt2", None)``, ``"bpe:8192" -> ("bpe", 8192)``, ``"byte" -> ("byte", None)``,
+    ``"hf:PATH" -> ("hf", None)`` (the path is ``name[3:]``, case kept)."""
+    if name.strip().lower().startswith("hf:"):
+        if not name.strip()[3:]:
+            raise UserError("tokenizer 'hf:' needs a path: hf:PATH/tokenizer.json or hf:PATH (a tokenizer folder)")
+        return "hf", None
     text = name.strip().lower()
     if text in ("gpt2", "byte"):
         return text, None
@@ -159,7 +178,8 @@ def parse_tokenizer_name(name: str) -> tuple[str, int | None]:
         if size > 2**31 - 1:
             raise UserError(f"tokenizer {name!r}: vocabulary size too large")
         return "bpe", size
-    raise UserError(f"unknown tokenizer {name!r}; choose gpt2, byte or bpe:N (e.g. bpe:8192)")
+    raise UserError(f"unknown tokenizer {name!r}; choose gpt2, byte, bpe:N (e.g. bpe:8192) or hf:PATH "
+                    "(a local tokenizer.json or tokenizer folder)")
 
 
 def gpt2_files() -> tuple[Path, Path]:
@@ -236,6 +256,78 @@ def train_bpe(documents: Iterable[str], vocab_size: int, *, length: int | None =
     return HFTokenizer(hf, f"bpe:{vocab_size}")
 
 
+def _special_token(value: Any) -> str | None:
+    """A token as ``tokenizer_config.json`` writes it: a string, or ``{"content": ...}`` (AddedToken)."""
+    if isinstance(value, Mapping):
+        value = value.get("content")
+    return value if isinstance(value, str) and value else None
+
+
+def _declared_eos(folder: Path) -> str | None:
+    """The eos token a ``save_pretrained`` folder declares (tokenizer_config.json, special_tokens_map.json)."""
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        path = folder / name
+        if path.is_file():
+            try:
+                config = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as err:
+                raise UserError(f"cannot read tokenizer file {str(path)!r}: {err}") from None
+            if isinstance(config, Mapping) and (eos := _special_token(config.get("eos_token"))):
+                return eos
+    return None
+
+
+def _auto_tokenizer(folder: Path, spec: str):
+    """A folder without tokenizer.json (e.g. only a sentencepiece model): transformers converts it to a
+    fast tokenizer, whose ``tokenizers`` backend is what seqwarm uses and saves as tokenizer.json."""
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise UserError(f"tokenizer {spec!r}: {folder} has no {TOKENIZER_FILE}; loading it needs transformers: "
+                        "pip install 'seqwarm[hf]' (or save the tokenizer as tokenizer.json)") from None
+    try:
+        auto = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as err:  # noqa: BLE001 - transformers raises many kinds for a folder it cannot read
+        raise UserError(f"tokenizer {spec!r}: transformers cannot load {str(folder)!r}: {err}") from None
+    backend = getattr(auto, "backend_tokenizer", None)
+    if backend is None:
+        raise UserError(f"tokenizer {spec!r}: {type(auto).__name__} has no fast (tokenizers) form; "
+                        f"convert it and save a {TOKENIZER_FILE}")
+    return backend, _special_token(getattr(auto, "eos_token", None))
+
+
+def hf_tokenizer(spec: str, eod_token: str | None = None) -> HFTokenizer:
+    """``hf:PATH``: a local ``tokenizer.json`` or a tokenizer folder (as ``save_pretrained`` writes it).
+
+    EOD is ``eod_token`` when given, else the tokenizer's declared eos token. Nothing is downloaded.
+    """
+    from tokenizers import Tokenizer as _HF
+
+    path = Path(spec[3:]).expanduser()
+    if not path.exists():
+        raise UserError(f"tokenizer {spec!r}: {str(path)!r} does not exist; give a tokenizer.json file or a "
+                        "folder written by save_pretrained")
+    folder = path if path.is_dir() else path.parent
+    file = folder / TOKENIZER_FILE if path.is_dir() else path
+    eos = None
+    if file.is_file():
+        try:
+            hf = _HF.from_file(str(file))
+        except Exception as err:  # tokenizers raises a bare Exception on a malformed file
+            raise UserError(f"tokenizer {spec!r}: cannot load {str(file)!r}: {err}") from None
+    else:
+        hf, eos = _auto_tokenizer(folder, spec)
+    # A tokenizer.json alone declares no eos; the files save_pretrained writes beside it do.
+    config_dir = folder if path.is_dir() or path.name == TOKENIZER_FILE else None
+    eos = eos or (_declared_eos(config_dir) if config_dir else None)
+    if eod_token is None and eos is None:
+        raise UserError(f"tokenizer {spec!r} declares no eos token to end documents with; name the EOD "
+                        "token with --eod-token TEXT (e.g. --eod-token '</s>')")
+    extra = {name: (config_dir / name).read_bytes() for name in HF_CONFIG_FILES
+             if config_dir and (config_dir / name).is_file()}
+    return HFTokenizer(hf, spec, eod_token or eos or "", extra)
+
+
 def build_tokenizer(
     name: str,
     documents: Iterable[str] | None = None,
@@ -244,11 +336,17 @@ def build_tokenizer(
     merges_file: str | Path | None = None,
     num_documents: int | None = None,
     show_progress: bool = False,
+    eod_token: str | None = None,
 ) -> Tokenizer:
-    """Make the tokenizer ``name``; ``bpe:N`` is trained on ``documents`` (texts)."""
+    """Make the tokenizer ``name``; ``bpe:N`` is trained on ``documents`` (texts); ``eod_token`` is for
+    ``hf:`` only."""
     kind, size = parse_tokenizer_name(name)
     if kind != "gpt2" and (vocab_file is not None or merges_file is not None):
         raise UserError(f"--vocab-file/--merges-file only apply to --tokenizer gpt2, not {name!r}")
+    if kind != "hf" and eod_token is not None:
+        raise UserError(f"--eod-token only applies to --tokenizer hf:PATH, not {name!r}")
+    if kind == "hf":
+        return hf_tokenizer(name.strip(), eod_token)
     if kind == "byte":
         return ByteTokenizer()
     if kind == "gpt2":
@@ -299,7 +397,7 @@ def load_tokenizer(source: str | Path | Mapping[str, Any], folder: str | Path | 
             hf = _HF.from_file(str(path))
         except Exception as err:  # tokenizers raises a bare Exception on a malformed file
             raise UserError(f"cannot load tokenizer file {str(path)!r}: {err}") from None
-        tok = HFTokenizer(hf, str(info["name"]))
+        tok = HFTokenizer(hf, str(info["name"]), str(info.get("eod_token", EOD_TOKEN)))
     for key in ("vocab_size", "eod_id"):
         if key in info and int(info[key]) != getattr(tok, key):
             raise UserError(f"tokenizer in {folder}: {key} is {getattr(tok, key)} but meta.json says "

@@ -3,7 +3,7 @@
 
 - :mod:`seqwarm.experiments.curves`: pure arithmetic on logged curves (target crossings, speedups, loss
   ratio and spikes, validation fluctuation), unit-tested on synthetic curves.
-- :mod:`seqwarm.experiments.launch`: ``seqwarm train`` flag sets, derived configs, run-folder reuse/resume.
+- :mod:`seqwarm.experiments.launch`: derived configs, run-folder reuse/resume (runs are RunSpecs).
 - :mod:`seqwarm.experiments.compare`: plan, run and report a comparison.
 - :mod:`seqwarm.experiments.report`: the comparison's report.json, report.md and figures.
 - :mod:`seqwarm.experiments.tune`: the injectable search and the real probe runs.

@@ -1,36 +1,38 @@
 """``seqwarm compare``: the baseline and the curriculum run on the same data, seed, model and token budget.
 
-:func:`plan_compare` turns the command's flags into two ``seqwarm train`` runs (``DIR/baseline`` with
-``--no-curriculum``, ``DIR/curriculum``), :func:`run_compare` runs them one after the other (reusing a
-finished run, resuming one that has checkpoints) and :func:`build_report` reads their metrics into the
+:func:`plan_compare` turns a shared :class:`~seqwarm.runner.RunSpec` and the :class:`CompareOptions`
+into two runs (``DIR/baseline`` with the curriculum off, ``DIR/curriculum``), :func:`run_compare` runs
+them one after the other (reusing a finished run, resuming one that has checkpoints) and :func:`build_report` reads their metrics into the
 report (speedups to the baseline's final validation loss, stability, final losses). The arithmetic is
 in :mod:`seqwarm.experiments.curves`; figures and markdown in :mod:`seqwarm.experiments.report`.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
 import os
 import platform
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from seqwarm.atomic import write_json
 from seqwarm.errors import UserError
 from seqwarm.experiments import curves
 from seqwarm.experiments.launch import (
-    command_line,
     read_raw_config,
     run_or_reuse,
     scale_schedule_steps,
-    train_argv,
-    train_namespace,
-    write_json,
 )
+from seqwarm.experiments.report import write_report
+from seqwarm.metrics import read_metrics
+from seqwarm.plan import make_plan
+from seqwarm.run_command import command_line, train_argv
+from seqwarm.runner import RunSpec, resolve_config, with_changes
+from seqwarm.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -56,50 +58,68 @@ STABILITY_DEFINITION = (
     "unsmoothed ratio.")
 
 
+@dataclass(frozen=True)
+class CompareOptions:
+    """What ``seqwarm compare`` takes besides the runs' shared spec."""
+
+    out: Path | None = None
+    """Folder for the two runs and the report (required)."""
+    quick: bool = False
+    """A short comparison: QUICK_FRACTION x the token budget, curriculum and LR schedule shrunk alike."""
+    scale_batch: int = 1
+    """Run the curriculum at K x the global batch (the paper: 8)."""
+    scale_lr: float = 1.0
+    """Run the curriculum at M x the learning rate (the paper: 4)."""
+    spike_threshold: float = DEFAULT_SPIKE_THRESHOLD
+    """A spike is an excursion of the smoothed loss ratio above this."""
+    smooth_steps: int = DEFAULT_SMOOTH_STEPS
+    """Trailing-mean window of the loss ratio, in logged steps (1 = raw)."""
+    eval_interval: int | None = None
+    """Validate every N steps (None: EVALS_PER_RUN evaluations over the baseline)."""
+    eval_iters: int | None = None
+    """Validation micro-batches per evaluation (None: 8, or QUICK_EVAL_ITERS with ``quick``)."""
+    log_interval: int | None = None
+    """A train row every N steps (None: every step)."""
+
+
 @dataclass
 class ComparePlan:
     out: Path
-    runs: dict[str, argparse.Namespace]
+    runs: dict[str, RunSpec]
     settings: dict[str, Any]
     notes: list[str] = field(default_factory=list)
 
 
-def _given(args: argparse.Namespace, dest: str) -> bool:
-    return getattr(args, dest, None) is not None
+def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
+    """The two runs' specs, built from ``base`` (writes their configs into ``options.out/configs``)."""
 
-
-def plan_compare(args: argparse.Namespace) -> ComparePlan:
-    """The two runs' ``seqwarm train`` settings (writes their configs into ``args.out/configs``)."""
-    from seqwarm.commands.train import resolve_config
-    from seqwarm.plan import make_plan
-
-    if not args.out:
+    if not options.out:
         raise UserError("--out DIR is required: the folder for the two runs and the report")
-    if args.scale_batch < 1:
-        raise UserError(f"--scale-batch {args.scale_batch}: must be a whole number >= 1 (the paper used 8)")
-    if not args.scale_lr > 0 or not math.isfinite(args.scale_lr):
-        raise UserError(f"--scale-lr {args.scale_lr}: must be a positive number (the paper used 4)")
-    if not args.spike_threshold > 1:
-        raise UserError(f"--spike-threshold {args.spike_threshold}: must be above 1 (a ratio to the minimum "
+    if options.scale_batch < 1:
+        raise UserError(f"--scale-batch {options.scale_batch}: must be a whole number >= 1 (the paper used 8)")
+    if not options.scale_lr > 0 or not math.isfinite(options.scale_lr):
+        raise UserError(f"--scale-lr {options.scale_lr}: must be a positive number (the paper used 4)")
+    if not options.spike_threshold > 1:
+        raise UserError(f"--spike-threshold {options.spike_threshold}: must be above 1 (a ratio to the minimum "
                         "loss so far), e.g. 1.2")
-    if args.smooth_steps < 1:
-        raise UserError(f"--smooth-steps {args.smooth_steps}: must be >= 1 (1 = no smoothing)")
-    for dest, flag in (("no_curriculum", "--no-curriculum"), ("resume", "--resume"),
-                       ("allow_config_change", "--allow-config-change")):
-        if getattr(args, dest, False):
+    if options.smooth_steps < 1:
+        raise UserError(f"--smooth-steps {options.smooth_steps}: must be >= 1 (1 = no smoothing)")
+    for given, flag in ((base.settings.get("curriculum") is False, "--no-curriculum"), (base.resume, "--resume"),
+                        (base.allow_config_change, "--allow-config-change")):
+        if given:
             raise UserError(f"{flag} is not a compare flag: compare runs the baseline with --no-curriculum "
                             "itself and resumes or reuses runs found in --out")
-    out = Path(args.out)
-    raw = read_raw_config(args.config)
-    cfg = resolve_config(train_namespace(args, out=str(out / "baseline")))
+    out = Path(options.out)
+    raw = read_raw_config(base.config)
+    cfg = resolve_config(replace(base, out=out / "baseline"))
     if cfg.curriculum is None:
         raise UserError("the config has no enabled sequence-length curriculum, so there is nothing to compare "
                         "with the baseline: add a curriculum_learning block (see examples/tiny_cpu.json)")
     notes: list[str] = []
     changes: dict[str, Any] = {}
     fraction = 1.0
-    explicit_budget = any(_given(args, d) for d in ("train_tokens", "train_iters", "train_samples"))
-    if args.quick and not explicit_budget:
+    explicit_budget = any(base.settings.get(k) is not None for k in ("train_tokens", "train_iters", "train_samples"))
+    if options.quick and not explicit_budget:
         fraction = QUICK_FRACTION
         for unit in ("tokens", "iters", "samples"):
             value = getattr(cfg, f"train_{unit}")
@@ -108,20 +128,20 @@ def plan_compare(args: argparse.Namespace) -> ComparePlan:
         changes.update(_scaled_lr_units(cfg.lr, fraction, fraction))
         notes.append(f"--quick: {fraction:g}x the config's budget; the curriculum, LR warmup and LR decay are "
                      "shrunk by the same factor so the recipe keeps its shape")
-    elif args.quick:
+    elif options.quick:
         notes.append("--quick with an explicit budget: the budget is kept, only evaluations are fewer")
 
-    base_ns = train_namespace(args, **changes, out=str(out / "baseline"), no_curriculum=True)
-    base_cfg = resolve_config(base_ns)
+    base_cfg = resolve_config(with_changes(base, **changes, out=out / "baseline", curriculum=False))
     base_steps = make_plan(base_cfg).total_steps
-    evals = QUICK_EVALS_PER_RUN if args.quick else EVALS_PER_RUN
-    eval_interval = args.eval_interval if _given(args, "eval_interval") else max(1, round(base_steps / evals))
+    evals = QUICK_EVALS_PER_RUN if options.quick else EVALS_PER_RUN
+    eval_interval = options.eval_interval if options.eval_interval is not None else max(1, round(base_steps / evals))
     shared = {
         "eval_interval": eval_interval,
-        "eval_iters": args.eval_iters if _given(args, "eval_iters") else (QUICK_EVAL_ITERS if args.quick else 8),
-        "log_interval": args.log_interval if _given(args, "log_interval") else 1,
+        "eval_iters": options.eval_iters if options.eval_iters is not None else (
+            QUICK_EVAL_ITERS if options.quick else 8),
+        "log_interval": options.log_interval if options.log_interval is not None else 1,
     }
-    k, m = args.scale_batch, args.scale_lr
+    k, m = options.scale_batch, options.scale_lr
     cur_changes = dict(changes)
     if k != 1 or m != 1:
         cur_changes.update(_scaled_batch(cfg, base_cfg, k, m, changes))
@@ -132,15 +152,14 @@ def plan_compare(args: argparse.Namespace) -> ComparePlan:
     base_path = write_json(out / "configs" / "baseline.json", scale_schedule_steps(raw, fraction))
     cur_path = write_json(out / "configs" / "curriculum.json", cur_raw)
     runs = {
-        "baseline": train_namespace(args, **changes, **shared, config=str(base_path), out=str(out / "baseline"),
-                                    no_curriculum=True),
-        "curriculum": train_namespace(args, **cur_changes,
-                                      **{**shared, "eval_interval": max(1, round(eval_interval / k))},
-                                      config=str(cur_path), out=str(out / "curriculum")),
+        "baseline": with_changes(base, **changes, **shared, config=base_path, out=out / "baseline",
+                                 curriculum=False),
+        "curriculum": with_changes(base, **cur_changes, **{**shared, "eval_interval": max(1, round(eval_interval / k))},
+                                   config=cur_path, out=out / "curriculum"),
     }
-    settings = {"quick": bool(args.quick), "budget_fraction": fraction, "scale_batch": k, "scale_lr": m,
-                "spike_threshold": args.spike_threshold, "smooth_steps": args.smooth_steps,
-                "eval_interval": {name: ns.eval_interval for name, ns in runs.items()},
+    settings = {"quick": bool(options.quick), "budget_fraction": fraction, "scale_batch": k, "scale_lr": m,
+                "spike_threshold": options.spike_threshold, "smooth_steps": options.smooth_steps,
+                "eval_interval": {name: spec.eval_interval for name, spec in runs.items()},
                 "eval_iters": shared["eval_iters"], "log_interval": shared["log_interval"]}
     return ComparePlan(out, runs, settings, notes)
 
@@ -163,9 +182,9 @@ def _scaled_lr_units(lr, step_factor: float, amount_factor: float) -> dict[str, 
 
 def _scaled_batch(cfg, base_cfg, k: int, m: float, changes: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {
-        "global_batch_size": base_cfg.train_batch_size * k,
+        "train_batch_size": base_cfg.train_batch_size * k,
         "gradient_accumulation_steps": base_cfg.gradient_accumulation_steps * k,
-        "micro_batch_size": base_cfg.micro_batch_size,
+        "train_micro_batch_size_per_gpu": base_cfg.micro_batch_size,
         "lr": base_cfg.lr.lr * m,
         "min_lr": base_cfg.lr.min_lr * m if base_cfg.lr.min_lr else None,
     }
@@ -179,37 +198,36 @@ def _scaled_batch(cfg, base_cfg, k: int, m: float, changes: dict[str, Any]) -> d
 # running
 
 
-def run_compare(args: argparse.Namespace, *, echo=print) -> dict[str, Any]:
+def run_compare(base: RunSpec, options: CompareOptions, *, echo=print) -> dict[str, Any]:
     """Plan, run (or reuse / resume) both runs, and write the report. Returns the report dict."""
     from seqwarm.train import TrainingDiverged
 
-    plan = plan_compare(args)
+    plan = plan_compare(base, options)
     state_path = plan.out / "compare_state.json"
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
     status: dict[str, dict[str, Any]] = {}
     for note in plan.notes:
         echo(f"note: {note}")
     for name in RUNS:
-        ns = plan.runs[name]
-        echo(f"\n=== {name}: {command_line(ns)}")
+        spec = plan.runs[name]
+        echo(f"\n=== {name}: {command_line(spec)}")
         known = state.get(name, {})
-        if known.get("status") == "diverged" and known.get("argv") == train_argv(ns):
+        if known.get("status") == "diverged" and known.get("argv") == train_argv(spec):
             echo(f"{name}: diverged before ({known.get('message')}); not run again")
             status[name] = known
             continue
         t0 = time.perf_counter()
         try:
-            what, _ = run_or_reuse(ns)
-            status[name] = {"status": what, "argv": train_argv(ns)}
+            what, _ = run_or_reuse(spec)
+            status[name] = {"status": what, "argv": train_argv(spec)}
         except TrainingDiverged as err:
-            status[name] = {"status": "diverged", "argv": train_argv(ns), "message": str(err)}
+            status[name] = {"status": "diverged", "argv": train_argv(spec), "message": str(err)}
             echo(f"{name}: diverged: {err}")
         status[name]["session_s"] = round(time.perf_counter() - t0, 1)
         if status[name]["status"] == "reused":
-            echo(f"{name}: reusing the finished run in {ns.out}")
+            echo(f"{name}: reusing the finished run in {spec.out}")
         write_json(state_path, {**state, **status})
     report = build_report(plan, status)
-    from seqwarm.experiments.report import write_report
 
     write_report(plan.out, report)
     return report
@@ -224,9 +242,9 @@ def _evals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def _run_summary(name: str, ns: argparse.Namespace, status: dict[str, Any], rows: list[dict[str, Any]],
+def _run_summary(name: str, spec: RunSpec, status: dict[str, Any], rows: list[dict[str, Any]],
                  threshold: float, window: int) -> dict[str, Any]:
-    run_dir = Path(ns.out)
+    run_dir = Path(spec.out)
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else {}
@@ -238,7 +256,7 @@ def _run_summary(name: str, ns: argparse.Namespace, status: dict[str, Any], rows
         "run_dir": str(run_dir),
         "status": status.get("status"),
         "diverged": status.get("status") == "diverged",
-        "command": command_line(ns),
+        "command": command_line(spec),
         "final_val_loss": summary.get("final_val_loss"),
         "final_val_ppl": summary.get("final_val_ppl"),
         "tokens": summary.get("tokens", train[-1]["tokens"] if train else None),
@@ -257,8 +275,6 @@ def _run_summary(name: str, ns: argparse.Namespace, status: dict[str, Any], rows
 
 def build_report(plan: ComparePlan, status: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The report from the two run folders' metrics (pure reading; nothing is trained here)."""
-    from seqwarm import __version__
-    from seqwarm.metrics import read_metrics
 
     threshold, window = plan.settings["spike_threshold"], plan.settings["smooth_steps"]
     runs = {}

@@ -1,83 +1,29 @@
-"""Launching training runs for experiments: ``seqwarm train`` flags in, run folders out.
+"""Launching training runs for experiments: run specs in, run folders out.
 
-``compare`` and ``tune`` accept every ``seqwarm train`` flag and start runs exactly as the CLI does
-(:func:`seqwarm.commands.train.execute`). This module builds those runs' flag sets, writes the
-config files they need (e.g. a different ``total_curriculum_step``), renders each run as the
-``seqwarm train ...`` command line that reproduces it, and decides whether a run folder can be
-reused, resumed or started.
+``compare`` and ``tune`` start runs exactly as the CLI does, with :func:`seqwarm.runner.run_training`
+on :class:`~seqwarm.runner.RunSpec` s (changed with :func:`seqwarm.runner.with_changes`). This module
+holds what both need besides: the config files a run needs (e.g. a different ``total_curriculum_step``)
+and whether a run folder can be reused, resumed or started. The ``seqwarm train ...`` command line that
+reproduces a spec is :func:`seqwarm.run_command.command_line`.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import json
-import os
-import shlex
 import shutil
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from seqwarm.defaults import default_train_config
 from seqwarm.errors import UserError
+from seqwarm.runner import RunSpec, resolve_config, run_training
 
-# `seqwarm train` flags the experiment commands set themselves.
-MANAGED_DESTS = ("out", "resume", "no_curriculum", "allow_config_change")
 # Files `seqwarm train` writes into a run folder (a folder holding only these, with no checkpoint and
 # no summary, is a run that died before its first checkpoint and can be started again).
 RUN_FILES = ("config.json", "metrics.jsonl", "tensorboard", "checkpoints", "curves.png", "summary.json")
-
-
-def train_parser() -> argparse.ArgumentParser:
-    """A fresh parser of ``seqwarm train`` (its actions can be shared with other commands' parsers)."""
-    from seqwarm.commands.train import register
-
-    holder = argparse.ArgumentParser(add_help=False)
-    sub = holder.add_subparsers(dest="command")
-    register(sub)
-    return sub.choices["train"]
-
-
-def train_defaults() -> dict[str, Any]:
-    return {a.dest: a.default for a in train_parser()._actions if a.dest != "help"}
-
-
-def train_namespace(args: argparse.Namespace, **changes: Any) -> argparse.Namespace:
-    """The ``seqwarm train`` Namespace holding ``args``' train flags (None = the train default), with changes."""
-    values = {}
-    for dest, default in train_defaults().items():
-        value = getattr(args, dest, None)
-        values[dest] = default if value is None else value
-    for key in changes:
-        if key not in values:
-            raise KeyError(f"{key!r} is not a `seqwarm train` flag")
-    values.update(changes)
-    values["command"] = "train"
-    return argparse.Namespace(**values)
-
-
-def train_argv(ns: argparse.Namespace) -> list[str]:
-    """The ``seqwarm train`` arguments that rebuild ``ns`` (only flags that differ from the defaults)."""
-    argv: list[str] = []
-    for action in train_parser()._actions:
-        if not action.option_strings or action.dest == "help":
-            continue
-        value = getattr(ns, action.dest, action.default)
-        if value is None or value == action.default:
-            continue
-        flag = max(action.option_strings, key=len)
-        if isinstance(action, argparse._StoreTrueAction):
-            if value:
-                argv.append(flag)
-        elif isinstance(value, (list, tuple)):
-            argv += [flag, *map(str, value)]
-        else:
-            argv += [flag, str(value)]
-    return argv
-
-
-def command_line(ns: argparse.Namespace) -> str:
-    return shlex.join(["seqwarm", "train", *train_argv(ns)])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -86,7 +32,6 @@ def command_line(ns: argparse.Namespace) -> str:
 
 def read_raw_config(path: str | None) -> dict[str, Any]:
     """The DeepSpeed JSON of ``--config`` (or the built-in default recipe), as a dict."""
-    from seqwarm.defaults import default_train_config
 
     if not path:
         return default_train_config()
@@ -161,15 +106,6 @@ def scale_schedule_steps(raw: Mapping[str, Any], factor: float) -> dict[str, Any
     return out
 
 
-def write_json(path: Path, obj: Any) -> Path:
-    """Write atomically (a killed process leaves the old file or the new one, never half of it)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
 # --------------------------------------------------------------------------------------------------
 # run folders
 
@@ -200,55 +136,37 @@ def clear_stale(run_dir: Path) -> None:
             p.unlink()
 
 
-def check_same_run(run_dir: Path, ns: argparse.Namespace) -> None:
+def check_same_run(run_dir: Path, spec: RunSpec) -> None:
     """Refuse to reuse a run folder whose recorded settings differ from what this experiment asks for."""
-    from seqwarm.commands.train import resolve_config
     from seqwarm.train import RESUME_KEYS
 
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         return
     old = json.loads(path.read_text())
-    new_run = json.loads(json.dumps(resolve_config(ns).to_dict(), default=lambda o: str(o)))
+    new_run = json.loads(json.dumps(resolve_config(spec).to_dict(), default=lambda o: str(o)))
     changed = [k for k in RESUME_KEYS if old.get("run", {}).get(k) != new_run.get(k)]
     opts = old.get("options", {})
-    if opts.get("model") not in (None, ns.model):
+    if opts.get("model") not in (None, spec.model):
         changed.append("model")
-    if opts.get("seed") not in (None, ns.seed):
+    if opts.get("seed") not in (None, spec.seed):
         changed.append("seed")
     if changed:
         raise UserError(f"{run_dir} holds a run with a different {', '.join(changed)} than this experiment asks "
                         "for; choose another --out, or delete that folder to run it again")
 
 
-def run_or_reuse(ns: argparse.Namespace, *, check: bool = True) -> tuple[str, Any]:
-    """Start, resume or reuse the run in ``ns.out``. Returns (what happened, TrainResult or None)."""
-    from seqwarm.commands.train import execute
-
-    run_dir = Path(ns.out)
+def run_or_reuse(spec: RunSpec, *, check: bool = True) -> tuple[str, Any]:
+    """Start, resume or reuse the run in ``spec.out``. Returns (what happened, TrainResult or None)."""
+    run_dir = Path(spec.out)
     state = run_state(run_dir)
     if state == "foreign":
         raise UserError(f"{run_dir} holds files that are not a seqwarm run; choose another --out")
     if state in ("finished", "resumable") and check:
-        check_same_run(run_dir, ns)
+        check_same_run(run_dir, spec)
     if state == "finished":
         return "reused", None
     if state == "stale":
         clear_stale(run_dir)
-    ns = argparse.Namespace(**{**vars(ns), "resume": state == "resumable"})
-    result = execute(ns)
+    result = run_training(replace(spec, resume=state == "resumable"))
     return ("resumed" if state == "resumable" else "trained"), result
-
-
-def add_parser_with_train_flags(sub: argparse._SubParsersAction, name: str, **kwargs: Any) -> argparse.ArgumentParser:
-    """A sub-command parser that accepts every ``seqwarm train`` flag (its own flags may replace some).
-
-    Flags the experiment sets itself (``--resume``, ``--no-curriculum``, ``--allow-config-change``) are
-    hidden from --help and refused when given; ``--eval-interval``, ``--eval-iters`` and
-    ``--log-interval`` default to None so the experiment can tell "not given" from the train default.
-    """
-    p = sub.add_parser(name, parents=[train_parser()], conflict_handler="resolve", **kwargs)
-    for flag in ("--resume", "--no-curriculum", "--allow-config-change"):
-        p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
-    p.set_defaults(eval_interval=None, eval_iters=None, log_interval=None)
-    return p

@@ -14,29 +14,32 @@ probe, a short ``seqwarm train`` run; :func:`run_tune` wires both to a folder wi
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
+import logging
 import math
+import multiprocessing
 import os
-import shlex
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from seqwarm.atomic import write_json
 from seqwarm.errors import UserError
 from seqwarm.experiments import curves
 from seqwarm.experiments.launch import (
     read_raw_config,
     total_curriculum_step_of,
-    train_argv,
-    train_namespace,
     with_total_curriculum_step,
-    write_json,
 )
+from seqwarm.metrics import read_metrics
+from seqwarm.plan import make_plan
+from seqwarm.run_command import command_line, train_argv
+from seqwarm.runner import RunSpec, resolve_config, run_training, with_changes
 
 DEFAULT_PROBE_MULTIPLE = 4.0
 DEFAULT_FLUCTUATION_PCT = 2.0
@@ -184,8 +187,8 @@ class ProbeSpec:
 
     folder: str
     raw_config: dict[str, Any]
-    train_args: dict[str, Any]
-    """The probe's ``seqwarm train`` Namespace as a dict (config and out are set per value)."""
+    run: RunSpec
+    """The probe's run (config and out are set per value)."""
     threads: int = 0
     """torch threads in a probe process (0: leave torch's default)."""
 
@@ -198,7 +201,6 @@ def probe_paths(folder: Path, value: int) -> tuple[Path, Path, Path]:
 
 def read_probe(run_dir: Path, value: int) -> ProbeResult | None:
     """A finished probe's evidence from its run folder (None when it did not finish)."""
-    from seqwarm.metrics import read_metrics
 
     summary = Path(run_dir) / "summary.json"
     if not summary.is_file():
@@ -212,7 +214,6 @@ def read_probe(run_dir: Path, value: int) -> ProbeResult | None:
 
 def run_probe(spec: ProbeSpec, value: int) -> ProbeResult:
     """Train the probe for ``value`` (output to its log file) and return its evidence."""
-    from seqwarm.commands.train import execute
     from seqwarm.train import TrainingDiverged
 
     if spec.threads:
@@ -222,14 +223,13 @@ def run_probe(spec: ProbeSpec, value: int) -> ProbeResult:
     if run_dir.exists():  # a probe the state file does not record (unfinished, or from an older search)
         shutil.rmtree(run_dir)
     write_json(cfg_path, with_total_curriculum_step(spec.raw_config, value))
-    ns = argparse.Namespace(**{**spec.train_args, "config": str(cfg_path), "out": str(run_dir), "resume": False})
+    run = replace(spec.run, config=cfg_path, out=run_dir, resume=False)
     t0 = time.perf_counter()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log, contextlib.redirect_stdout(log), _logs_to(log):
         try:
-            execute(ns)
+            run_training(run)
         except TrainingDiverged as err:
-            from seqwarm.metrics import read_metrics
             evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "eval"]
             return ProbeResult(value, [r["step"] for r in evals], [r["val_ppl"] for r in evals], diverged=True,
                                message=str(err).split(";")[0], elapsed_s=time.perf_counter() - t0)
@@ -243,7 +243,6 @@ def run_probe(spec: ProbeSpec, value: int) -> ProbeResult:
 @contextlib.contextmanager
 def _logs_to(stream) -> Iterator[None]:
     """Send seqwarm's log records (config warnings of every probe, ...) to the probe's log, not the console."""
-    import logging
 
     pkg = logging.getLogger("seqwarm")
     handler = logging.StreamHandler(stream)
@@ -264,8 +263,6 @@ def _probe_in_process(args: tuple[ProbeSpec, int]) -> ProbeResult:
 
 def process_runner(spec: ProbeSpec, jobs: int) -> Runner:
     """Run up to ``jobs`` probes at a time in fresh processes (spawned: no forked torch thread pools)."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
 
     def runner(probe: Probe, values: list[int]) -> Iterator[tuple[int, ProbeResult]]:
         if not values:
@@ -287,7 +284,8 @@ def process_runner(spec: ProbeSpec, jobs: int) -> Runner:
 class TuneSetup:
     folder: Path
     raw_config: dict[str, Any]
-    train_args: dict[str, Any]
+    probe: RunSpec
+    """The probes' run (config and out are set per value)."""
     probe_steps: int
     warmup_steps: int
     eval_interval: int
@@ -302,21 +300,46 @@ class TuneSetup:
     def fingerprint(self) -> dict[str, Any]:
         """What a probe's verdict depends on besides T and the threshold (resume needs it unchanged)."""
         raw = with_total_curriculum_step(self.raw_config, 0)
-        argv = train_argv(argparse.Namespace(**{**self.train_args, "config": None, "out": None}))
+        argv = train_argv(replace(self.probe, config=None, out=None))
         return {"config": raw, "train_argv": argv, "probe_steps": self.probe_steps,
                 "eval_interval": self.eval_interval}
 
 
-def setup_tune(args: argparse.Namespace) -> TuneSetup:
-    """Check the flags and work out the probes' length, evaluation interval and the search range."""
-    from seqwarm.commands.train import resolve_config
-    from seqwarm.plan import make_plan
+@dataclass(frozen=True)
+class TuneOptions:
+    """What ``seqwarm tune`` takes besides the probes' shared spec."""
+
+    out: Path | None = None
+    """Folder for the probes, state and results (required)."""
+    probe_multiple: float = DEFAULT_PROBE_MULTIPLE
+    """Probes train this many times the LR warmup steps."""
+    probe_steps: int | None = None
+    """Probes train this many steps instead (None: probe_multiple x warmup)."""
+    probe_evals: int = DEFAULT_PROBE_EVALS
+    """Evaluations per probe when eval_interval is None."""
+    fluctuation: float = DEFAULT_FLUCTUATION_PCT
+    """A probe fails when a full-length validation perplexity is more than this percentage above the lowest
+    earlier one, or when it diverges."""
+    lo: int | None = None
+    """Smallest value to consider (None: the LR warmup steps)."""
+    hi: int | None = None
+    """Largest value to consider (None: the run's planned steps)."""
+    resolution: int = 0
+    """Stop when the passing and failing values are at most this far apart (0: 5% of hi)."""
+    jobs: int = 1
+    """Probes at a time, each in its own process."""
+    eval_interval: int | None = None
+    """Validate every N steps in a probe (None: from probe_evals)."""
+
+
+def setup_tune(base: RunSpec, args: TuneOptions) -> TuneSetup:
+    """Check the options and work out the probes' length, evaluation interval and the search range."""
 
     if not args.out:
         raise UserError("--out DIR is required: the folder for the probes, tune.json and tuned_config.json")
-    for dest, flag in (("no_curriculum", "--no-curriculum"), ("resume", "--resume"),
-                       ("allow_config_change", "--allow-config-change")):
-        if getattr(args, dest, False):
+    for given, flag in ((base.settings.get("curriculum") is False, "--no-curriculum"), (base.resume, "--resume"),
+                        (base.allow_config_change, "--allow-config-change")):
+        if given:
             raise UserError(f"{flag} is not a tune flag: tune searches the curriculum's length and resumes "
                             "a search found in --out by itself")
     if not args.probe_multiple > 0:
@@ -328,10 +351,9 @@ def setup_tune(args: argparse.Namespace) -> TuneSetup:
     if args.probe_evals < 2:
         raise UserError(f"--probe-evals {args.probe_evals}: a fluctuation needs at least 2 evaluations")
     folder = Path(args.out)
-    raw = read_raw_config(args.config)
+    raw = read_raw_config(base.config)
     current = total_curriculum_step_of(raw)
-    base = train_namespace(args, out=str(folder / "probes" / "check"))
-    cfg = resolve_config(base)
+    cfg = resolve_config(replace(base, out=folder / "probes" / "check"))
     plan = make_plan(cfg)
     warmup = plan.warmup_end_step or 0
     if args.probe_steps:
@@ -357,10 +379,9 @@ def setup_tune(args: argparse.Namespace) -> TuneSetup:
     if cfg.lr.decay_unit:
         pinned[f"lr_decay_{cfg.lr.decay_unit}"] = getattr(cfg.lr, f"decay_{cfg.lr.decay_unit}")
     pinned["lr_decay_style"] = cfg.lr.decay_style
-    probe_ns = train_namespace(args, **pinned, train_iters=probe_steps, eval_interval=eval_interval,
-                               save_interval=0, no_progress=True, eval_wikitext=None, eval_lambada=None)
-    train_args = {k: v for k, v in vars(probe_ns).items() if k != "func"}
-    return TuneSetup(folder, raw, train_args, probe_steps, warmup, eval_interval, lo, hi, resolution,
+    probe = with_changes(base, **pinned, train_iters=probe_steps, eval_interval=eval_interval,
+                         save_interval=0, progress_bar=False, eval_wikitext=None, eval_lambada=None)
+    return TuneSetup(folder, raw, probe, probe_steps, warmup, eval_interval, lo, hi, resolution,
                      args.fluctuation, args.jobs, current)
 
 
@@ -391,15 +412,15 @@ def save_state(setup: TuneSetup, done: Mapping[int, ProbeResult]) -> None:
     })
 
 
-def run_tune(args: argparse.Namespace, *, probe: Probe | None = None, runner: Runner | None = None,
+def run_tune(base: RunSpec, args: TuneOptions, *, probe: Probe | None = None, runner: Runner | None = None,
              echo=print) -> dict[str, Any]:
     """Search, print each probe, write ``tune.json`` and ``tuned_config.json``; return tune.json's dict."""
-    setup = setup_tune(args)
+    setup = setup_tune(base, args)
     setup.folder.mkdir(parents=True, exist_ok=True)
     done = load_state(setup)
     save_state(setup, done)
     threads = max(1, (os.cpu_count() or 1) // setup.jobs) if setup.jobs > 1 else 0
-    spec = ProbeSpec(str(setup.folder), setup.raw_config, setup.train_args, threads)
+    spec = ProbeSpec(str(setup.folder), setup.raw_config, setup.probe, threads)
     if probe is None:
         probe = lambda value: run_probe(spec, value)  # noqa: E731
         if runner is None and setup.jobs > 1:
@@ -434,9 +455,8 @@ def run_tune(args: argparse.Namespace, *, probe: Probe | None = None, runner: Ru
                        "total_curriculum_step and evaluates full-length validation perplexity every "
                        "eval_interval steps; it fails when an evaluation is more than fluctuation_pct percent "
                        "above the lowest earlier one, or when training diverges"),
-        "probe_command": shlex.join(["seqwarm", "train", *train_argv(argparse.Namespace(
-            **{**setup.train_args, "config": str(setup.folder / "probes" / "T<value>.json"),
-               "out": str(setup.folder / "probes" / "T<value>")}))]),
+        "probe_command": command_line(replace(setup.probe, config=setup.folder / "probes" / "T<value>.json",
+                                              out=setup.folder / "probes" / "T<value>")),
         "probes": [outcome.results[v].to_dict() for v in sorted(outcome.results)],
         "warnings": outcome.warnings,
     }

@@ -1,6 +1,7 @@
 """``seqwarm train --deepspeed [--pipeline-stages K]``: :class:`seqwarm.train.Run` on a DeepSpeed engine.
 
-The loop, logging, budget and full-length evaluation are Run's; what changes is the engine (ZeRO via
+The loop, logging, budget and full-length evaluation are Run's; this module supplies its engine builder
+(:class:`DeepSpeedEngineBuilder`) and checkpointer (:class:`DeepSpeedCheckpointer`): the engine (ZeRO via
 ``deepspeed.initialize`` with seqwarm's torch optimizer, or a GPT ``PipelineModule``), driven through
 :class:`~seqwarm.integrations.deepspeed.DeepSpeedEngineAdapter`, and the checkpoints: DeepSpeed's own
 ``save_checkpoint`` / ``load_checkpoint`` under ``RUN/checkpoints/deepspeed/step_XXXXXXXX/`` with
@@ -17,13 +18,12 @@ import os
 import re
 import shutil
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from seqwarm.checkpoint import list_checkpoints, rng_state, save_checkpoint
+from seqwarm.checkpoint import list_checkpoints, save_checkpoint
 from seqwarm.distributed import DistInfo, barrier
 from seqwarm.errors import UserError
 from seqwarm.integrations.deepspeed import (
@@ -33,9 +33,10 @@ from seqwarm.integrations.deepspeed import (
     require_deepspeed,
     skip_cpu_shm_comm,
 )
-from seqwarm.train import Run, _jsonable
+from seqwarm.train import Built, jsonable
 
-__all__ = ["DeepSpeedRun", "deepspeed_process_group", "DS_SUBDIR"]
+__all__ = ["DeepSpeedEngineBuilder", "DeepSpeedCheckpointer", "deepspeed_process_group", "pipeline_step",
+           "DS_SUBDIR"]
 
 logger = logging.getLogger(__name__)
 
@@ -78,104 +79,102 @@ def deepspeed_process_group(device: str = "auto"):
                 os.environ[key] = value
 
 
-class DeepSpeedRun(Run):
-    """A training run on DeepSpeed: ZeRO (stage, offload, precision from the config) or, with
-    ``pipeline_stages`` K, a K-stage pipeline of the GPT (data parallel over world size / K)."""
+class DeepSpeedEngineBuilder:
+    """The engine builder of ``seqwarm train --deepspeed``: ZeRO (stage, offload, precision from the
+    config) or, with ``pipeline_stages`` K, a K-stage pipeline of the GPT (data parallel over world
+    size / K). Hand it to :class:`seqwarm.train.Run` as ``builder``."""
 
-    def __init__(self, cfg, opts, data, model_cfg, *, dist_info: DistInfo | None = None, pipeline_stages: int = 0):
+    def __init__(self, pipeline_stages: int = 0):
         self.deepspeed = require_deepspeed()
         skip_cpu_shm_comm(self.deepspeed)
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # its INFO lines would drown the console
         self.pipeline_stages = int(pipeline_stages or 0)
-        super().__init__(cfg, opts, data, model_cfg, dist_info=dist_info, fsdp=False)
-        self.ds_dir = self.ckpt_dir / DS_SUBDIR
-        stage = int(self.ds.zero_optimization_stage())
-        self.resolved["parallelism"] = (f"deepspeed-pipeline{self.pipeline_stages}-zero{stage}" if self.pipeline_stages
-                                        else f"deepspeed-zero{stage}")
-        self.resolved["deepspeed"] = _jsonable(self.ds_config)
 
-    # -- engine ------------------------------------------------------------------------------------
-    def _data_parallel(self) -> tuple[int, int]:
+    def data_parallel(self, info: DistInfo) -> tuple[int, int]:
         if not self.pipeline_stages:
-            return super()._data_parallel()
-        stages, world = self.pipeline_stages, self.info.world_size
+            return info.rank, info.world_size
+        stages, world = self.pipeline_stages, info.world_size
         if world % stages:
             raise UserError(f"--pipeline-stages {stages} must divide the number of processes ({world})")
         from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
 
-        coord = PipeDataParallelTopology(num_pp=stages, num_dp=world // stages).get_coord(self.info.rank)
+        coord = PipeDataParallelTopology(num_pp=stages, num_dp=world // stages).get_coord(info.rank)
         return int(coord.data), world // stages
 
-    def _build_engine(self):
+    def build(self, model_cfg, cfg, info: DistInfo, device: torch.device) -> Built:
         from deepspeed.accelerator import get_accelerator
 
         from seqwarm.model import GPT
 
         accel = get_accelerator().device_name()
-        if accel != self.device.type:
-            raise UserError(f"DeepSpeed runs on its {accel} accelerator but --device is {self.device}: drop --device, "
-                            f"or choose DeepSpeed's accelerator with DS_ACCELERATOR={self.device.type}")
+        if accel != device.type:
+            raise UserError(f"DeepSpeed runs on its {accel} accelerator but --device is {device}: drop --device, "
+                            f"or choose DeepSpeed's accelerator with DS_ACCELERATOR={device.type}")
         pipeline = self.pipeline_stages > 0
-        self.ds_config = deepspeed_config(self.cfg, pipeline=pipeline)
+        ds_config = deepspeed_config(cfg, pipeline=pipeline)
         # deepspeed.comm wraps the torch.distributed group already set up (the PipelineModule needs it)
         self.deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
         if pipeline:
             from seqwarm.integrations.deepspeed_pipeline import PipelineEngineAdapter, gpt_pipeline_module
 
-            model = GPT(self.model_cfg)  # on the CPU: the PipelineModule moves this stage's layers to the device
+            model = GPT(model_cfg)  # on the CPU: the PipelineModule moves this stage's layers to the device
             net = gpt_pipeline_module(model, self.pipeline_stages)
             adapter = PipelineEngineAdapter
         else:
-            model = net = GPT(self.model_cfg).to(self.device)
+            model = net = GPT(model_cfg).to(device)
             adapter = DeepSpeedEngineAdapter
-        optimizer = build_deepspeed_optimizer(net, self.cfg, self.ds_config)
-        self.ds, *_ = self.deepspeed.initialize(model=net, optimizer=optimizer, config=self.ds_config)
-        return model, optimizer, adapter(self.ds, self.cfg)
+        optimizer = build_deepspeed_optimizer(net, cfg, ds_config)
+        ds, *_ = self.deepspeed.initialize(model=net, optimizer=optimizer, config=ds_config)
+        stage = int(ds.zero_optimization_stage())
+        parallelism = (f"deepspeed-pipeline{self.pipeline_stages}-zero{stage}" if pipeline
+                       else f"deepspeed-zero{stage}")
+        return Built(model, optimizer, adapter(ds, cfg), parallelism, resolved={"deepspeed": jsonable(ds_config)},
+                     train_step=pipeline_step if pipeline else None)
 
-    def _train_step(self) -> float:
-        if not self.pipeline_stages:
-            return super()._train_step()
-        micro = [{k: v.to(self.device, non_blocking=True) for k, v in self.batches.next_batch().items()}
-                 for _ in range(self.cfg.gradient_accumulation_steps)]
-        return self.engine.train_batch(micro)  # already the mean over micro-batches and data-parallel ranks
+    def checkpointer(self, built: Built, folder: Path, info: DistInfo, keep: int) -> DeepSpeedCheckpointer:
+        return DeepSpeedCheckpointer(folder, built, info=info, keep=keep, deepspeed=self.deepspeed,
+                                     pipeline_stages=self.pipeline_stages)
 
-    def train(self):
-        result = super().train()
-        self.export_model()
-        return result
 
-    # -- checkpoints ------------------------------------------------------------------------------
+def pipeline_step(engine, next_batch, micro_batches: int) -> float:
+    """One pipeline step over ``micro_batches`` micro-batches (DeepSpeed's ``train_batch``)."""
+    micro = [next_batch() for _ in range(micro_batches)]
+    return engine.train_batch(micro)  # already the mean over micro-batches and data-parallel ranks
+
+
+class DeepSpeedCheckpointer:
+    """DeepSpeed's own checkpoints under ``RUN/checkpoints/deepspeed/step_XXXXXXXX/`` (every rank writes its
+    part; seqwarm's loop state in ``client_state["seqwarm"]``), the newest ``keep`` kept; at the end of the
+    run the whole model as ``RUN/checkpoints/step_XXXXXXXX.pt`` for ``seqwarm eval``."""
+
+    def __init__(self, folder: Path, built: Built, *, info: DistInfo, keep: int, deepspeed, pipeline_stages: int):
+        self.folder, self.ds_dir = Path(folder), Path(folder) / DS_SUBDIR
+        self.model, self.engine, self.ds = built.model, built.engine, built.engine.module
+        self.info, self.keep, self.deepspeed, self.pipeline_stages = info, keep, deepspeed, pipeline_stages
+
     def _tags(self) -> list[str]:
         if not self.ds_dir.is_dir():
             return []
         return sorted(p.name for p in self.ds_dir.iterdir() if p.is_dir() and _TAG.match(p.name))
 
-    def save(self) -> Path | None:
+    def save(self, step: int, loop_state: dict[str, Any]) -> Path | None:
         """DeepSpeed's checkpoint of this step (every rank writes its part), seqwarm's state inside."""
-        step = self.engine.global_steps
         tag = f"step_{step:08d}"
-        state = {
-            "format": STATE_FORMAT,
-            "engine": self.engine.state_dict(),
-            "data": self.batches.state_dict(),
-            "rng": rng_state(),
-            "config": self.resolved,
-            "elapsed_s": self.elapsed_before + (time.perf_counter() - self.t_start),
-            "last_val": self.last_val,
-        }
+        state = {"format": STATE_FORMAT, "engine": self.engine.state_dict(), **loop_state}
         self.ds.save_checkpoint(str(self.ds_dir), tag=tag, client_state={"seqwarm": state})
-        if self.is_main and self.opts.keep_checkpoints > 0:
-            for old in self._tags()[:-self.opts.keep_checkpoints]:
+        if self.info.is_main and self.keep > 0:
+            for old in self._tags()[:-self.keep]:
                 if old != tag:
                     shutil.rmtree(self.ds_dir / old, ignore_errors=True)
         barrier(self.info)
         return self.ds_dir / tag
 
-    def resume(self) -> bool:
+    def load(self, check) -> tuple[Any, dict[str, Any]] | None:
         if not (self.ds_dir / "latest").is_file():
-            if list_checkpoints(self.ckpt_dir):
-                raise UserError(f"{self.run_dir} was trained without --deepspeed; resume it without --deepspeed")
-            return False
+            if list_checkpoints(self.folder):
+                raise UserError(f"{self.folder.parent} was trained without --deepspeed; resume it without "
+                                "--deepspeed")
+            return None
         try:
             path, client = self.ds.load_checkpoint(str(self.ds_dir))
         except (RuntimeError, KeyError, ValueError) as err:
@@ -184,10 +183,12 @@ class DeepSpeedRun(Run):
         if path is None or not isinstance(client, dict) or "seqwarm" not in client:
             raise UserError(f"{self.ds_dir} holds no seqwarm DeepSpeed checkpoint to resume from")
         state = client["seqwarm"]
-        self._check_resume_config(path, state["config"])
+        check(path, state["config"])
         self.engine.load_state_dict(state["engine"])
-        self._restore_loop_state(path, state)
-        return True
+        return path, state
+
+    def finish(self, progress, config: dict[str, Any], last_val: float | None) -> None:
+        self.export_model(progress, config, last_val)
 
     # -- the model for `seqwarm eval` ---------------------------------------------------------------
     def _gathered_model_state(self) -> dict[str, torch.Tensor] | None:
@@ -195,12 +196,13 @@ class DeepSpeedRun(Run):
         def plain(sd: dict[str, Any], keep=lambda name: True) -> dict[str, torch.Tensor]:
             return {k: v.detach().float().cpu().clone() for k, v in sd.items() if keep(k)}
 
+        is_main = self.info.is_main
         if self.pipeline_stages:
             from seqwarm.integrations.deepspeed_pipeline import pipeline_param_prefixes
 
             module = self.ds.module
             parts, stage = module.parts, module.stage_id
-            prefixes = pipeline_param_prefixes(self.model_cfg.n_layer)[parts[stage]:parts[stage + 1]]
+            prefixes = pipeline_param_prefixes(self.model.config.n_layer)[parts[stage]:parts[stage + 1]]
             owned = tuple(p for group in prefixes for p in group)
             mine = plain(self.model.state_dict(), lambda name: name.startswith(owned))
             everyone: list[Any] = [None] * self.info.world_size
@@ -209,22 +211,21 @@ class DeepSpeedRun(Run):
             for part in everyone:
                 merged.update(part)
             merged["lm_head.weight"] = merged["wte.weight"]  # tied
-            return merged if self.is_main else None
+            return merged if is_main else None
         if int(self.ds.zero_optimization_stage()) == 3:
             params = list(self.model.parameters())
             with self.deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-                state = plain(self.model.state_dict()) if self.is_main else None
+                state = plain(self.model.state_dict()) if is_main else None
             return state
-        return plain(self.model.state_dict()) if self.is_main else None
+        return plain(self.model.state_dict()) if is_main else None
 
-    def export_model(self) -> Path | None:
+    def export_model(self, progress, config: dict[str, Any], last_val: float | None) -> Path | None:
         """Write the trained weights as ``RUN/checkpoints/step_XXXXXXXX.pt`` for ``seqwarm eval``."""
         state = self._gathered_model_state()
         path = None
-        if self.is_main:
-            p = self.engine.progress
-            payload = {"model": state, "engine": {"progress": p.to_dict()}, "config": self.resolved,
-                       "deepspeed": True, "last_val": self.last_val}
-            path = save_checkpoint(self.ckpt_dir, p.step, payload, keep=self.opts.keep_checkpoints)
+        if self.info.is_main:
+            payload = {"model": state, "engine": {"progress": progress.to_dict()}, "config": config,
+                       "deepspeed": True, "last_val": last_val}
+            path = save_checkpoint(self.folder, progress.step, payload, keep=self.keep)
         barrier(self.info)
         return path

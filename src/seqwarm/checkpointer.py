@@ -1,0 +1,93 @@
+"""Saving and resuming a training run: :class:`TorchCheckpointer` (plain torch, DDP and FSDP2).
+
+The loop (:class:`seqwarm.train.Run`) hands a checkpointer its *loop state* — data position, RNG,
+resolved config, wall clock, last validation loss — and the checkpointer adds the model, optimizer and
+engine state in its own format. A backend with its own checkpoint format (DeepSpeed:
+:mod:`seqwarm.integrations.deepspeed_run`) supplies its own checkpointer with the same three methods:
+``save(step, loop_state)``, ``load(check) -> (path, state) | None`` and ``finish(progress, config,
+last_val)`` (what the end of a run writes besides the last checkpoint).
+
+Payload keys of ``RUN/checkpoints/step_XXXXXXXX.pt``: ``model``, ``engine`` (with ``optimizer``),
+``data``, ``rng``, ``config``, ``elapsed_s``, ``last_val`` (and ``format`` / ``step`` from
+:func:`seqwarm.checkpoint.save_checkpoint`). Checkpoints written by earlier versions load unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from seqwarm.checkpoint import latest_checkpoint, save_checkpoint
+from seqwarm.distributed import DistInfo, barrier
+from seqwarm.errors import UserError
+
+__all__ = ["Checkpointer", "TorchCheckpointer", "ConfigCheck"]
+
+ConfigCheck = Callable[[Any, Mapping[str, Any]], None]
+"""``check(path, saved_config)``: raises when a checkpoint's recorded config may not be resumed."""
+
+
+class Checkpointer(Protocol):
+    """What the loop needs from a checkpoint format."""
+
+    def save(self, step: int, loop_state: dict[str, Any]) -> Path | None:
+        """Write the checkpoint of ``step`` (every rank calls it); its path on rank 0."""
+
+    def load(self, check: ConfigCheck) -> tuple[Any, dict[str, Any]] | None:
+        """Load the latest checkpoint into the model, optimizer and engine; return (path, loop state),
+        or None when there is none. ``check`` is called before anything is loaded where the format allows."""
+
+    def finish(self, progress, config: dict[str, Any], last_val: float | None) -> None:
+        """Called on every rank after the last save."""
+
+
+class TorchCheckpointer:
+    """One ``torch.save`` file per checkpoint on rank 0, the newest ``keep`` kept (0: all)."""
+
+    def __init__(self, folder: Path, model, optimizer, engine, *, info: DistInfo, keep: int, fsdp: bool = False):
+        self.folder, self.model, self.optimizer, self.engine = Path(folder), model, optimizer, engine
+        self.info, self.keep, self.fsdp = info, keep, fsdp
+
+    def full_state(self) -> tuple[dict, dict]:
+        """Model and optimizer state as full (unsharded) tensors; a collective under FSDP2."""
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+            return get_state_dict(self.model, self.optimizer,
+                                  options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        return self.model.state_dict(), self.optimizer.state_dict()
+
+    def save(self, step: int, loop_state: dict[str, Any]) -> Path | None:
+        model_state, optim_state = self.full_state()  # every rank takes part (FSDP2 gathers)
+        if not self.info.is_main:
+            barrier(self.info)
+            return None
+        engine_state = self.engine.state_dict(include_optimizer=False)
+        engine_state["optimizer"] = optim_state
+        payload = {"model": model_state, "engine": engine_state, **loop_state}
+        path = save_checkpoint(self.folder, step, payload, keep=self.keep)
+        barrier(self.info)
+        return path
+
+    def load(self, check: ConfigCheck) -> tuple[Any, dict[str, Any]] | None:
+        found = latest_checkpoint(self.folder)
+        if found is None:
+            return None
+        path, state = found
+        if state.get("deepspeed"):  # a model export of a --deepspeed run: its state is in checkpoints/deepspeed
+            raise UserError(f"{self.folder.parent} was trained with --deepspeed; resume it with --deepspeed")
+        check(path, state["config"])
+        engine_state = dict(state["engine"])
+        optim_state = engine_state.pop("optimizer")
+        if self.fsdp:
+            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                           optim_state_dict=optim_state, options=StateDictOptions(full_state_dict=True))
+        else:
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(optim_state)
+        self.engine.load_state_dict(engine_state)
+        return path, state
+
+    def finish(self, progress, config: dict[str, Any], last_val: float | None) -> None:
+        """Nothing: the last checkpoint is the model ``seqwarm eval`` reads."""

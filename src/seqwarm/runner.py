@@ -1,0 +1,310 @@
+"""A training run from Python: a frozen :class:`RunSpec` and :func:`run_training` (what ``seqwarm train``,
+``compare`` and ``tune`` call).
+
+::
+
+    from seqwarm.runner import RunSpec, run_training
+
+    result = run_training(RunSpec(config="examples/tiny_cpu.json", settings={"train_tokens": 20_000},
+                                  out="runs/demo", device="cpu"))  # paths may be str or Path
+    print(result.final_val_loss, result.run_dir)
+
+A spec holds everything ``seqwarm train`` takes: the config file (or None for the built-in recipe,
+:func:`seqwarm.defaults.default_train_config`), ``settings`` (``load_config`` overrides, keyed as the
+settings table :mod:`seqwarm.config.settings`), and the run's options. The ``seqwarm train`` flags are
+generated from these fields (name from the field name, help from the field docstring: see
+:mod:`seqwarm.run_command` for the rule); change the spec with :func:`dataclasses.replace` or
+:func:`with_changes`. Bad input raises :class:`~seqwarm.errors.UserError` (config and run-policy problems
+together as one :class:`~seqwarm.problems.ConfigError`), which the CLI turns into exit code 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from seqwarm.config import RunConfig, load_config
+from seqwarm.config.settings import SETTING_KEYS, flag_for
+from seqwarm.defaults import PRESETS, default_train_config
+from seqwarm.errors import UserError
+from seqwarm.metrics import format_results
+from seqwarm.plan import make_plan
+from seqwarm.problems import ConfigError, Problem
+
+if TYPE_CHECKING:  # seqwarm.train imports torch: only when a run starts
+    from seqwarm.train import TrainResult
+
+__all__ = ["RunSpec", "run_training", "resolve_config", "policy_problems", "with_changes"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One ``seqwarm train`` run. Field metadata (``flag``, ``metavar``, ``group``, ``parse``) shapes its
+    command-line flag; the docstring under a field is that flag's ``--help``."""
+
+    config: Path | None = field(default=None, metadata={"metavar": "FILE"})
+    """DeepSpeed JSON config (curriculum_learning or data_efficiency block, batch sizes, optimizer,
+    clipping, precision; optional 'seqwarm' block). Default: the built-in CPU demo recipe
+    (examples/tiny_cpu.json)"""
+    data: Path | None = field(default=None, metadata={"metavar": "DIR"})
+    """a folder written by `seqwarm prepare` (default: the embedded corpus, prepared once into the cache)"""
+    model: str = "tiny"
+    """model size preset (default: tiny)"""
+    rotary: bool = False
+    """rotary position embeddings instead of learned ones"""
+    fsdp: bool = False
+    """under torchrun: shard the model with FSDP2 (fully_shard per block) instead of DDP"""
+    deepspeed: bool = field(default=False, metadata={"group": "deepspeed"})
+    """train on a DeepSpeed engine (under torchrun or the deepspeed launcher); ZeRO stage, offload,
+    precision and batch sizes come from --config"""
+    pipeline_stages: int = field(default=0, metadata={"group": "deepspeed", "metavar": "K"})
+    """with --deepspeed: a K-stage (K >= 2) DeepSpeed pipeline of the GPT (ZeRO stage 0 or 1; K must divide
+    the number of processes)"""
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """``load_config`` overrides, keyed as the settings table (``{"train_tokens": 2_000_000, "lr": 3e-4,
+    "curriculum": False}``); each key is a flag of its own (``--train-tokens``, ``--lr``, ``--no-curriculum``)"""
+    out: Path | None = field(default=None, metadata={"group": "run", "metavar": "RUN"})
+    """run folder (default: runs/<model>-<date>-<time>)"""
+    resume: bool = field(default=False, metadata={"group": "run"})
+    """continue the run in --out from its latest valid checkpoint"""
+    allow_config_change: bool = field(default=False, metadata={"group": "run"})
+    """resume even if the curriculum/budget/batch settings differ from the checkpoint's"""
+    seed: int = field(default=1234, metadata={"group": "run", "parse": "int"})
+    """seed of the initial weights and of the data order (default 1234)"""
+    device: str = field(default="auto", metadata={"group": "run"})
+    """auto (cuda if available), cpu, cuda, cuda:N"""
+    eval_interval: int = field(default=50, metadata={"group": "run", "metavar": "N"})
+    """validate every N steps (0: only at the end)"""
+    eval_iters: int = field(default=8, metadata={"group": "run", "metavar": "N"})
+    """validation micro-batches per evaluation"""
+    save_interval: int = field(default=100, metadata={"group": "run", "metavar": "N"})
+    """checkpoint every N steps (and at the end)"""
+    keep_checkpoints: int = field(default=3, metadata={"group": "run", "metavar": "N"})
+    """checkpoints kept in the run folder, the newest ones (0: all; default 3)"""
+    log_interval: int = field(default=10, metadata={"group": "run", "metavar": "N"})
+    """a metrics row and a console line every N steps (default 10)"""
+    progress_bar: bool = field(default=True, metadata={"group": "run", "flag": "--no-progress"})
+    """no progress bar"""
+    eval_wikitext: Path | None = field(default=None, metadata={"group": "run", "metavar": "FILE"})
+    """after training, WikiText-103 perplexity on this local wiki.test.raw (see docs/EVALUATION.md)"""
+    eval_lambada: Path | None = field(default=None, metadata={"group": "run", "metavar": "FILE"})
+    """after training, LAMBADA zero-shot accuracy on this local lambada_test.jsonl"""
+    tensorboard: bool = field(default=True, metadata={"group": "run", "flag": "--no-tensorboard"})
+    """no TensorBoard event files"""
+
+    def __post_init__(self) -> None:
+        # paths given as strings become Paths and settings a private dict, so that equal runs compare equal
+        for name in _PATH_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
+        object.__setattr__(self, "settings", dict(self.settings))
+
+
+_FIELDS = tuple(f.name for f in fields(RunSpec) if f.name != "settings")
+_PATH_FIELDS = tuple(name for name, hint in typing.get_type_hints(RunSpec).items() if Path in typing.get_args(hint))
+
+
+def with_changes(spec: RunSpec, **changes: Any) -> RunSpec:
+    """``spec`` with fields and settings changed by name; a setting given as None is removed (its
+    value then comes from the config again)."""
+    direct: dict[str, Any] = {}
+    settings = dict(spec.settings)
+    for key, value in changes.items():
+        if key in _FIELDS:
+            direct[key] = value
+        elif key in SETTING_KEYS:
+            if value is None:
+                settings.pop(key, None)
+            else:
+                settings[key] = value
+        else:
+            raise KeyError(f"{key!r} is neither a RunSpec field nor a setting ({', '.join(SETTING_KEYS)})")
+    return replace(spec, settings=settings, **direct)
+
+
+# --------------------------------------------------------------------------------------------------
+# the run's config and the run-level policy
+
+
+def policy_problems(cfg: RunConfig) -> list[Problem]:
+    """What ``seqwarm train``'s loop cannot run although the config itself is valid (all of it at once)."""
+    problems = []
+    if cfg.rampup_batch_size:
+        ramp = f"rampup_batch_size ({flag_for('rampup_batch_size')})"
+        if cfg.curriculum is not None:
+            problems.append(Problem(ramp, " ".join(map(str, cfg.rampup_batch_size)),
+                                    "cannot be combined with a sequence-length curriculum: both cut the tokens per "
+                                    "batch and SLW is the more stable of the two (Li et al. 2022, §5.4)",
+                                    "keep the global batch fixed (consider a larger micro-batch) and drop the ramp"))
+        else:
+            problems.append(Problem(ramp, " ".join(map(str, cfg.rampup_batch_size)),
+                                    "Megatron's batch-size warmup is not implemented by seqwarm's loop",
+                                    "drop the ramp"))
+    if cfg.curriculum is not None and cfg.curriculum.schedule_type == "custom":
+        problems.append(Problem("curriculum_learning.schedule_type", "custom",
+                                "a 'custom' schedule is a Python function: `seqwarm train` cannot run it from a "
+                                "config file", "use the library (CurriculumScheduler.set_custom_get_difficulty "
+                                "with CurriculumEngine), or a fixed_linear / fixed_root / fixed_discrete schedule"))
+    if cfg.train_tokens is None and cfg.train_iters is None and cfg.train_samples is None:
+        problems.append(Problem("train_tokens", None, "no budget: the run needs train_tokens, train_iters or "
+                                "train_samples", "give --train-tokens (or --train-iters / --train-samples), or "
+                                "a 'seqwarm' block with train_tokens in the config"))
+    return problems
+
+
+def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
+    """The run's RunConfig: the config file (or the default recipe) with the settings applied; raises one
+    ConfigError listing every run-policy problem."""
+
+    source: Any = str(spec.config) if spec.config else default_train_config()
+    overrides = dict(spec.settings)
+    cfg = load_config(source, overrides=overrides, world_size=world_size)
+    if cfg.seq_length is None:
+        seq = cfg.full_length or PRESETS[spec.model]["seq_length"]
+        cfg = load_config(source, overrides={**overrides, "seq_length": seq}, world_size=world_size)
+    problems = policy_problems(cfg)
+    if problems:
+        raise ConfigError(problems, str(spec.config) if spec.config else "the built-in recipe")
+    for message in cfg.warnings:
+        logger.warning("warning: %s", message)
+    return cfg
+
+
+def check_spec(spec: RunSpec) -> None:
+    """Refuse option combinations no backend runs (before any process group is set up)."""
+    if spec.pipeline_stages and not spec.deepspeed:
+        raise UserError("--pipeline-stages needs --deepspeed (the pipeline is DeepSpeed's PipelineEngine)")
+    if spec.deepspeed and spec.fsdp:
+        raise UserError("--deepspeed and --fsdp both shard the model: choose one (ZeRO-3 in the DeepSpeed config "
+                        "is the DeepSpeed counterpart of --fsdp)")
+    if spec.deepspeed:
+        from seqwarm.integrations.deepspeed import require_deepspeed
+        require_deepspeed()
+
+
+# --------------------------------------------------------------------------------------------------
+# running
+
+
+def run_training(spec: RunSpec) -> TrainResult:
+    """Train as ``seqwarm train`` does and return the :class:`~seqwarm.train.TrainResult`.
+
+    Under torchrun every rank calls this: DDP (or FSDP2 with ``fsdp``) over the process group torchrun
+    describes; rank 0 alone prints, logs and writes files. With ``deepspeed`` a process group is made
+    for a single process too (DeepSpeed needs one).
+    """
+    from seqwarm.distributed import cleanup, init_distributed
+
+    check_spec(spec)
+    info = init_distributed(spec.device)
+    if not info.is_main:
+        logging.getLogger().setLevel(logging.ERROR)
+    try:
+        if spec.deepspeed:
+            from seqwarm.integrations.deepspeed_run import deepspeed_process_group
+            with deepspeed_process_group(spec.device):
+                return _run(spec, info)
+        return _run(spec, info)
+    finally:
+        cleanup(info)
+
+
+def _print_plan(cfg: RunConfig, start_step: int) -> None:
+    """What the run will do, from the same pure schedules the engine uses."""
+
+    try:
+        plan = make_plan(cfg)
+    except UserError:
+        return
+    ends = (f"; the curriculum reaches full length at step {plan.curriculum_end_step:,}"
+            if plan.curriculum_end_step else "")
+    print(f"plan:        about {plan.total_steps:,} steps{ends}" + (f" (resuming at {start_step:,})" if start_step else ""),
+          flush=True)
+    for message in plan.warnings:
+        if message not in cfg.warnings:
+            logger.warning("warning: %s", message)
+
+
+def _data_dir(spec: RunSpec, info) -> Path:
+    from seqwarm.data import embedded_data_dir
+    from seqwarm.distributed import barrier
+
+    if spec.data:
+        data_dir = Path(spec.data)
+    else:  # rank 0 prepares the embedded corpus once; the others wait for it
+        if info.is_main:
+            embedded_data_dir()
+        barrier(info)
+        data_dir = embedded_data_dir()
+    if not data_dir.exists():
+        raise UserError(f"--data {data_dir}: no such folder (create it with `seqwarm prepare --out {data_dir}`)")
+    return data_dir
+
+
+def _run(spec: RunSpec, info) -> TrainResult:
+    from seqwarm.data import open_prepared
+    from seqwarm.model import GPTConfig
+    from seqwarm.train import (
+        Run,
+        TorchEngineBuilder,
+        TrainOptions,
+        finish_lines,
+        format_start,
+        prepare_run_dir,
+        write_resolved_config,
+    )
+
+    say = print if info.is_main else (lambda *a, **k: None)
+    stages = spec.pipeline_stages or 1  # pipeline stages share one data-parallel replica
+    if info.world_size % stages:
+        raise UserError(f"--pipeline-stages {stages} must divide the number of processes ({info.world_size})")
+    cfg = resolve_config(spec, world_size=info.world_size // stages)
+    if spec.eval_wikitext or spec.eval_lambada:
+        from seqwarm.evaluation import check_eval_files
+        check_eval_files(wikitext=spec.eval_wikitext, lambada=spec.eval_lambada)  # fail before training
+    if info.enabled and not spec.out:
+        raise UserError("under torchrun, give --out (every rank must agree on the run folder)")
+    out = Path(spec.out) if spec.out else Path("runs") / f"{spec.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    opts = TrainOptions(out=out, data=Path(spec.data) if spec.data else None, model=spec.model, seed=spec.seed,
+                        device=spec.device, eval_interval=spec.eval_interval, eval_iters=spec.eval_iters,
+                        save_interval=spec.save_interval, keep_checkpoints=spec.keep_checkpoints,
+                        log_interval=max(1, spec.log_interval), resume=spec.resume,
+                        allow_config_change=spec.allow_config_change, progress_bar=spec.progress_bar,
+                        tensorboard=spec.tensorboard)
+    prepare_run_dir(opts, info)
+    data = open_prepared(_data_dir(spec, info))
+    model_cfg = GPTConfig.preset(spec.model, vocab_size=data.vocab_size, seq_length=cfg.seq_length,
+                                 rotary=spec.rotary)
+    if spec.deepspeed:
+        from seqwarm.integrations.deepspeed_run import DeepSpeedEngineBuilder
+        builder = DeepSpeedEngineBuilder(pipeline_stages=stages if stages > 1 else 0)
+    else:
+        builder = TorchEngineBuilder(fsdp=spec.fsdp)
+    run = Run(cfg, opts, data, model_cfg, dist_info=info, builder=builder)
+    resumed = run.resume() if opts.resume else False
+    if info.is_main:
+        write_resolved_config(run)
+    for line in format_start(run):
+        say(line, flush=True)
+    if resumed:
+        say(f"resuming at step {run.engine.global_steps:,} ({run.engine.progress.tokens:,} tokens)", flush=True)
+    if info.is_main:
+        _print_plan(cfg, run.engine.global_steps)
+    result = run.train()
+    for line in finish_lines(result):
+        say(line, flush=True)
+    if (spec.eval_wikitext or spec.eval_lambada) and info.is_main:
+        from seqwarm.evaluation import run_paper_evals
+        res = run_paper_evals(run.run_dir, wikitext=spec.eval_wikitext, lambada=spec.eval_lambada,
+                              device=spec.device, progress=spec.progress_bar)
+        for line in format_results(res):
+            print(line, flush=True)
+    return result
