@@ -33,6 +33,7 @@ import copy
 import json
 import logging
 import os
+import weakref
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -225,7 +226,7 @@ def _build_trainer_class() -> type:
         """Commit the step once the optimizer applied it, and stop at the budget."""
 
         def __init__(self, trainer: Any):
-            self.trainer = trainer
+            self.trainer = weakref.proxy(trainer)  # the trainer holds its callbacks: no reference cycle
 
         def on_step_end(self, args, state, control, **kwargs):
             trainer = self.trainer
