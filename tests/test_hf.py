@@ -226,3 +226,41 @@ def test_without_transformers_the_error_names_the_extra(monkeypatch):
     monkeypatch.delitem(hf.__dict__, "CurriculumTrainer", raising=False)
     with pytest.raises(MissingDependencyError, match=r"pip install 'seqwarm\[hf\]'"):
         hf.CurriculumTrainer
+
+
+# -- seqwarm train --model hf:PATH ------------------------------------------------------------------
+
+def _metrics(run):
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r.get("kind") == "train"]
+
+
+def test_seqwarm_train_with_an_hf_config_runs_the_whole_recipe_and_resumes_exactly(tmp_path, byte_data):
+    from conftest import small_config
+
+    from seqwarm.cli import main
+
+    folder = tmp_path / "llama"
+    transformers.LlamaConfig(vocab_size=260, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64
+                             ).save_pretrained(folder)
+    cfg = small_config(tmp_path / "c.json", train_tokens=1200, seq=64, batch=4, micro=2)
+    common = ["train", "--config", str(cfg), "--data", str(byte_data), "--model", f"hf:{folder}", "--device", "cpu",
+              "--eval-iters", "1", "--log-interval", "1", "--no-progress", "--no-tensorboard", "--seed", "3"]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    assert main([*common, "--out", str(full), "--save-interval", "3"]) == 0
+    summary = json.loads((full / "summary.json").read_text())
+    resolved = json.loads((full / "config.json").read_text())
+    assert resolved["model"]["architecture"] == "LlamaForCausalLM" and summary["tokens"] >= 1200
+    rows = _metrics(full)
+    run_cfg = load_config(str(cfg))
+    clock = Progress()
+    for r in rows:  # every step: the schedule's length, rows x length tokens, the LR of the clock
+        assert r["seqlen"] == difficulty_at(r["step"], run_cfg.curriculum)
+        clock = advance(clock, 4, 4 * r["seqlen"], run_cfg.lr)
+        assert (r["tokens"], r["lr"]) == (clock.tokens, pytest.approx(lr_at(clock, run_cfg.lr), rel=1e-9))
+    # stop after step 3, resume: the same losses as the uninterrupted run
+    assert main([*common, "--out", str(cut), "--save-interval", "3", "--train-iters", "3"]) == 0
+    assert main([*common, "--out", str(cut), "--save-interval", "3", "--resume", "--allow-config-change"]) == 0
+    assert [r["loss"] for r in _metrics(cut)] == [r["loss"] for r in rows]
+    assert main([*common, "--out", str(tmp_path / "x"), "--rotary"]) == 2  # the config sets the architecture
