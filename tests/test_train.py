@@ -130,6 +130,7 @@ def test_resume_refuses_changed_config(tmp_path, byte_data, capsys):
     (["--resume"], "no checkpoint"),
     (["--seq-length", "32"], "exceeds the model's sequence length"),
     (["--lr", "-1"], "negative"),
+    (["--model", "gpt5"], "choose one of tiny, gpt2-124m"),
 ])
 def test_bad_input_exits_2_without_traceback(tmp_path, byte_data, capsys, extra, fragment):
     cfg = small_config(tmp_path / "c.json")

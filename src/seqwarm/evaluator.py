@@ -11,16 +11,21 @@ __all__ = ["Evaluator", "evaluate"]
 
 @torch.no_grad()
 def evaluate(engine, data, seq_length: int, micro_batch_size: int, eval_iters: int,
-             device: torch.device) -> float:
-    """Mean validation loss per target token at full length over the first eval_iters batches."""
+             device: torch.device, label_style: str = "megatron") -> float:
+    """Mean validation loss per target token at full length over the first eval_iters batches
+    (``label_style="hf"``: HF-style batches, whose targets are the labels after the first position)."""
     was_training = engine.module.training
     engine.eval()
     total, count = 0.0, 0.0
     try:
-        for batch in data.val_batches(seq_length, micro_batch_size, num_windows=eval_iters * micro_batch_size):
+        for batch in data.val_batches(seq_length, micro_batch_size, num_windows=eval_iters * micro_batch_size,
+                                      label_style=label_style):
             batch = {k: v.to(device, non_blocking=True) for k, v in batch.items()}
             loss = engine(batch)
-            weight = float(batch["loss_mask"].sum()) if "loss_mask" in batch else batch["input_ids"].numel()
+            if label_style == "hf":  # the model predicts labels[:, 1:]
+                weight = float((batch["labels"][:, 1:] != -100).sum())
+            else:
+                weight = float(batch["loss_mask"].sum()) if "loss_mask" in batch else batch["input_ids"].numel()
             total += float(loss) * weight
             count += weight
     finally:
@@ -34,9 +39,11 @@ def evaluate(engine, data, seq_length: int, micro_batch_size: int, eval_iters: i
 class Evaluator:
     """Validation of one run: always at the model's full length, whatever the curriculum's length."""
 
-    def __init__(self, data, seq_length: int, micro_batch_size: int, eval_iters: int, device: torch.device):
+    def __init__(self, data, seq_length: int, micro_batch_size: int, eval_iters: int, device: torch.device,
+                 label_style: str = "megatron"):
         self.data, self.seq_length, self.micro_batch_size = data, seq_length, micro_batch_size
-        self.eval_iters, self.device = eval_iters, device
+        self.eval_iters, self.device, self.label_style = eval_iters, device, label_style
 
     def __call__(self, engine) -> float:
-        return evaluate(engine, self.data, self.seq_length, self.micro_batch_size, self.eval_iters, self.device)
+        return evaluate(engine, self.data, self.seq_length, self.micro_batch_size, self.eval_iters, self.device,
+                        label_style=self.label_style)

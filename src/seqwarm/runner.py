@@ -56,7 +56,9 @@ class RunSpec:
     data: Path | None = field(default=None, metadata={"metavar": "DIR"})
     """a folder written by `seqwarm prepare` (default: the embedded corpus, prepared once into the cache)"""
     model: str = "tiny"
-    """model size preset (default: tiny)"""
+    """model size preset: tiny (default), gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b; or hf:PATH, a
+    Hugging Face causal LM built from a local config.json (AutoModelForCausalLM.from_config, nothing is
+    downloaded)"""
     rotary: bool = False
     """rotary position embeddings instead of learned ones"""
     fsdp: bool = False
@@ -168,7 +170,7 @@ def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
     overrides = dict(spec.settings)
     cfg = load_config(source, overrides=overrides, world_size=world_size)
     if cfg.seq_length is None:
-        seq = cfg.full_length or PRESETS[spec.model]["seq_length"]
+        seq = cfg.full_length or _model_seq_length(spec.model)
         cfg = load_config(source, overrides={**overrides, "seq_length": seq}, world_size=world_size)
     problems = policy_problems(cfg)
     if problems:
@@ -178,8 +180,30 @@ def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
     return cfg
 
 
+def _model_seq_length(model: str) -> int:
+    """The full length of a model without a configured one: the preset's, or an hf: config's context."""
+    if model.startswith("hf:"):
+        from seqwarm.integrations.hf_run import hf_model_path, hf_seq_length
+        seq = hf_seq_length(hf_model_path(model))
+        if seq is None:
+            raise UserError(f"--model {model}: its config.json has no max_position_embeddings; give --seq-length")
+        return seq
+    return PRESETS[model]["seq_length"]
+
+
 def check_spec(spec: RunSpec) -> None:
     """Refuse option combinations no backend runs (before any process group is set up)."""
+    if spec.model.startswith("hf:"):
+        bad = [flag for flag, on in (("--rotary", spec.rotary), ("--fsdp", spec.fsdp), ("--deepspeed", spec.deepspeed),
+                                     ("--eval-wikitext", spec.eval_wikitext), ("--eval-lambada", spec.eval_lambada))
+               if on]
+        if bad:
+            raise UserError(f"--model {spec.model}: {', '.join(bad)} cannot be combined with a Hugging Face model "
+                            "(its config.json sets the architecture; the paper evaluations read seqwarm's GPT; "
+                            "for DeepSpeed or FSDP use seqwarm.integrations.hf.CurriculumTrainer)")
+    elif spec.model not in PRESETS:
+        raise UserError(f"--model {spec.model!r}: choose one of {', '.join(PRESETS)}, or hf:PATH (a local "
+                        "Hugging Face config.json)")
     if spec.pipeline_stages and not spec.deepspeed:
         raise UserError("--pipeline-stages needs --deepspeed (the pipeline is DeepSpeed's PipelineEngine)")
     if spec.deepspeed and spec.fsdp:
@@ -272,7 +296,8 @@ def _run(spec: RunSpec, info) -> TrainResult:
         check_eval_files(wikitext=spec.eval_wikitext, lambada=spec.eval_lambada)  # fail before training
     if info.enabled and not spec.out:
         raise UserError("under torchrun, give --out (every rank must agree on the run folder)")
-    out = Path(spec.out) if spec.out else Path("runs") / f"{spec.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = spec.model if not spec.model.startswith("hf:") else "hf-" + Path(spec.model[3:]).stem
+    out = Path(spec.out) if spec.out else Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     opts = TrainOptions(out=out, data=Path(spec.data) if spec.data else None, model=spec.model, seed=spec.seed,
                         device=spec.device, eval_interval=spec.eval_interval, eval_iters=spec.eval_iters,
                         save_interval=spec.save_interval, keep_checkpoints=spec.keep_checkpoints,
@@ -281,13 +306,19 @@ def _run(spec: RunSpec, info) -> TrainResult:
                         tensorboard=spec.tensorboard)
     prepare_run_dir(opts, info)
     data = open_prepared(_data_dir(spec, info))
-    model_cfg = GPTConfig.preset(spec.model, vocab_size=data.vocab_size, seq_length=cfg.seq_length,
-                                 rotary=spec.rotary)
-    if spec.deepspeed:
-        from seqwarm.integrations.deepspeed_run import DeepSpeedEngineBuilder
-        builder = DeepSpeedEngineBuilder(pipeline_stages=stages if stages > 1 else 0)
+    if spec.model.startswith("hf:"):
+        from seqwarm.integrations.hf_run import HFEngineBuilder, HFModelConfig, hf_model_path
+        model_cfg = HFModelConfig.from_path(hf_model_path(spec.model), vocab_size=data.vocab_size,
+                                            seq_length=cfg.seq_length)
+        builder = HFEngineBuilder()
     else:
-        builder = TorchEngineBuilder(fsdp=spec.fsdp)
+        model_cfg = GPTConfig.preset(spec.model, vocab_size=data.vocab_size, seq_length=cfg.seq_length,
+                                     rotary=spec.rotary)
+        if spec.deepspeed:
+            from seqwarm.integrations.deepspeed_run import DeepSpeedEngineBuilder
+            builder = DeepSpeedEngineBuilder(pipeline_stages=stages if stages > 1 else 0)
+        else:
+            builder = TorchEngineBuilder(fsdp=spec.fsdp)
     run = Run(cfg, opts, data, model_cfg, dist_info=info, builder=builder)
     resumed = run.resume() if opts.resume else False
     if info.is_main:

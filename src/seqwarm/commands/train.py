@@ -12,7 +12,6 @@ import argparse
 from typing import Any
 
 from seqwarm.commands.spec_flags import add_spec_flags, spec_from_args
-from seqwarm.defaults import PRESETS
 from seqwarm.runner import run_training
 
 GROUP_TITLES = {
@@ -27,7 +26,7 @@ DESCRIPTION = ("Pretrain a GPT with sequence-length warmup. With no arguments: t
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
-    add_spec_flags(p, groups=GROUP_TITLES, choices={"model": sorted(PRESETS)})
+    add_spec_flags(p, groups=GROUP_TITLES)  # --model: a preset or hf:PATH, checked by the runner
 
 
 def register(sub: argparse._SubParsersAction) -> None:
