@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from seqwarm.data.indexed import read_meta_file
 from seqwarm.errors import UserError
 
 EOD_TOKEN = "<|endoftext|>"
@@ -371,14 +372,7 @@ def load_tokenizer(source: str | Path | Mapping[str, Any], folder: str | Path | 
         meta = source
     else:
         folder = Path(source)
-        meta_path = folder / "meta.json"
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise UserError(f"{str(folder)!r} is not a prepared data folder (no meta.json); "
-                            "make one with: seqwarm prepare --out DIR") from None
-        except (OSError, ValueError) as err:
-            raise UserError(f"cannot read {str(meta_path)!r}: {err}") from None
+        meta = read_meta_file(folder)  # unchecked: hand-written minimal metas name only the tokenizer
     info = meta.get("tokenizer")
     if not isinstance(info, Mapping) or "name" not in info:
         raise UserError("meta.json has no tokenizer section; re-run seqwarm prepare")
