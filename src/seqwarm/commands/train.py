@@ -23,7 +23,8 @@ GROUP_TITLES = {
 
 HELP = "pretrain a GPT with a sequence-length curriculum (default: tiny GPT, embedded corpus, CPU)"
 DESCRIPTION = ("Pretrain a GPT with sequence-length warmup. With no arguments: the tiny GPT on the embedded "
-               "public-domain corpus, on CPU, in about five minutes. Flags override the config.")
+               "public-domain corpus, on CPU (how long: the README's \"What `make demo` does\"). Flags "
+               "override the config.")
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
