@@ -49,9 +49,10 @@ def add_parser_with_train_flags(sub: argparse._SubParsersAction, name: str, **kw
     hidden from --help (the experiment refuses them when given); ``--eval-interval``, ``--eval-iters`` and
     ``--log-interval`` default to None so the experiment can tell "not given" from the train default.
     """
-    parent = argparse.ArgumentParser(add_help=False)
-    add_train_flags(parent)
-    p = sub.add_parser(name, parents=[parent], conflict_handler="resolve", **kwargs)
+    # The flags are added to the sub-parser itself, not copied from a parent parser: argparse copies a
+    # parent's mutually exclusive groups (--lr-decay-*, --lr-warmup-*) out of their --help groups.
+    p = sub.add_parser(name, conflict_handler="resolve", **kwargs)
+    add_train_flags(p)
     for flag in ("--resume", "--no-curriculum", "--allow-config-change"):
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(eval_interval=None, eval_iters=None, log_interval=None)
