@@ -59,6 +59,23 @@ def test_warnings_and_table(capsys, tmp_path):
     assert png.stat().st_size > 10_000
 
 
+TINY = SEED.parent / "tiny_cpu.json"
+
+
+def test_a_warmup_longer_than_the_run_is_said(capsys):
+    """--no-curriculum --train-tokens 20000: 5 steps of an 8-iteration warmup end at 62% of the peak."""
+    assert main(["plan", str(TINY), "--no-curriculum", "--train-tokens", "20000"]) == 0
+    captured = capsys.readouterr()
+    assert "LR warmup ends:            never: the run stops first, at 62% of the peak LR" in captured.out
+    assert "the LR warmup (8 iters) is longer than the run (5 steps" in captured.err
+    assert "62% of its peak 0.001" in captured.err
+    plan = make_plan(load_config(TINY, overrides={"train_tokens": 20000, "curriculum": False}))
+    assert plan.warmup_reached == pytest.approx(5 / 8)
+    full = make_plan(load_config(TINY))  # the demo: warmup ends at step 8, no such warning
+    assert full.warmup_reached is None and full.warmup_end_step == 8
+    assert not any("warmup" in w and "longer than the run" in w for w in full.warnings)
+
+
 def test_plan_without_budget_goes_to_curriculum_end(capsys):
     assert main(["plan", str(SEED)]) == 0
     assert "planned to the end of the curriculum" in capsys.readouterr().out
