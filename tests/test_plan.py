@@ -76,6 +76,19 @@ def test_a_warmup_longer_than_the_run_is_said(capsys):
     assert not any("warmup" in w and "longer than the run" in w for w in full.warnings)
 
 
+def test_the_budget_says_how_often_it_repeats_the_data():
+    """The README's `--train-tokens 2M` on a 38k-token folder: 148 windows of 257 tokens, drawn ~100 times
+    each with the curriculum (it trains a prefix of each window); the default run does not warn."""
+    from seqwarm.plan import MANY_PASSES, data_use
+    plan = make_plan(load_config(TINY, overrides={"train_tokens": 2_000_000}))
+    line, warning = data_use(plan, 148)
+    passes = plan.total_samples / 148
+    assert passes > 52 and f"{passes:.2f} passes over the training data" in line
+    assert warning is not None and f"goes over the training data {passes:.0f} times" in warning
+    demo = make_plan(load_config(TINY))  # the embedded corpus (13.5 MB of text): ~10k windows of 257 tokens
+    assert data_use(demo, 13_000)[1] is None and demo.total_samples / 13_000 < MANY_PASSES
+
+
 def test_plan_without_budget_goes_to_curriculum_end(capsys):
     assert main(["plan", str(SEED)]) == 0
     assert "planned to the end of the curriculum" in capsys.readouterr().out

@@ -80,6 +80,7 @@ def test_train_and_prepare_commands_run(tmp_path, byte_data, monkeypatch, capsys
             # the README's budget flags are replaced by the tiny ones appended (argparse: last wins)
             code = main(argv + small + ["--lr-warmup-iters", "1"] + _curriculum_for(argv))
             assert code == 0, capsys.readouterr().err
+            assert "data use:" in capsys.readouterr().out  # passes over the data the budget makes
         elif argv[0] == "eval":
             assert main(argv + ["--no-progress"]) == 0, capsys.readouterr().err
             assert "val:" in capsys.readouterr().out

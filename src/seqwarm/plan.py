@@ -25,6 +25,10 @@ from seqwarm.units import human_count
 
 MAX_PLAN_STEPS = 50_000_000
 WARMUP_CURRICULUM_RATIO = 30
+MANY_PASSES = 4
+"""Passes over the training data past which the budget gets a warning: up to about 4 epochs, repeated
+data trains about as well as new data (Muennighoff et al., *Scaling Data-Constrained Language Models*,
+2023); beyond that, returns fall fast and a small model memorizes a small corpus."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +128,22 @@ def make_plan(cfg: RunConfig, *, keep_series: bool = False) -> Plan:
         plan.warmup_reached = lr / cfg.lr.lr if cfg.lr.lr else 0.0
     _plan_warnings(cfg, plan)
     return plan
+
+
+def data_use(plan: Plan, train_windows: int) -> tuple[str, str | None]:
+    """How often the budget goes over the training data: a console line and, past :data:`MANY_PASSES`
+    passes, a warning. ``train_windows``: the full-length windows (samples) of the training split; the
+    plan's samples are drawn from them, so a curriculum (which trains only a prefix of each) makes more
+    passes than tokens / data tokens."""
+    passes = plan.total_samples / max(train_windows, 1)
+    line = (f"data use:    {passes:.2f} passes over the training data ({plan.total_samples:,} samples drawn "
+            f"from {train_windows:,} windows)")
+    warning = None
+    if passes > MANY_PASSES:
+        warning = (f"the budget goes over the training data {passes:.0f} times ({plan.total_samples:,} samples, "
+                   f"{train_windows:,} windows): past ~{MANY_PASSES} passes repeated data trains little and a "
+                   "small corpus is memorized; prepare more text or lower the budget (--train-tokens)")
+    return line, warning
 
 
 def conversions(cfg: RunConfig) -> dict[str, int]:
