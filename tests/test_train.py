@@ -264,3 +264,38 @@ def test_custom_schedule_is_refused_by_train(tmp_path, byte_data, capsys):
     err = capsys.readouterr().err
     assert "custom" in err and "Traceback" not in err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_val_split_smaller_than_asked_is_said_once(byte_data, caplog):
+    """More eval windows asked than the split holds: all are used, and the notice comes once, not at
+    every evaluation."""
+    import logging
+
+    import torch
+
+    from seqwarm.data import open_prepared
+    from seqwarm.evaluator import Evaluator
+
+    class Engine:  # what Evaluator calls: module.training, eval(), train(mode), engine(batch) -> loss
+        module = torch.nn.Linear(1, 1)
+
+        def eval(self):
+            self.module.eval()
+
+        def train(self, mode=True):
+            self.module.train(mode)
+
+        def __call__(self, batch):
+            return batch["input_ids"].float().mean()
+
+    data = open_prepared(byte_data)
+    total = len(data.windows("val", 64))
+    evaluator = Evaluator(data, 64, 4, total, torch.device("cpu"))  # total batches of 4 > total windows
+    with caplog.at_level(logging.WARNING, logger="seqwarm.evaluator"):
+        losses = [evaluator(Engine()) for _ in range(3)]
+    notices = [r.getMessage() for r in caplog.records if "evaluation uses all of them" in r.getMessage()]
+    assert notices == [f"the val split has {total} windows of 65 tokens; every evaluation uses all of them, "
+                       f"not {4 * total} (--eval-iters {total} x micro-batch 4)"]
+    assert not [r for r in caplog.records if "evaluating all of them" in r.getMessage()]  # the data layer's
+    every = Evaluator(data, 64, 4, -(-total // 4), torch.device("cpu"))(Engine())  # exactly all windows
+    assert losses == [pytest.approx(every)] * 3
