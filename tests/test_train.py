@@ -53,6 +53,9 @@ def test_end_to_end_run(tmp_path, byte_data, capsys):
     resolved = json.loads((out / "config.json").read_text())
     assert resolved["world_size"] == 1 and "torch" in resolved["versions"]
     assert resolved["run"]["curriculum"]["max_difficulty"] == 64
+    # the mode the run used (auto: the GPT's forward takes curriculum_seqlen), not the config's null
+    assert resolved["run"]["curriculum"]["mode"] == summary["curriculum"]["mode"] == "inject"
+    assert "block; mode: inject)" in printed
     assert (out / "curves.png").stat().st_size > 10_000
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert ckpts[-1] == f"step_{plan.total_steps:08d}.pt"
@@ -113,6 +116,13 @@ def test_resume_refuses_changed_config(tmp_path, byte_data, capsys):
     cfg = small_config(tmp_path / "c.json", train_tokens=1500)
     out = tmp_path / "run"
     assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out)]) == 0
+    import torch
+    ckpt = sorted((out / "checkpoints").glob("step_*.pt"))[-1]
+    state = torch.load(ckpt, weights_only=False)
+    assert state["config"]["run"]["curriculum"]["mode"] == "inject"
+    state["config"]["run"]["curriculum"]["mode"] = None  # as written before the resolved mode was recorded
+    torch.save(state, ckpt)
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out), "--resume"]) == 0
     changed = small_config(tmp_path / "c2.json", train_tokens=3000, total_step=3)
     capsys.readouterr()
     assert train(["--config", str(changed), "--data", str(byte_data), "--out", str(out), "--resume"]) == 2
