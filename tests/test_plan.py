@@ -136,3 +136,33 @@ def test_plan_and_check_config_do_not_import_torch_or_matplotlib():
             "assert not heavy, heavy")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_curves_figure_draws_the_schedule_with_the_logged_points(tmp_path, monkeypatch):
+    """curves.png: the length panel is the plan's staircase, step by step (not the logged steps joined,
+    10 steps wide), the logged values sit on it, and the LR panel has a y label."""
+    from seqwarm import plots
+    from seqwarm.config import RunConfig
+
+    cfg = load_config(TINY)
+    plan = make_plan(cfg, keep_series=True)
+    run_config = json.loads(json.dumps(cfg.to_dict(), default=lambda o: list(o) if isinstance(o, tuple) else str(o)))
+    assert RunConfig.from_dict(run_config) == cfg  # what config.json holds replays as the same plan
+    (tmp_path / "config.json").write_text(json.dumps({"run": run_config}))
+    logged = [i for i in range(len(plan.steps)) if plan.steps[i] % 10 == 0 or i == 0]
+    rows = [{"kind": "train", "step": plan.steps[i], "tokens": plan.cum_tokens[i], "seqlen": plan.seqlens[i],
+             "lr": plan.lrs[i], "loss": 5.0} for i in logged]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    figures = []
+    monkeypatch.setattr(plots, "_save", lambda plt, fig, path, dpi: figures.append(fig) or path)
+    plots.plot_run(tmp_path)
+    _, length, lr = figures[0].axes
+    schedule, dots = length.get_lines()
+    assert list(schedule.get_xdata()) == plan.steps and list(schedule.get_ydata()) == plan.seqlens
+    assert schedule.get_drawstyle() == "steps-post"
+    assert list(dots.get_xdata()) == [r["step"] for r in rows] and dots.get_linestyle() == "None"
+    assert list(lr.get_lines()[0].get_ydata()) == plan.lrs
+    assert lr.get_ylabel() == "learning rate" and length.get_ylabel() == "tokens per sequence"
+    (tmp_path / "config.json").unlink()  # no recipe: the logged values alone, still a figure
+    plots.plot_run(tmp_path)
+    assert len(figures[1].axes[1].get_lines()) == 1
