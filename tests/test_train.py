@@ -309,3 +309,20 @@ def test_a_val_split_smaller_than_asked_is_said_once(byte_data, caplog):
     assert not [r for r in caplog.records if "evaluating all of them" in r.getMessage()]  # the data layer's
     every = Evaluator(data, 64, 4, -(-total // 4), torch.device("cpu"))(Engine())  # exactly all windows
     assert losses == [pytest.approx(every)] * 3
+
+
+def test_a_closed_stdout_stops_the_console_lines_not_the_run(tmp_path, byte_data):
+    """`seqwarm train | head -3`: the reader goes away; training goes on to the end (its record is the run
+    folder), with one notice on stderr and no traceback."""
+    cfg = small_config(tmp_path / "c.json", train_tokens=1500)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "seqwarm", "train", "--config", str(cfg), "--data", str(byte_data),
+           "--out", str(out), "--no-progress", "--no-tensorboard", "--log-interval", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # like `head` exiting before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=600) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert err.count("stdout was closed (its reader went away): training goes on") == 1, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tokens"] >= 1500 and summary["stop_reason"].startswith("reached the token budget")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from seqwarm.commands.common import training_console
 from seqwarm.commands.spec_flags import spec_from_args
 from seqwarm.commands.train import add_parser_with_train_flags
 from seqwarm.experiments.compare import (
@@ -59,7 +60,8 @@ def compare_inputs(args: argparse.Namespace) -> tuple[RunSpec, CompareOptions]:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = run_compare(*compare_inputs(args))
+    with training_console():  # a closed stdout stops the console lines, not the runs
+        report = run_compare(*compare_inputs(args))
     base, cur = report["baseline"], report["curriculum"]
     print()
     for name, r in (("baseline", base), ("curriculum", cur)):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from seqwarm.commands.common import training_console
 from seqwarm.commands.spec_flags import add_spec_flags, spec_from_args
 from seqwarm.defaults import PRESETS
 from seqwarm.runner import run_training
@@ -38,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    run_training(spec_from_args(args))
+    with training_console():  # a closed stdout stops the console lines, not the run
+        run_training(spec_from_args(args))
     return 0
 
 
