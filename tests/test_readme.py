@@ -143,6 +143,17 @@ def test_the_demo_time_is_stated_once_and_is_the_measured_one():
     assert not demo_lines, demo_lines
 
 
+def test_the_quick_compare_time_is_the_measured_one():
+    """`compare --quick`'s time: RESULTS.md's measurement, quoted by the README; --help gives no figure."""
+    results = (ROOT / "docs" / "RESULTS.md").read_text().split("## `seqwarm compare --quick`")[1]
+    measured = re.search(r"\*\*Total time\*\*: (\d+m\d+s)", results).group(1)
+    line = next(c for c in README.splitlines() if c.startswith("seqwarm compare --quick"))
+    assert f"# {measured} on 2 idle cores (docs/RESULTS.md)" in line
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+    quick = next(a for a in sub["compare"]._actions if "--quick" in a.option_strings)
+    assert not DURATION.search(quick.help) and "docs/RESULTS.md" in quick.help
+
+
 def test_the_demo_section_matches_the_default_recipe():
     """Steps, budget, batch and curriculum the README states are what the default run's plan says."""
     from seqwarm.plan import make_plan

@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("compare")
     g.add_argument("--out", metavar="DIR", help="folder for the two runs and the report (required)")
     g.add_argument("--quick", action="store_true",
-                   help=f"a short comparison (~4 minutes on 2 idle CPU cores for the default recipe): "
+                   help=f"a short comparison (minutes on CPU for the default recipe; measured in docs/RESULTS.md): "
                    f"{QUICK_FRACTION:g}x the token budget with the curriculum and LR schedule shrunk alike, "
                    "fewer validation batches")
     g.add_argument("--scale-batch", type=int, default=1, metavar="K",
