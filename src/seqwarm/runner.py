@@ -33,7 +33,7 @@ from seqwarm.config.settings import SETTING_KEYS, flag_for
 from seqwarm.defaults import PRESETS, default_train_config
 from seqwarm.errors import UserError
 from seqwarm.metrics import format_results
-from seqwarm.plan import make_plan
+from seqwarm.plan import data_use, make_plan
 from seqwarm.problems import ConfigError, Problem
 
 if TYPE_CHECKING:  # seqwarm.train imports torch: only when a run starts
@@ -241,8 +241,9 @@ def run_training(spec: RunSpec) -> TrainResult:
         cleanup(info)
 
 
-def _print_plan(cfg: RunConfig, start_step: int) -> None:
-    """What the run will do, from the same pure schedules the engine uses."""
+def _print_plan(cfg: RunConfig, start_step: int, train_windows: int | None = None) -> None:
+    """What the run will do, from the same pure schedules the engine uses; with ``train_windows`` (the
+    training split's windows), how many passes over the data the budget makes."""
 
     try:
         plan = make_plan(cfg)
@@ -252,7 +253,12 @@ def _print_plan(cfg: RunConfig, start_step: int) -> None:
             if plan.curriculum_end_step else "")
     print(f"plan:        about {plan.total_steps:,} steps{ends}" + (f" (resuming at {start_step:,})" if start_step else ""),
           flush=True)
-    for message in plan.warnings:
+    warnings = list(plan.warnings)
+    if train_windows:
+        line, too_many = data_use(plan, train_windows)
+        print(line, flush=True)
+        warnings += [too_many] if too_many else []
+    for message in warnings:
         if message not in cfg.warnings:
             logger.warning("warning: %s", message)
 
@@ -328,7 +334,7 @@ def _run(spec: RunSpec, info) -> TrainResult:
     if resumed:
         say(f"resuming at step {run.engine.global_steps:,} ({run.engine.progress.tokens:,} tokens)", flush=True)
     if info.is_main:
-        _print_plan(cfg, run.engine.global_steps)
+        _print_plan(cfg, run.engine.global_steps, len(run.batches.windows))
     result = run.train()
     for line in finish_lines(result):
         say(line, flush=True)

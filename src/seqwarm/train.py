@@ -18,7 +18,7 @@ import math
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Protocol
@@ -190,6 +190,9 @@ class Run:
         torch.manual_seed(opts.seed)  # same initial weights on every rank
         built = builder.build(model_cfg, cfg, self.info, self.device)
         self.model, self.optimizer, self.engine = built.model, built.optimizer, built.engine
+        mode = getattr(self.engine, "mode", None)
+        if cfg.curriculum is not None and mode and cfg.curriculum.mode != mode:  # record what auto chose
+            cfg = self.cfg = cfg.replace(curriculum=replace(cfg.curriculum, mode=mode))
         self._step = built.train_step or accumulate_step
         self.checkpointer = builder.checkpointer(built, self.ckpt_dir, self.info, opts.keep_checkpoints)
         self.evaluator = Evaluator(data, model_cfg.seq_length, cfg.micro_batch_size, opts.eval_iters, self.device,
@@ -225,6 +228,9 @@ class Run:
     def _check_resume_config(self, path, saved: dict) -> None:
         """UserError when the checkpoint's recipe or model differs (unless --allow-config-change)."""
         old, new = saved["run"], self.resolved["run"]
+        if (old.get("curriculum") or {}).get("mode", "") is None and new.get("curriculum"):
+            # written before the resolved mode was recorded: the same config resolves to the same mode
+            old = {**old, "curriculum": {**old["curriculum"], "mode": new["curriculum"]["mode"]}}
         changed = [k for k in RESUME_KEYS if old.get(k) != new.get(k)]
         if saved["model"] != self.resolved["model"]:
             changed.append("model")
