@@ -191,6 +191,10 @@ def test_megatron_data_blends_two_files(tmp_path):
     assert [s["weight"] for s in data.meta["sources"]] == pytest.approx([0.3, 0.7])
     assert isinstance(data.train_batches(32, 4), BlendedBatches)
     assert sum(b["input_ids"].shape[0] for b in data.val_batches(32, 4)) > 0
+    assert len(data.windows("val", 32)) == sum(len(w) for w in data._windows(1, 32))
+    for batch in (next(data.val_batches(32, 4, label_style="hf")),
+                  data.train_batches(32, 4, label_style="hf").next_batch()):  # Hugging Face models shift
+        assert (batch["labels"] == batch["input_ids"]).all() and "loss_mask" not in batch
 
 
 # --------------------------------------------------------------------------------------------------

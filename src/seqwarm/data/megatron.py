@@ -225,7 +225,7 @@ class ConcatWindows:
         self._starts = np.cumsum([0] + [len(p) for p in self.parts])
         first = self.parts[0]
         self._opts = {"eod_id": first.eod_id, "eod_mask_loss": first.eod_mask_loss,
-                      "reset_position_ids": first.reset_position_ids}
+                      "reset_position_ids": first.reset_position_ids, "label_style": first.label_style}
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -372,10 +372,20 @@ class MegatronData:
             out.append(TokenWindows(s.stream(split), seq_length, eod_id=self.eod_id, name=label, **opts))
         return out
 
+    def windows(self, split: str, seq_length: int, *, eod_mask_loss: bool = False, reset_position_ids: bool = False,
+                label_style: str = "megatron") -> TokenWindows | ConcatWindows:
+        """``split`` (train or val) of every source as windows of ``seq_length + 1`` tokens."""
+        if split not in ("train", "val"):
+            raise UserError(f"unknown split {split!r}; choose from train, val")
+        parts = self._windows(("train", "val").index(split), seq_length, eod_mask_loss=eod_mask_loss,
+                              reset_position_ids=reset_position_ids, label_style=label_style)
+        return parts[0] if len(parts) == 1 else ConcatWindows(parts, split)
+
     def train_batches(self, seq_length: int, micro_batch_size: int, *, seed: int = 1234, rank: int = 0,
                       world_size: int = 1, shuffle: bool = True, eod_mask_loss: bool = False,
-                      reset_position_ids: bool = False):
-        windows = self._windows(0, seq_length, eod_mask_loss=eod_mask_loss, reset_position_ids=reset_position_ids)
+                      reset_position_ids: bool = False, label_style: str = "megatron"):
+        windows = self._windows(0, seq_length, eod_mask_loss=eod_mask_loss, reset_position_ids=reset_position_ids,
+                                label_style=label_style)
         if len(windows) == 1:  # one source: exactly the order of a prepared folder's split
             return TrainBatches(windows[0], micro_batch_size, seed=seed, rank=rank, world_size=world_size,
                                 shuffle=shuffle)
@@ -384,9 +394,9 @@ class MegatronData:
 
     def val_batches(self, seq_length: int, micro_batch_size: int, *, num_windows: int | None = None,
                     rank: int = 0, world_size: int = 1, eod_mask_loss: bool = False,
-                    reset_position_ids: bool = False) -> Iterator[Batch]:
-        parts = self._windows(1, seq_length, eod_mask_loss=eod_mask_loss, reset_position_ids=reset_position_ids)
-        windows = parts[0] if len(parts) == 1 else ConcatWindows(parts, "val")
+                    reset_position_ids: bool = False, label_style: str = "megatron") -> Iterator[Batch]:
+        windows = self.windows("val", seq_length, eod_mask_loss=eod_mask_loss, reset_position_ids=reset_position_ids,
+                               label_style=label_style)
         return iter_eval_batches(windows, micro_batch_size, num_windows=num_windows, rank=rank,
                                  world_size=world_size)
 
