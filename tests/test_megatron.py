@@ -174,6 +174,11 @@ def test_blend_draws_each_source_by_its_weight_and_resumes_exactly():
         assert (x["input_ids"] == y["input_ids"]).all()
     with pytest.raises(UserError, match="another --data-path blend"):
         BlendedBatches([a, b], [0.5, 0.5], 4).load_state_dict(state)
+    from seqwarm.data.dataset import TrainBatches
+    with pytest.raises(UserError, match="other training data"):
+        TrainBatches(a, 4).load_state_dict(state)
+    with pytest.raises(UserError, match="another --data-path blend"):
+        resumed.load_state_dict(TrainBatches(a, 4).state_dict())
 
 
 def test_blend_ranks_take_disjoint_blocks_of_the_same_global_batch():

@@ -51,6 +51,18 @@ def test_deepspeed_blocks_choose_the_trackers(tmp_path):
     assert tracker_config(off, run, tensorboard=False) == TrackerConfig()
 
 
+def test_describe_says_who_logs_the_monitor_blocks():
+    from seqwarm.config import load_config
+    from seqwarm.config.describe import describe
+    from seqwarm.defaults import default_train_config
+
+    raw = {**default_train_config(), "wandb": {"enabled": True}, "tensorboard": {"enabled": False},
+           "steps_per_print": 10}
+    lines = describe(load_config(raw))
+    assert any(line.startswith("trackers:    wandb (logged by seqwarm") for line in lines)
+    assert any(line.startswith("for DeepSpeed: steps_per_print (") for line in lines)
+
+
 def test_csv_monitor_writes_one_file_per_tag(tmp_path):
     writer = MetricsWriter(tmp_path, trackers=TrackerConfig(csv_dir=tmp_path / "csv"))
     writer.write(TRAIN)

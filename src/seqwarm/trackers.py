@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from seqwarm.config.reader import TRACKER_DS_KEYS
+
 logger = logging.getLogger(__name__)
 
 __all__ = ["SEQWARM_TAGS", "MEGATRON_TAGS", "TrackerConfig", "tracker_config", "scalars", "open_trackers",
@@ -38,7 +40,7 @@ MEGATRON_TAGS = {"loss": "lm-loss-training/lm loss", "lr": "learning-rate/learni
                  "val_loss": "lm-loss-validation/lm loss validation",
                  "val_ppl": "lm-loss-validation/lm loss validation ppl"}
 """metrics.jsonl key -> Megatron-DeepSpeed's tag (also logged as ``TAG vs samples`` / ``TAG vs tokens``)."""
-TRACKER_BLOCKS = ("tensorboard", "wandb", "csv_monitor")
+TRACKER_BLOCKS = TRACKER_DS_KEYS
 """The DeepSpeed config blocks seqwarm's trackers take over."""
 
 

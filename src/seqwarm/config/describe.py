@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from seqwarm.config.reader import APPLIED_DS_KEYS
+from seqwarm.config.reader import APPLIED_DS_KEYS, TRACKER_DS_KEYS
 from seqwarm.config.run import RunConfig
 from seqwarm.curriculum import difficulty_at
 from seqwarm.units import human_count
@@ -47,7 +47,10 @@ def describe(cfg: RunConfig) -> list[str]:
     budget = [f"{human_count(v)} {k}" for k, v in (("tokens", cfg.train_tokens), ("iters", cfg.train_iters),
                                                    ("samples", cfg.train_samples)) if v]
     lines.append(f"budget:      {', '.join(budget) if budget else 'none set (give --train-tokens to train or plan)'}")
-    ds_keys = sorted(k for k in cfg.deepspeed if k not in APPLIED_DS_KEYS)
+    trackers = [k for k in TRACKER_DS_KEYS if isinstance(cfg.deepspeed.get(k), dict) and cfg.deepspeed[k].get("enabled")]
+    if trackers:
+        lines.append(f"trackers:    {', '.join(trackers)} (logged by seqwarm, with Megatron-DeepSpeed's tags)")
+    ds_keys = sorted(k for k in cfg.deepspeed if k not in APPLIED_DS_KEYS and k not in TRACKER_DS_KEYS)
     if ds_keys:
         lines.append(f"for DeepSpeed: {', '.join(ds_keys)} (passed through unchanged)")
     return lines

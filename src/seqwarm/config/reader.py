@@ -43,6 +43,8 @@ _BUDGET_KEYS = keys_in_group("budget")
 APPLIED_DS_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
                    "optimizer", "gradient_clipping", "fp16", "bf16")
 """DeepSpeed top-level keys whose values seqwarm's own engine applies (the rest pass through to DeepSpeed)."""
+TRACKER_DS_KEYS = ("tensorboard", "wandb", "csv_monitor")
+"""DeepSpeed's monitor blocks: seqwarm's trackers log them in every engine (:mod:`seqwarm.trackers`)."""
 # The top-level keys seqwarm itself reads: a near miss of one of them is an error, not a warning.
 _READ_TOP_KEYS = (*APPLIED_DS_KEYS, "scheduler", "curriculum_learning", "data_efficiency", "seqwarm")
 # Top-level keys of DeepSpeed configs, for "did you mean" on likely typos (other keys pass through).

@@ -215,6 +215,9 @@ class TrainBatches:
                 "shuffle": self.shuffle}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "epoch" not in state:  # e.g. a --data-path blend's position
+            raise UserError("cannot resume the data position: the checkpoint was written with other training data "
+                            "(a --data-path blend of several sources)")
         for key, mine in (("seq_length", self.windows.seq_length), ("seed", self.seed),
                           ("shuffle", self.shuffle), ("num_windows", len(self.windows))):
             if key in state and state[key] != mine:
