@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
-EXTRAS ?= dev,deepspeed,hf,wandb
+EXTRAS ?= dev,deepspeed,hf,wandb,tensorboard
 # DeepSpeed's C++/CUDA ops are not compiled at install time (no CUDA toolkit needed; a run builds the
 # ones it uses on first use). Set DS_BUILD_OPS=1 to pre-build them on a CUDA machine.
 DS_BUILD_OPS ?= 0
