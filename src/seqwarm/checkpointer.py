@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from seqwarm.checkpoint import latest_checkpoint, save_checkpoint
+from seqwarm.checkpoint import load_latest_for_resume, require_keys, save_checkpoint
 from seqwarm.distributed import DistInfo, barrier
 from seqwarm.errors import UserError
 
@@ -70,22 +70,30 @@ class TorchCheckpointer:
         return path
 
     def load(self, check: ConfigCheck) -> tuple[Any, dict[str, Any]] | None:
-        found = latest_checkpoint(self.folder)
+        found = load_latest_for_resume(self.folder)  # CheckpointError when there are some but none loads
         if found is None:
             return None
         path, state = found
+        if not state.get("deepspeed"):
+            require_keys(path, state, {"model": dict, "engine": dict, "data": dict, "rng": dict, "config": dict})
+            require_keys(path, state["engine"], {"optimizer": dict})
         if state.get("deepspeed"):  # a model export of a --deepspeed run: its state is in checkpoints/deepspeed
             raise UserError(f"{self.folder.parent} was trained with --deepspeed; resume it with --deepspeed")
         check(path, state["config"])
         engine_state = dict(state["engine"])
         optim_state = engine_state.pop("optimizer")
-        if self.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=optim_state, options=StateDictOptions(full_state_dict=True))
-        else:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(optim_state)
+        try:
+            if self.fsdp:
+                from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+                set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                               optim_state_dict=optim_state, options=StateDictOptions(full_state_dict=True))
+            else:
+                self.model.load_state_dict(state["model"])
+                self.optimizer.load_state_dict(optim_state)
+        except (RuntimeError, KeyError, ValueError) as err:  # shapes or parameter names differ
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+            raise UserError(f"{path} does not fit this run's model or optimizer ({first}); resume with the "
+                            "settings it was written with") from None
         self.engine.load_state_dict(engine_state)
         return path, state
 
