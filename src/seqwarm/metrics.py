@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from seqwarm.atomic import write_text
+from seqwarm.atomic import write_error, write_text
 from seqwarm.units import human_count
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,10 @@ class MetricsWriter:
 
     def __init__(self, run_dir: Path, tensorboard: bool = True):
         self.path = run_dir / "metrics.jsonl"
-        self._fh = open(self.path, "a", buffering=1)
+        try:
+            self._fh = open(self.path, "a", buffering=1)
+        except OSError as err:
+            raise write_error(self.path, err) from err
         self._tb = None
         if tensorboard:
             try:
@@ -59,7 +62,10 @@ class MetricsWriter:
                 logger.debug("tensorboard not installed: no event files (pip install 'seqwarm[tensorboard]')")
 
     def write(self, row: Mapping[str, Any]) -> None:
-        self._fh.write(json.dumps(row) + "\n")
+        try:
+            self._fh.write(json.dumps(row) + "\n")
+        except OSError as err:  # a torn last row is dropped by read_metrics and by the resume's truncation
+            raise write_error(self.path, err, "a row of metrics.jsonl") from err
         if self._tb is not None:
             step = int(row["step"])
             for key, tag in _TB_TAGS.items():
