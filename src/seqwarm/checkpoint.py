@@ -175,18 +175,19 @@ def load_newest(folder: Path) -> tuple[Path, dict[str, Any]]:
     return found
 
 
-def load_latest_for_resume(folder: Path) -> tuple[Path, dict[str, Any]] | None:
+def load_latest_for_resume(folder: Path, move_aside: bool = True) -> tuple[Path, dict[str, Any]] | None:
     """The newest checkpoint that loads, for a resume: None when there is none at all; CheckpointError
     naming every file and why when there are some but none loads. Newer files that do not load are
     renamed ``step_XXXXXXXX.pt.unloadable`` (kept for inspection, out of the rotation, which would
-    otherwise delete the fresh checkpoints because the broken ones carry higher step numbers)."""
+    otherwise delete the fresh checkpoints because the broken ones carry higher step numbers); only
+    where ``move_aside`` (rank 0: the others read the same files)."""
     found, failures = _newest_loadable(folder)
     if found is None:
         if failures:
             raise _none_loads(folder, failures, "--resume never starts over silently: move them away (or "
                               "restore them from a copy) and pass --resume again to start from step 0")
         return None
-    for bad, why in failures:
+    for bad, why in failures if move_aside else ():
         aside = bad.with_name(bad.name + ".unloadable")
         os.replace(bad, aside)
         logger.warning("%s; moved aside to %s, resuming from %s", why, aside.name, found[0].name)

@@ -221,7 +221,7 @@ def run_training(spec: RunSpec) -> TrainResult:
     describes; rank 0 alone prints, logs and writes files. With ``deepspeed`` a process group is made
     for a single process too (DeepSpeed needs one).
     """
-    from seqwarm.distributed import cleanup, init_distributed
+    from seqwarm.distributed import barrier, cleanup, init_distributed
 
     check_spec(spec)
     info = init_distributed(spec.device)
@@ -232,7 +232,9 @@ def run_training(spec: RunSpec) -> TrainResult:
             from seqwarm.integrations.deepspeed_run import deepspeed_process_group
             with deepspeed_process_group(spec.device):
                 return _run(spec, info)
-        return _run(spec, info)
+        result = _run(spec, info)
+        barrier(info)  # no rank tears the process group down while another still sends (or is still saving)
+        return result
     finally:
         cleanup(info)
 
