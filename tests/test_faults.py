@@ -426,7 +426,8 @@ def test_sigkill_at_random_moments_and_mid_checkpoint_resumes_exactly(tmp_path, 
         _kill_when(proc, when(run))
         if (run / "summary.json").exists():
             continue  # it finished before the kill: nothing to resume
-        resumed = _popen([*common, "--out", str(run), "--resume"])
+        # killed before it made its folder: the same command again; else the same command with --resume
+        resumed = _popen([*common, "--out", str(run), *(["--resume"] if run.exists() else [])])
         out = resumed.communicate(timeout=300)[0].decode()
         assert resumed.returncode == 0, f"{name}: {out[-2000:]}"
         assert _losses(run) == expected, name

@@ -98,8 +98,9 @@ def _legacy_globals() -> list:
     """What checkpoints of earlier versions hold besides tensors: numpy's uint32 RNG keys, torch's version."""
     from torch.torch_version import TorchVersion
 
-    multiarray = getattr(np, "_core", None) or np.core  # numpy 2 moved it; pickles name either
-    return [multiarray.multiarray._reconstruct, np.ndarray, np.dtype, type(np.dtype(np.uint32)), TorchVersion]
+    reconstruct = (getattr(np, "_core", None) or np.core).multiarray._reconstruct
+    return [reconstruct, (reconstruct, "numpy.core.multiarray._reconstruct"),  # numpy 1 pickles name it so
+            np.ndarray, np.dtype, type(np.dtype(np.uint32)), TorchVersion]
 
 
 def _first_line(err: BaseException) -> str:

@@ -272,7 +272,8 @@ def _data_dir(spec: RunSpec, info) -> Path:
 
 
 def _run(spec: RunSpec, info) -> TrainResult:
-    from seqwarm.train import TrainOptions, prepare_run_dir
+    from seqwarm.run_folder import prepare_run_dir
+    from seqwarm.train import TrainOptions
 
     say = print if info.is_main else (lambda *a, **k: None)
     stages = spec.pipeline_stages or 1  # pipeline stages share one data-parallel replica

@@ -28,17 +28,16 @@ import torch
 
 from seqwarm.atomic import write_json
 from seqwarm.budget import stop_reason
-from seqwarm.checkpoint import list_checkpoints, rng_state, set_rng_state
+from seqwarm.checkpoint import rng_state, set_rng_state
 from seqwarm.checkpointer import Checkpointer, TorchCheckpointer
 from seqwarm.config import RunConfig
 from seqwarm.config.describe import describe
-from seqwarm.distributed import DistInfo, barrier, device_for, gather_floats, wrap_model
+from seqwarm.distributed import DistInfo, device_for, gather_floats, wrap_model
 from seqwarm.errors import SeqwarmError, UserError
 from seqwarm.evaluator import Evaluator
 from seqwarm.metrics import format_duration, truncate_metrics
 from seqwarm.metrics_logger import MetricsLogger, adam_stats
 from seqwarm.optim import build_optimizer
-from seqwarm.runlock import LOCK_FILE, RunLock
 from seqwarm.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -387,80 +386,6 @@ class Run:
             "curriculum": self.resolved["run"]["curriculum"], "skipped_steps": self.engine.skipped_steps,
             "num_params": self.model_cfg.num_params(),
         }
-
-
-RUN_MARKERS = ("config.json", "metrics.jsonl")
-"""Files the start of every run writes: a folder with one of them and no checkpoint is a run killed
-before its first checkpoint, which ``--resume`` starts again from step 0."""
-
-
-@dataclass
-class RunFolder:
-    """The run folder, locked by rank 0 for the run; :meth:`close` releases it (and removes the folder
-    when this run created it and left nothing in it, e.g. after bad input)."""
-
-    path: Path
-    lock: RunLock | None
-    created: bool
-
-    def close(self) -> None:
-        if self.lock is not None:
-            self.lock.release()
-        if self.created:
-            try:
-                self.path.rmdir()  # only when empty
-            except OSError:
-                pass
-
-
-def _folder_problem(run_dir: Path, resume: bool) -> str | None:
-    """Why the run cannot use ``run_dir`` (None: it can); the same answer on every rank."""
-    ckpts = run_dir / "checkpoints"
-    has_ckpt = bool(list_checkpoints(ckpts)) or (ckpts / "deepspeed" / "latest").is_file()
-    entries = [p.name for p in run_dir.iterdir() if p.name != LOCK_FILE] if run_dir.is_dir() else []
-    if resume:
-        if not has_ckpt and not any(name in entries for name in RUN_MARKERS):
-            return (f"--resume: {run_dir} has no checkpoint to resume from and holds no run "
-                    "(drop --resume to start a new run there)")
-    elif entries:
-        return f"{run_dir} already holds a run; pass --resume to continue it or choose another --out"
-    return None
-
-
-def prepare_run_dir(opts: TrainOptions, info: DistInfo | None = None) -> RunFolder:
-    """Create and lock the run folder on rank 0, then check it on every rank (same answer everywhere).
-
-    The caller closes the returned :class:`RunFolder` when the run ends, whatever way it ends."""
-    info = info or DistInfo()
-    run_dir = Path(opts.out)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise UserError(f"--out {run_dir} exists and is not a folder; choose a folder for the run")
-    folder = RunFolder(run_dir, None, False)
-    status = 0.0
-    if info.is_main:
-        folder.created = not run_dir.exists()
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            folder.lock = RunLock(run_dir)
-            folder.lock.acquire()
-        except BaseException as err:
-            folder.lock = None
-            folder.close()
-            if not info.enabled:
-                raise
-            logger.error("%s", err)
-            status = 1.0
-    if info.enabled:  # one answer for every rank: no rank may go on alone into a collective
-        device = torch.device("cuda", info.local_rank) if info.backend == "nccl" else torch.device("cpu")
-        if any(r[0] for r in gather_floats([status], info, device)):
-            folder.close()
-            raise UserError(f"{run_dir}: rank 0 could not take the run folder (see its message)")
-    problem = _folder_problem(run_dir, opts.resume)
-    barrier(info)  # every rank has looked before rank 0 writes anything
-    if problem:
-        folder.close()
-        raise UserError(problem)
-    return folder
 
 
 def write_resolved_config(run: Run) -> Path:
