@@ -301,6 +301,27 @@ def test_out_that_is_a_file_and_unwritable_paths_are_exit_2(tmp_path, byte_data,
         write_text(blocker / "inside.json", "{}")  # its folder is a file: NotADirectoryError, named
 
 
+def test_eval_on_a_read_only_folder_is_an_exit_2(tmp_path, finished_run, capsys, monkeypatch):
+    import seqwarm.atomic
+
+    _, run = copy_run(finished_run, tmp_path)
+    (run / "eval.json").write_text("{}")
+
+    class ReadOnlyOs:  # the os module as seqwarm.atomic sees it, on a file system mounted read-only
+        def __getattr__(self, name):
+            return getattr(os, name)
+
+        @staticmethod
+        def replace(src, dst):
+            raise OSError(30, "Read-only file system", str(dst))
+
+    monkeypatch.setattr(seqwarm.atomic, "os", ReadOnlyOs())
+    assert main(["eval", str(run), "--val", "--val-windows", "2", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "eval.json" in err and "Read-only file system" in err and "Traceback" not in err
+    assert (run / "eval.json").read_text() == "{}" and not _leftovers(run)
+
+
 # -- 6. checked before the work -------------------------------------------------------------------------
 
 @pytest.mark.parametrize("extra,fragment", [

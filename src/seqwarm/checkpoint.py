@@ -68,6 +68,8 @@ def _numpy_state(saved: Any) -> tuple:
     """``np.random.set_state``'s tuple from a checkpoint's (keys as a tensor, or as an array in old files)."""
     kind, keys, pos, has_gauss, gauss = saved
     keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+    if str(kind) != "MT19937" or keys.shape != (624,):
+        raise ValueError(f"expected MT19937 with 624 keys, got {kind!r} with shape {keys.shape}")
     return str(kind), keys.astype(np.uint32), int(pos), int(has_gauss), float(gauss)
 
 
