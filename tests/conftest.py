@@ -11,6 +11,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+FAST_TRAIN_FLAGS = ["--model", "tiny", "--eval-iters", "2", "--no-progress", "--no-tensorboard"]
+"""The flags every quick CPU training run in the tests shares: tiny model, 2 validation batches, no
+progress bar, no TensorBoard events. Tests add what they need (--log-interval, --eval-interval, ...)."""
+
 WORDS = ("the curriculum grows the sequence length while the model learns short context first and "
          "long context later so that large batches and learning rates stay stable").split()
 

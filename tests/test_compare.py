@@ -1,6 +1,7 @@
 """`seqwarm compare`: the curve arithmetic on synthetic curves, the report of two tiny real runs, reuse and
 resume of run folders, the scaled and quick plans, and bad input."""
 
+import argparse
 import json
 import math
 from pathlib import Path
@@ -9,16 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqwarm.cli import main
+from seqwarm.cli import build_parser, main
 from seqwarm.experiments import curves
 from seqwarm.experiments.compare import QUICK_FRACTION, ComparePlan, build_report, plan_compare
 from seqwarm.experiments.launch import run_state
 from seqwarm.experiments.report import write_report
 from seqwarm.runner import RunSpec
 
-from conftest import small_config
+from conftest import FAST_TRAIN_FLAGS, small_config
 
-FAST = ["--model", "tiny", "--eval-iters", "2", "--no-progress", "--no-tensorboard"]
+FAST = FAST_TRAIN_FLAGS
 
 
 # -- crossings and speedups -------------------------------------------------------------------------
@@ -152,6 +153,7 @@ def test_report_speedups_from_synthetic_runs(tmp_path):
 # -- two tiny real runs ------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_compare_two_tiny_runs_report_reuse_and_resume(tmp_path, byte_data, capsys):
     cfg = small_config(tmp_path / "c.json", train_tokens=1200, total_step=4)
     out = tmp_path / "cmp"
@@ -204,7 +206,6 @@ def test_compare_two_tiny_runs_report_reuse_and_resume(tmp_path, byte_data, caps
 
 
 def _compare_args(tmp_path, *extra):
-    from seqwarm.cli import build_parser
     from seqwarm.commands.compare import compare_inputs
 
     return compare_inputs(build_parser().parse_args(["compare", *FAST, "--out", str(tmp_path / "cmp"), *extra]))
@@ -265,3 +266,22 @@ def test_missing_out_and_no_curriculum_config_exit_2(tmp_path, capsys):
     (tmp_path / "off.json").write_text(json.dumps(cfg))
     assert main(["compare", *FAST, "--config", str(tmp_path / "off.json"), "--out", str(tmp_path / "o")]) == 2
     assert "nothing to compare" in capsys.readouterr().err
+
+
+def _help_groups(parser) -> dict[str, str]:
+    """option string -> title of the --help group that shows it (hidden flags left out)."""
+    return {opt: group.title for group in parser._action_groups for action in group._group_actions
+            if action.help != argparse.SUPPRESS for opt in action.option_strings}
+
+
+@pytest.mark.parametrize("command", ["compare", "tune"])
+def test_train_flags_keep_their_help_groups_in_experiments(command):
+    """`compare --help` / `tune --help` show every train flag in the group `train --help` shows it in
+    (argparse parents used to drop the mutually exclusive --lr-decay-*/--lr-warmup-* into "options")."""
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+    train, experiment = _help_groups(sub["train"]), _help_groups(sub[command])
+    own = {opt for opt, title in experiment.items() if title == command}  # the experiment's own flags
+    moved = {opt: (title, experiment.get(opt)) for opt, title in train.items()
+             if opt not in own and opt in experiment and experiment[opt] != title}
+    assert not moved, moved
+    assert train["--lr-warmup-iters"] == "learning rate (warmup in iters/samples, decay in tokens)"

@@ -245,6 +245,15 @@ def test_check_config_cli(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "8 -> 1024 tokens linearly over 15,000 steps" in out
     raw = seed()
+    raw["curriculum_learning"]["min_difficulty"] = 7  # the schedule rounds it up to difficulty_step 8
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps(raw))
+    assert main(["check-config", str(odd)]) == 0
+    captured = capsys.readouterr()
+    assert "seqlen 8 -> 1024 tokens linearly" in captured.out and "7 -> 1024" not in captured.out
+    assert "in multiples of 8, min_difficulty 7 rounded up to 8 (" in captured.out
+    assert "the schedule starts at 8" in captured.out + captured.err
+    raw = seed()
     raw["curriculum_learning"]["schedule_config"]["difficulty_step"] = 0
     raw["curriculum_learning"]["max_difficulty"] = "1024"
     bad = tmp_path / "bad.json"

@@ -66,7 +66,14 @@ def run_steps(core, steps, gas, start=0):
 def test_mode_resolution_rules_and_errors():
     assert resolve_mode(None, takes_seqlen) == "inject" and resolve_mode("auto", takes_seqlen) == "inject"
     assert resolve_mode(None, plain) == "truncate" and resolve_mode(None, open_kwargs) == "truncate"
-    assert resolve_mode("inject", open_kwargs) == "inject"  # **kwargs accepts curriculum_seqlen
+    # **kwargs is not a curriculum_seqlen parameter (HF models take **kwargs and ignore it) unless opted in
+    with pytest.raises(ValueError, match=r"open_kwargs\(input_ids, \*\*kwargs\) has no such parameter \(its \*\*kwargs"
+                                         r".*inject_via_kwargs=True"):
+        resolve_mode("inject", open_kwargs)
+    assert resolve_mode("inject", open_kwargs, inject_via_kwargs=True) == "inject"
+    assert resolve_mode(None, open_kwargs, inject_via_kwargs=True) == "inject"
+    with pytest.raises(ValueError, match="has no such parameter"):
+        resolve_mode("inject", plain, inject_via_kwargs=True)
     assert resolve_mode("reshape", takes_seqlen) == "reshape"
     with pytest.raises(ValueError, match=r"needs a model whose forward takes curriculum_seqlen; plain\(input_ids"):
         resolve_mode("inject", plain)
@@ -243,3 +250,14 @@ def test_tokens_per_step_uses_the_rule():
     assert tokens_per_step(cfg, 4) == rows * length * 2 * 2
     with pytest.raises(ValueError, match=">= 1"):
         micro_batch_shape(2, 10, 0, "truncate")
+
+
+def test_output_length_reads_logits_and_per_token_outputs():
+    from types import SimpleNamespace
+
+    from seqwarm.core import output_length
+    logits = torch.zeros(2, 5, 7)
+    assert output_length(logits, 2) == 5 and output_length(SimpleNamespace(logits=logits), 2) == 5
+    assert output_length({"loss": torch.zeros(()), "logits": logits}, 2) == 5
+    assert output_length((torch.zeros(()), logits), 2) == 5 and output_length(torch.zeros(2, 5), 2) == 5
+    assert output_length(torch.zeros(()), 2) is None and output_length((torch.zeros(()), 3), 2) is None

@@ -221,3 +221,20 @@ def test_missing_or_foreign_folders(prepared, tmp_path):
     (folder / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(UserError, match="format version 99"):
         open_prepared(folder)
+
+
+def test_hf_label_style_gives_unshifted_labels_with_the_same_targets():
+    windows = np.array([[1, 2, E, 3, 4, 5], [E, 6, 7, E, 8, 9]], dtype=np.int64)
+    meg = build_batch(windows, eod_id=E, eod_mask_loss=True)
+    hf = build_batch(windows, eod_id=E, eod_mask_loss=True, label_style="hf")
+    assert set(hf) == {"input_ids", "labels", "position_ids"}  # no loss_mask: HF models do not read one
+    assert torch.equal(hf["input_ids"], meg["input_ids"]) and torch.equal(hf["position_ids"], meg["position_ids"])
+    # the model shifts: it predicts hf labels[:, t + 1] from input t; Megatron's labels[:, t] is that token
+    shifted = hf["labels"][:, 1:]
+    assert torch.equal(shifted[shifted != -100], meg["labels"][:, :-1][meg["loss_mask"][:, :-1] > 0])
+    assert torch.equal(build_batch(windows, label_style="hf")["labels"], meg["input_ids"])
+    tw = TokenWindows(windows.reshape(-1), 5, eod_id=E)
+    assert tw.with_label_style("hf")[0]["labels"].tolist() == [1, 2, E, 3, 4]
+    assert tw.with_label_style("megatron") is tw
+    with pytest.raises(UserError, match="label_style must be one of megatron, hf"):
+        build_batch(windows, label_style="shifted")

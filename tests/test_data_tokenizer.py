@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import numpy as np
 import pytest
@@ -133,3 +134,18 @@ def test_save_and_load_from_meta(tmp_path, bpe):
         load_tokenizer(tmp_path)
     with pytest.raises(UserError, match="not a prepared data folder"):
         load_tokenizer(tmp_path / "nowhere")
+
+
+def test_a_bpe_smaller_than_asked_says_so_and_why(caplog):
+    """`prepare --tokenizer bpe:16384` on a small folder learns fewer tokens: a warning gives the size
+    learned and the reason; a vocabulary learned in full gives none."""
+    with caplog.at_level(logging.WARNING, logger="seqwarm.data.tokenizer"):
+        small = train_bpe(CORPUS, 16384)
+    assert small.vocab_size < 16384
+    message = " ".join(r.getMessage() for r in caplog.records)
+    assert f"bpe:16384 learned a vocabulary of only {small.vocab_size:,} tokens" in message
+    assert "seen at least 2 times" in message
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="seqwarm.data.tokenizer"):
+        full = train_bpe(CORPUS, 300)
+    assert full.vocab_size == 300 and not caplog.records

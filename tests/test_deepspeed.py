@@ -26,7 +26,7 @@ from seqwarm.integrations.deepspeed import DeepSpeedCurriculum, deepspeed_config
 from seqwarm.lr_schedule import lr_at
 from seqwarm.metrics import read_metrics
 
-from conftest import run_torchrun, small_config, train_rows
+from conftest import FAST_TRAIN_FLAGS, run_torchrun, small_config, train_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 HAVE_DS = importlib.util.find_spec("deepspeed") is not None
@@ -34,8 +34,7 @@ needs_ds = pytest.mark.skipif(not HAVE_DS, reason="deepspeed is not installed "
                               "(DS_BUILD_OPS=0 pip install 'seqwarm[deepspeed]'; `make setup` does it)")
 TORCHRUN = [pytest.mark.dist, pytest.mark.deepspeed, pytest.mark.slow, needs_ds]
 
-FAST = ["--model", "tiny", "--eval-iters", "2", "--no-progress", "--no-tensorboard", "--log-interval", "1",
-        "--eval-interval", "5", "--deepspeed"]
+FAST = [*FAST_TRAIN_FLAGS, "--log-interval", "1", "--eval-interval", "5", "--deepspeed"]
 
 
 def torchrun(args, nproc=2, module=True):

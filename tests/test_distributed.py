@@ -7,12 +7,11 @@ import pytest
 
 from seqwarm.metrics import read_metrics
 
-from conftest import run_torchrun, small_config, train_rows
+from conftest import FAST_TRAIN_FLAGS, run_torchrun, small_config, train_rows
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
-FAST = ["--model", "tiny", "--eval-iters", "2", "--no-progress", "--no-tensorboard", "--log-interval", "1",
-        "--eval-interval", "5"]
+FAST = [*FAST_TRAIN_FLAGS, "--log-interval", "1", "--eval-interval", "5"]
 
 
 def torchrun(args, nproc=2):

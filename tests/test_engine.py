@@ -429,3 +429,55 @@ def test_state_dict_written_before_the_core_still_loads():
         engine.step()
         train(engine, 2, start=11)
     assert reader.state_dict() == writer.state_dict()
+
+
+class LegacySimpleModel(nn.Module):
+    """DeepSpeed's own legacy test model: forward(x, y, **kwargs) reads curriculum_seqlen from kwargs."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = nn.Embedding(VOCAB, 8)
+        self.head = nn.Linear(8, VOCAB)
+        self.shapes: list = []
+
+    def forward(self, x, y, **kwargs):
+        seqlen = kwargs.get("curriculum_seqlen", None)
+        if seqlen is not None:
+            x, y = x[:, :seqlen], y[:, :seqlen]
+        self.shapes.append(tuple(x.shape))
+        return F.cross_entropy(self.head(self.emb(x)).flatten(0, 1), y.flatten()), seqlen
+
+
+class IgnoresLength(NoInject):
+    """Takes curriculum_seqlen by name but trains at full length: logits (B, S, V) give it away."""
+
+    def forward(self, input_ids, labels=None, loss_mask=None, position_ids=None, curriculum_seqlen=None):
+        return self.head(self.emb(input_ids))
+
+
+def test_legacy_kwargs_model_needs_the_explicit_opt_in():
+    cfg = config(LINEAR, curriculum_mode="inject")
+    with pytest.raises(ValueError, match=r"LegacySimpleModel\.forward\(x, y, \*\*kwargs\) has no such parameter"
+                                         r".*inject_via_kwargs=True"):
+        make(LegacySimpleModel(), cfg)
+    assert make(LegacySimpleModel(), config(LINEAR)).mode == "truncate"  # auto: **kwargs does not count
+    model = LegacySimpleModel()
+    engine = CurriculumEngine(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg, inject_via_kwargs=True)
+    assert engine.mode == "inject"
+    with pytest.warns(UserWarning, match="returned only a loss: seqwarm cannot check"):
+        for i in range(3):
+            b = data(i)
+            loss, seqlen = engine(b["input_ids"], b["labels"])
+            engine.backward(loss)
+            engine.step()
+    assert model.shapes == [(2, 2), (2, 4), (2, 4)] and engine.progress.tokens == 2 * (2 + 4 + 4)
+
+
+def test_a_model_that_ignores_the_injected_length_is_caught_at_the_first_step():
+    model = IgnoresLength()
+    engine = make(model, config(LINEAR))
+    assert engine.mode == "inject"
+    with pytest.raises(ValueError, match=r"IgnoresLength was given curriculum_seqlen=2 but returned outputs of "
+                                         r"length 10: it ignores the keyword.*'truncate'"):
+        engine(data(0))

@@ -143,6 +143,7 @@ def test_bad_input_exits_2(tmp_path, capsys, bpe_data, monkeypatch):
     assert "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_trained_run_end_to_end(tmp_path, capsys, byte_data):
     """One real (tiny) seqwarm train run, exported by the CLI, loaded by transformers."""
     from seqwarm.evaluation.runs import load_run

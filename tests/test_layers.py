@@ -27,7 +27,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "seqwarm"
 HEAVY = ("torch", "deepspeed", "matplotlib", "transformers", "tensorboard", "tqdm", "numpy", "tokenizers",
-         "safetensors", "datasets", "pyarrow", "wandb", "megatron")
+         "safetensors", "datasets", "pyarrow", "wandb", "megatron", "accelerate")
 """Packages slow to import or optional: the only reason to import inside a function."""
 CLI_ONLY = ("argparse",)
 

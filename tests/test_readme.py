@@ -4,6 +4,8 @@
 import importlib.util
 import re
 import shlex
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -61,6 +63,7 @@ def test_cheap_commands_run(line, monkeypatch, capsys):
         assert "total steps:               45,000" in out
 
 
+@pytest.mark.slow
 def test_train_and_prepare_commands_run(tmp_path, byte_data, monkeypatch, capsys):
     """The README's prepare/train/export lines, on a tiny corpus and budget (same flags otherwise)."""
     monkeypatch.chdir(tmp_path)
@@ -78,6 +81,10 @@ def test_train_and_prepare_commands_run(tmp_path, byte_data, monkeypatch, capsys
             # the README's budget flags are replaced by the tiny ones appended (argparse: last wins)
             code = main(argv + small + ["--lr-warmup-iters", "1"] + _curriculum_for(argv))
             assert code == 0, capsys.readouterr().err
+            assert "data use:" in capsys.readouterr().out  # passes over the data the budget makes
+        elif argv[0] == "eval":
+            assert main(argv + ["--no-progress"]) == 0, capsys.readouterr().err
+            assert "val:" in capsys.readouterr().out
         elif argv[0] == "export" and importlib.util.find_spec("transformers") is not None:
             assert main(argv) == 0, capsys.readouterr().err
             assert (Path(argv[argv.index("--hf") + 1]) / "model.safetensors").is_file()
@@ -101,3 +108,78 @@ def test_help_runs(capsys):
         main(["train", "--help"])
     assert info.value.code == 0
     assert "--train-tokens" in capsys.readouterr().out
+
+
+def test_every_command_and_doc_is_in_the_readme():
+    """A new user finds every command (a `seqwarm CMD` line) and every page of docs/ from the README."""
+    shown = {shlex.split(line)[1] for line in commands()}
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    assert set(sub.choices) <= shown, f"commands missing from the README: {set(sub.choices) - shown}"
+    linked = set(re.findall(r"\]\((docs/[A-Z_]+\.md)", README))
+    pages = {f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md")}
+    assert pages <= linked, f"docs pages the README never links: {pages - linked}"
+
+
+DURATION = re.compile(r"\b\d+m\d+s\b|~?\d+(?:\.\d+)? ?(?:min(?:ute)?s?)\b")
+
+
+def _demo_section() -> str:
+    return README.split("## What `make demo` does")[1].split("\n## ")[0]
+
+
+def test_the_demo_time_is_stated_once_and_is_the_measured_one():
+    """The demo's duration lives in "What `make demo` does" (the figure of docs/PERFORMANCE.md's
+    measurement); the opening lines and `train --help` point there instead of giving their own."""
+    first = blocks("bash")[0]
+    assert not DURATION.search(first), first
+    from seqwarm.commands.train import DESCRIPTION
+    assert not DURATION.search(DESCRIPTION) and "What `make demo` does" in DESCRIPTION
+    perf = (ROOT / "docs" / "PERFORMANCE.md").read_text().split("## The main job")[1]
+    whole = re.search(r"\| whole command \| (\d+m\d+s) wall", perf).group(1)
+    training = re.search(r"\| training, 358 steps, [\d,]+ tokens \| (\d+m\d+s)", perf).group(1)
+    section = _demo_section()
+    assert f"**{whole}**" in section and f"{training} of training" in section
+    outside = README.replace(section, "")
+    demo_lines = [line for line in outside.splitlines() if "demo" in line and DURATION.search(line)]
+    assert not demo_lines, demo_lines
+
+
+def test_the_quick_compare_time_is_the_measured_one():
+    """`compare --quick`'s time: RESULTS.md's measurement, quoted by the README; --help gives no figure."""
+    results = (ROOT / "docs" / "RESULTS.md").read_text().split("## `seqwarm compare --quick`")[1]
+    measured = re.search(r"\*\*Total time\*\*: (\d+m\d+s)", results).group(1)
+    line = next(c for c in README.splitlines() if c.startswith("seqwarm compare --quick"))
+    assert f"# {measured} on 2 idle cores (docs/RESULTS.md)" in line
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+    quick = next(a for a in sub["compare"]._actions if "--quick" in a.option_strings)
+    assert not DURATION.search(quick.help) and "docs/RESULTS.md" in quick.help
+
+
+def test_the_demo_section_matches_the_default_recipe():
+    """Steps, budget, batch and curriculum the README states are what the default run's plan says."""
+    from seqwarm.plan import make_plan
+    from seqwarm.runner import RunSpec, resolve_config
+    cfg = resolve_config(RunSpec())
+    plan = make_plan(cfg)
+    section = _demo_section()
+    cur = cfg.curriculum
+    assert f"{plan.total_steps} optimizer steps" in section
+    assert f"{cfg.train_tokens / 1e6:g}M tokens" in section
+    assert f"{cur.min_difficulty} → {cur.max_difficulty} tokens" in section
+    assert f"{cfg.train_batch_size} sequences per step" in section
+
+
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="not a git checkout")
+def test_what_the_readme_writes_into_the_checkout_is_ignored():
+    """`data/...`, `runs/...`, `hf/...`: the README's commands write there; git status stays clean."""
+    outputs = set()
+    for line in commands():
+        argv = shlex.split(line)
+        outputs |= {argv[i + 1] for i, a in enumerate(argv[:-1]) if a in ("--out", "--hf")}
+    outputs.add("runs/tiny-20261201-120000")  # `seqwarm train` without --out
+    assert {p.split("/")[0] for p in outputs} >= {"data", "runs", "hf"}
+    for path in sorted(outputs):
+        done = subprocess.run(["git", "check-ignore", "-q", f"{path}/x"], cwd=ROOT)
+        assert done.returncode == 0, f"{path} (written by a README command) is not git-ignored"
+    tracked = subprocess.run(["git", "check-ignore", "-q", "src/seqwarm/data/dataset.py"], cwd=ROOT)
+    assert tracked.returncode == 1, "the ignore rule for data/ must not hide the seqwarm.data package"

@@ -103,6 +103,7 @@ def test_run_policy_problems_are_reported_together(tmp_path, byte_data):
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_tiny_run_from_python(tmp_path, byte_data):
     """A training run from a RunSpec alone: no argparse, no CLI module."""
     spec = RunSpec(config=small_config(tmp_path / "c.json", train_tokens=1500), data=byte_data, out=tmp_path / "run",

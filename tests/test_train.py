@@ -14,9 +14,9 @@ from seqwarm import load_config, make_plan
 from seqwarm.cli import main
 from seqwarm.metrics import read_metrics
 
-from conftest import small_config
+from conftest import FAST_TRAIN_FLAGS, small_config
 
-FAST = ["--model", "tiny", "--eval-iters", "2", "--no-progress", "--no-tensorboard", "--log-interval", "1"]
+FAST = [*FAST_TRAIN_FLAGS, "--log-interval", "1"]
 
 
 def train(args, capsys=None):
@@ -24,6 +24,7 @@ def train(args, capsys=None):
     return code
 
 
+@pytest.mark.slow
 def test_end_to_end_run(tmp_path, byte_data, capsys):
     cfg = small_config(tmp_path / "c.json")
     out = tmp_path / "run"
@@ -53,6 +54,9 @@ def test_end_to_end_run(tmp_path, byte_data, capsys):
     resolved = json.loads((out / "config.json").read_text())
     assert resolved["world_size"] == 1 and "torch" in resolved["versions"]
     assert resolved["run"]["curriculum"]["max_difficulty"] == 64
+    # the mode the run used (auto: the GPT's forward takes curriculum_seqlen), not the config's null
+    assert resolved["run"]["curriculum"]["mode"] == summary["curriculum"]["mode"] == "inject"
+    assert "block; mode: inject)" in printed
     assert (out / "curves.png").stat().st_size > 10_000
     ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
     assert ckpts[-1] == f"step_{plan.total_steps:08d}.pt"
@@ -63,6 +67,7 @@ def _plan_tokens(cfg):
     return plan.cum_tokens
 
 
+@pytest.mark.slow
 def test_no_curriculum_baseline_is_full_length(tmp_path, byte_data):
     cfg = small_config(tmp_path / "c.json", train_tokens=2000)
     out = tmp_path / "base"
@@ -109,10 +114,18 @@ def test_sigkill_and_resume_is_exact(tmp_path, byte_data):
     assert got == expected, f"killed at step {killed_at}"
 
 
+@pytest.mark.slow
 def test_resume_refuses_changed_config(tmp_path, byte_data, capsys):
     cfg = small_config(tmp_path / "c.json", train_tokens=1500)
     out = tmp_path / "run"
     assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out)]) == 0
+    import torch
+    ckpt = sorted((out / "checkpoints").glob("step_*.pt"))[-1]
+    state = torch.load(ckpt, weights_only=False)
+    assert state["config"]["run"]["curriculum"]["mode"] == "inject"
+    state["config"]["run"]["curriculum"]["mode"] = None  # as written before the resolved mode was recorded
+    torch.save(state, ckpt)
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out), "--resume"]) == 0
     changed = small_config(tmp_path / "c2.json", train_tokens=3000, total_step=3)
     capsys.readouterr()
     assert train(["--config", str(changed), "--data", str(byte_data), "--out", str(out), "--resume"]) == 2
@@ -127,6 +140,7 @@ def test_resume_refuses_changed_config(tmp_path, byte_data, capsys):
     (["--resume"], "no checkpoint"),
     (["--seq-length", "32"], "exceeds the model's sequence length"),
     (["--lr", "-1"], "negative"),
+    (["--model", "gpt5"], "choose one of tiny, gpt2-124m"),
 ])
 def test_bad_input_exits_2_without_traceback(tmp_path, byte_data, capsys, extra, fragment):
     cfg = small_config(tmp_path / "c.json")
@@ -159,6 +173,7 @@ def test_bad_config_file_exits_2(tmp_path, byte_data, capsys):
     assert "curriculum_learning.min_difficulty" in err and "Traceback" not in err
 
 
+@pytest.mark.slow
 def test_train_runs_paper_evals_at_the_end(tmp_path, byte_data, capsys):
     wiki = tmp_path / "wiki.test.raw"
     wiki.write_text(" = Title = \n The model learns short context first , then long context @-@ later . \n" * 4)
@@ -186,6 +201,7 @@ def test_default_recipe_file_matches_code():
         assert cfg.train_batch_size == 16 and cfg.micro_batch_size == 16 // world
 
 
+@pytest.mark.slow
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path, byte_data, capsys, monkeypatch):
     import torch
 
@@ -219,6 +235,7 @@ def _fp16_config(path, **fp16):
     return path
 
 
+@pytest.mark.slow
 def test_fp16_skipped_steps_do_not_repeat_eval_log_or_save(tmp_path, byte_data, capsys):
     # 2**90 overflows fp32 gradients: the first steps are skipped until the scale has halved enough
     cfg = _fp16_config(tmp_path / "c.json", initial_scale_power=90, hysteresis=1)
@@ -233,6 +250,7 @@ def test_fp16_skipped_steps_do_not_repeat_eval_log_or_save(tmp_path, byte_data, 
     assert not (out / "checkpoints" / "step_00000000.pt").exists()
 
 
+@pytest.mark.slow
 def test_endless_fp16_overflow_stops_the_run(tmp_path, byte_data, capsys, monkeypatch):
     import torch
 
@@ -264,3 +282,55 @@ def test_custom_schedule_is_refused_by_train(tmp_path, byte_data, capsys):
     err = capsys.readouterr().err
     assert "custom" in err and "Traceback" not in err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_val_split_smaller_than_asked_is_said_once(byte_data, caplog):
+    """More eval windows asked than the split holds: all are used, and the notice comes once, not at
+    every evaluation."""
+    import logging
+
+    import torch
+
+    from seqwarm.data import open_prepared
+    from seqwarm.evaluator import Evaluator
+
+    class Engine:  # what Evaluator calls: module.training, eval(), train(mode), engine(batch) -> loss
+        module = torch.nn.Linear(1, 1)
+
+        def eval(self):
+            self.module.eval()
+
+        def train(self, mode=True):
+            self.module.train(mode)
+
+        def __call__(self, batch):
+            return batch["input_ids"].float().mean()
+
+    data = open_prepared(byte_data)
+    total = len(data.windows("val", 64))
+    evaluator = Evaluator(data, 64, 4, total, torch.device("cpu"))  # total batches of 4 > total windows
+    with caplog.at_level(logging.WARNING, logger="seqwarm.evaluator"):
+        losses = [evaluator(Engine()) for _ in range(3)]
+    notices = [r.getMessage() for r in caplog.records if "evaluation uses all of them" in r.getMessage()]
+    assert notices == [f"the val split has {total} windows of 65 tokens; every evaluation uses all of them, "
+                       f"not {4 * total} (--eval-iters {total} x micro-batch 4)"]
+    assert not [r for r in caplog.records if "evaluating all of them" in r.getMessage()]  # the data layer's
+    every = Evaluator(data, 64, 4, -(-total // 4), torch.device("cpu"))(Engine())  # exactly all windows
+    assert losses == [pytest.approx(every)] * 3
+
+
+def test_a_closed_stdout_stops_the_console_lines_not_the_run(tmp_path, byte_data):
+    """`seqwarm train | head -3`: the reader goes away; training goes on to the end (its record is the run
+    folder), with one notice on stderr and no traceback."""
+    cfg = small_config(tmp_path / "c.json", train_tokens=1500)
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "seqwarm", "train", "--config", str(cfg), "--data", str(byte_data),
+           "--out", str(out), "--no-progress", "--no-tensorboard", "--log-interval", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # like `head` exiting before the first line
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=600) == 0, err
+    assert "Traceback" not in err and "BrokenPipe" not in err, err
+    assert err.count("stdout was closed (its reader went away): training goes on") == 1, err
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tokens"] >= 1500 and summary["stop_reason"].startswith("reached the token budget")

@@ -16,9 +16,9 @@ from seqwarm.experiments.tune import (
     search_largest_passing,
 )
 
-from conftest import small_config
+from conftest import FAST_TRAIN_FLAGS, small_config
 
-FAST = ["--model", "tiny", "--eval-iters", "2", "--no-progress", "--no-tensorboard"]
+FAST = FAST_TRAIN_FLAGS
 
 
 class FakeProbe:
@@ -167,6 +167,7 @@ def test_run_tune_with_a_fake_probe_writes_the_tuned_config(tmp_path, capsys):
         run_tune(*_tune_args(tmp_path, "--config", str(cfg), "--probe-steps", "5"), probe=again)
 
 
+@pytest.mark.slow
 def test_tiny_real_search(tmp_path, byte_data, capsys):
     cfg = small_config(tmp_path / "c.json", train_tokens=6000, total_step=6)
     out = tmp_path / "tune"

@@ -6,7 +6,9 @@ ops (:func:`~seqwarm.batch.truncate_batch`, :func:`~seqwarm.batch.reshape_batch`
 (:func:`~seqwarm.lr_schedule.lr_at`) stay pure; the core adds only what needs state:
 
 - which mode delivers the length (truncate | reshape | inject; auto = inject when the model's
-  forward has a ``curriculum_seqlen`` parameter, else truncate; a pipeline cannot inject);
+  forward has a parameter named ``curriculum_seqlen``, else truncate; ``**kwargs`` does not count
+  without ``inject_via_kwargs=True``; a pipeline cannot inject), and, in inject mode, that the
+  model's output is at the length it was given (:meth:`CurriculumCore.check_output`);
 - the length, decided once per optimizer step: the first micro-batch of step ``n + 1`` calls
   ``scheduler.update_difficulty(n + 1)``, the later micro-batches of that step reuse the value;
 - the samples and tokens of the step being accumulated (tokens by the shaped shape, via
@@ -30,6 +32,7 @@ are built on it; anyone's loop can be too::
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -43,7 +46,10 @@ from seqwarm.config import RunConfig, load_config
 from seqwarm.curriculum import CurriculumScheduler
 from seqwarm.lr_schedule import lr_at
 
-__all__ = ["MODES", "CurriculumCore", "as_run_config", "check_state_format", "resolve_mode", "set_lr"]
+__all__ = ["MODES", "CurriculumCore", "as_run_config", "check_state_format", "output_length", "resolve_mode",
+           "set_lr"]
+
+logger = logging.getLogger(__name__)
 
 MODES = ("truncate", "reshape", "inject")
 COUNT_TOKENS_BY = ("shape", "loss_mask")
@@ -64,12 +70,22 @@ def _forward_name(forward: Callable) -> str:
     return f"{type(owner).__name__}.forward" if owner is not None else getattr(forward, "__qualname__", "forward")
 
 
-def resolve_mode(mode: str | None, forward: Callable | None, *, pipeline: bool = False) -> str:
+def _describe_forward(forward: Callable, signature: inspect.Signature) -> str:
+    text = f"{_forward_name(forward)}{signature}"
+    return text if len(text) <= 160 else f"{_forward_name(forward)}(...)"
+
+
+def resolve_mode(mode: str | None, forward: Callable | None, *, pipeline: bool = False,
+                 inject_via_kwargs: bool = False) -> str:
     """The mode that delivers the length: ``mode`` checked against the model, or chosen (None / "auto").
 
     auto: inject when ``forward`` has a parameter named ``curriculum_seqlen``, else truncate. An
-    explicit inject needs that parameter or ``**kwargs``. A pipeline engine (``pipeline=True``;
-    ``forward`` is not read) cannot pass keyword arguments through its stages: truncate by default.
+    explicit inject needs that named parameter: a ``**kwargs`` forward (every Hugging Face model)
+    would swallow the keyword and train at full length while the clock counts the short length.
+    ``inject_via_kwargs=True`` is the opt-in for a forward that does read ``curriculum_seqlen`` from
+    its ``**kwargs`` (DeepSpeed's legacy test models): such a forward then counts as taking it. A
+    pipeline engine (``pipeline=True``; ``forward`` is not read) cannot pass keyword arguments
+    through its stages: truncate by default.
     """
     if mode == "auto":
         mode = None
@@ -84,16 +100,33 @@ def resolve_mode(mode: str | None, forward: Callable | None, *, pipeline: bool =
         raise ValueError("resolving the curriculum mode needs the model's forward")
     signature = inspect.signature(forward)
     params = signature.parameters
-    takes = "curriculum_seqlen" in params
+    open_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    takes = "curriculum_seqlen" in params or (inject_via_kwargs and open_kwargs)
     if mode is None:
         return "inject" if takes else "truncate"
-    if mode == "inject" and not (takes or any(p.kind is p.VAR_KEYWORD for p in params.values())):
+    if mode == "inject" and not takes:
+        why = (" (its **kwargs would swallow the keyword: the model would train at full length while the "
+               "clock counts the short one)" if open_kwargs else "")
+        optin = ("; if that forward does read curriculum_seqlen from **kwargs, pass inject_via_kwargs=True"
+                 if open_kwargs and not inject_via_kwargs else "")
         raise ValueError(
             f"curriculum mode 'inject' needs a model whose forward takes curriculum_seqlen; "
-            f"{_forward_name(forward)}{signature} does not. "
-            "Use mode 'truncate' or 'reshape' (the batch is then cut before the model sees it)."
+            f"{_describe_forward(forward, signature)} has no such parameter{why}. "
+            f"Use mode 'truncate' or 'reshape' (the batch is then cut before the model sees it){optin}."
         )
     return mode
+
+
+def output_length(output: Any, rows: int) -> int | None:
+    """The sequence length of a model output: logits ``(B, T, V)`` (a tensor, an object with
+    ``.logits`` or a dict with "logits"), per-token values ``(B, T)``, or the first such tensor of a
+    tuple; None when the output is only a loss (nothing to read a length from)."""
+    logits = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
+    candidates = [logits] if logits is not None else list(output) if isinstance(output, (tuple, list)) else [output]
+    for t in candidates:
+        if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[0] == rows:
+            return int(t.shape[1])
+    return None
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -116,17 +149,23 @@ class CurriculumCore:
     picks the mode); not read for a ``pipeline``. ``mode``: overrides the config's curriculum mode.
     ``process_group``: where loss-mask token counts are summed (None: the default group); give the
     data-parallel group when the default group also spans pipeline or tensor-parallel ranks.
+    ``inject_via_kwargs``: let inject mode pass the length to a forward that reads it from
+    ``**kwargs`` (see :func:`resolve_mode`).
     """
 
     def __init__(self, config: RunConfig, forward: Callable | None = None, *, mode: str | None = None,
-                 pipeline: bool = False, process_group: Any = None):
+                 pipeline: bool = False, process_group: Any = None, inject_via_kwargs: bool = False):
         if config.count_tokens_by not in COUNT_TOKENS_BY:
             raise ValueError(f"count_tokens_by must be 'shape' or 'loss_mask', got {config.count_tokens_by!r}")
         self.config = config
         cur = config.curriculum
         self.scheduler = CurriculumScheduler(cur) if cur is not None and cur.enabled else None
         chosen = mode if mode is not None else (cur.mode if cur is not None else None)
-        self.mode = resolve_mode(chosen, forward, pipeline=pipeline) if self.scheduler else None
+        self.mode = (resolve_mode(chosen, forward, pipeline=pipeline, inject_via_kwargs=inject_via_kwargs)
+                     if self.scheduler else None)
+        self.model_name = _forward_name(forward).removesuffix(".forward") if forward is not None else "the model"
+        # a forward that names curriculum_seqlen declares it reads it; one reached via **kwargs does not
+        self._declares_seqlen = forward is not None and "curriculum_seqlen" in inspect.signature(forward).parameters
         self.process_group = process_group
         self.progress = Progress()
         self.lr = lr_at(self.progress, config.lr)
@@ -137,6 +176,8 @@ class CurriculumCore:
         self._pending_samples = 0
         self._pending_tokens: int | torch.Tensor = 0
         self._checked_length = False
+        self._warned_unchecked = False
+        self._injected: tuple[int, int] | None = None  # (rows, length) of the last injected micro-batch
 
     # -- per micro-batch --------------------------------------------------------------------------
     def seqlen(self, full: int) -> int | None:
@@ -164,7 +205,36 @@ class CurriculumCore:
         length = seq if seqlen is None else min(seqlen, seq)
         self._count(rows, rows, length, None if loss_mask is None else loss_mask[:, :length])
         self.current_seqlen = length if seqlen is None else seqlen
+        self._injected = None if seqlen is None else (rows, length)
         return seqlen
+
+    def check_output(self, output: Any, shape: tuple[int, int] | None = None) -> None:
+        """After an injected training forward: raise ValueError when the model's output is not at the
+        length it was given (it ignored ``curriculum_seqlen``: it trained at another length than the
+        clock counts). ``shape``: the (rows, length) the model was given (default: those of the last
+        :meth:`observe`). An output without a sequence dimension (a loss only) cannot be checked: a
+        warning says so, once. No-op outside inject mode."""
+        if shape is None:
+            if self._injected is None:
+                return
+            shape, self._injected = self._injected, None
+        rows, length = shape
+        got = output_length(output, rows)
+        if got is None:
+            if not self._warned_unchecked:
+                self._warned_unchecked = True
+                msg = (f"{self.model_name} returned only a loss: seqwarm cannot check that it trains at the "
+                       f"curriculum_seqlen it is given ({length}); make sure its forward cuts its inputs to "
+                       "it, or use curriculum mode 'truncate'")
+                if self._declares_seqlen:  # its signature names the keyword: say it, quietly
+                    logger.info(msg)
+                else:  # reached through **kwargs (inject_via_kwargs): nothing vouches for it
+                    warnings.warn(msg, stacklevel=3)
+        elif got != length:
+            raise ValueError(
+                f"{self.model_name} was given curriculum_seqlen={length} but returned outputs of length "
+                f"{got}: it ignores the keyword, so it trained at {got} while the clock counts {length}. "
+                "Use curriculum mode 'truncate' or 'reshape' (seqwarm cuts the batch itself)")
 
     def shape(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """A dict micro-batch at this step's length: cut (truncate / reshape) or with

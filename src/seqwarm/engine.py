@@ -123,17 +123,20 @@ class CurriculumEngine:
     The curriculum itself (mode, length per step, token counts, clock) is a
     :class:`~seqwarm.core.CurriculumCore`. ``process_group``: where ``count_tokens_by: loss_mask``
     counts are summed (None: the default group; pass the data-parallel group when the default group
-    also spans model-parallel ranks).
+    also spans model-parallel ranks). ``inject_via_kwargs``: inject ``curriculum_seqlen`` into a
+    forward that reads it from ``**kwargs`` (DeepSpeed's legacy test models); without it only a
+    forward with a parameter named ``curriculum_seqlen`` is injected into. In inject mode every
+    training output is checked against the length (a model that ignores it is an error).
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, config: Any, *,
-                 process_group: Any = None):
+                 process_group: Any = None, inject_via_kwargs: bool = False):
         self.module = model
         self.optimizer = optimizer
         self.config = cfg = as_run_config(config, _world_size())
         forward = _unwrap(model).forward
         self._signature = inspect.signature(forward)
-        self.core = CurriculumCore(cfg, forward, process_group=process_group)
+        self.core = CurriculumCore(cfg, forward, process_group=process_group, inject_via_kwargs=inject_via_kwargs)
         self.scheduler = self.core.scheduler
         self.mode = self.core.mode
         self.gradient_accumulation_steps = int(cfg.gradient_accumulation_steps)
@@ -219,7 +222,9 @@ class CurriculumEngine:
             if seqlen is not None:
                 kwargs["curriculum_seqlen"] = seqlen
         with self._autocast():
-            return self.module(*args, **kwargs)
+            out = self.module(*args, **kwargs)
+        self.core.check_output(out)  # inject mode: the model really ran at the length it was given
+        return out
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
         """``loss.backward()`` on ``loss / gradient_accumulation_steps`` (x the fp16 loss scale).

@@ -25,6 +25,10 @@ from seqwarm.units import human_count
 
 MAX_PLAN_STEPS = 50_000_000
 WARMUP_CURRICULUM_RATIO = 30
+MANY_PASSES = 4
+"""Passes over the training data past which the budget gets a warning: up to about 4 epochs, repeated
+data trains about as well as new data (Muennighoff et al., *Scaling Data-Constrained Language Models*,
+2023); beyond that, returns fall fast and a small model memorizes a small corpus."""
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,9 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     conversions: dict[str, int] = field(default_factory=dict)
     """The tutorial's unit conversions (SPEC §4) for the settings given, e.g. lr_decay_tokens."""
+    warmup_reached: float | None = None
+    """With an LR warmup the run stops before finishing: the share of the peak LR reached at its last
+    step (None when there is no warmup or it ends)."""
     steps: list[int] = field(default_factory=list, repr=False)
     seqlens: list[int] = field(default_factory=list, repr=False)
     cum_tokens: list[int] = field(default_factory=list, repr=False)
@@ -117,8 +124,26 @@ def make_plan(cfg: RunConfig, *, keep_series: bool = False) -> Plan:
     plan.total_steps, plan.total_tokens, plan.total_samples = progress.step, progress.tokens, progress.samples
     plan.stop_reason = reason
     plan.conversions = conversions(cfg)
+    if cfg.lr.warmup_unit and plan.warmup_end_step is None and not no_budget:
+        plan.warmup_reached = lr / cfg.lr.lr if cfg.lr.lr else 0.0
     _plan_warnings(cfg, plan)
     return plan
+
+
+def data_use(plan: Plan, train_windows: int) -> tuple[str, str | None]:
+    """How often the budget goes over the training data: a console line and, past :data:`MANY_PASSES`
+    passes, a warning. ``train_windows``: the full-length windows (samples) of the training split; the
+    plan's samples are drawn from them, so a curriculum (which trains only a prefix of each) makes more
+    passes than tokens / data tokens."""
+    passes = plan.total_samples / max(train_windows, 1)
+    line = (f"data use:    {passes:.2f} passes over the training data ({plan.total_samples:,} samples drawn "
+            f"from {train_windows:,} windows)")
+    warning = None
+    if passes > MANY_PASSES:
+        warning = (f"the budget goes over the training data {passes:.0f} times ({plan.total_samples:,} samples, "
+                   f"{train_windows:,} windows): past ~{MANY_PASSES} passes repeated data trains little and a "
+                   "small corpus is memorized; prepare more text or lower the budget (--train-tokens)")
+    return line, warning
 
 
 def conversions(cfg: RunConfig) -> dict[str, int]:
@@ -146,6 +171,12 @@ def _plan_warnings(cfg: RunConfig, plan: Plan) -> None:
     elif cur is not None and plan.curriculum_end_step and plan.curriculum_end_step > 0.8 * plan.total_steps:
         w.append(f"the curriculum takes {plan.curriculum_end_step / plan.total_steps:.0%} of the run's steps: "
                  "little training happens at full length")
+    if plan.warmup_reached is not None:
+        unit = cfg.lr.warmup_unit
+        w.append(f"the LR warmup ({getattr(cfg.lr, 'warmup_' + unit):,} {unit}) is longer than the run "
+                 f"({plan.total_steps:,} steps, {plan.total_samples:,} samples, {human_count(plan.total_tokens)} "
+                 f"tokens): the LR ends at {plan.warmup_reached:.0%} of its peak {cfg.lr.lr:g} and never decays; "
+                 "shorten the warmup or raise the budget")
     cur_end = plan.curriculum_end_step or (cur.total_curriculum_step if cur else None)
     # The paper's GPT-2 settings end the curriculum ~5-15x after LR warmup; far beyond that, the full
     # LR trains on very short sequences for a long time.

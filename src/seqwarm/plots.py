@@ -1,6 +1,8 @@
 """Every figure seqwarm draws, in one place; matplotlib is imported only when a figure is drawn.
 
-- :func:`plot_run`: a run's curves (``RUN/curves.png``): loss against tokens, length and LR against steps.
+- :func:`plot_run`: a run's curves (``RUN/curves.png``): loss against tokens; length and LR against steps,
+  the schedule itself (replayed from ``RUN/config.json`` by :func:`seqwarm.plan.make_plan`) with the
+  logged values on it.
 - :func:`plot_plan`: ``seqwarm plan --plot``: length and LR against steps and tokens, before training.
 - :func:`plot_compare_val` and :func:`plot_compare_stability`: the two figures of ``seqwarm compare``'s
   report (``compare_val.png``, ``compare_stability.png``), from the report dict and the runs' curves
@@ -11,16 +13,21 @@ Figures are written atomically (:func:`seqwarm.atomic.atomic_path`), so a reader
 
 from __future__ import annotations
 
+import json
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from seqwarm.atomic import atomic_path
+from seqwarm.config import RunConfig
 from seqwarm.errors import UserError
 from seqwarm.metrics import read_metrics
-from seqwarm.plan import Plan
+from seqwarm.plan import Plan, make_plan
 from seqwarm.units import human_count
+
+logger = logging.getLogger(__name__)
 
 COMPARE_RUNS = ("baseline", "curriculum")
 COMPARE_COLORS = {"baseline": "tab:gray", "curriculum": "tab:blue"}
@@ -50,8 +57,20 @@ def _save(plt, fig, path: Path, dpi: int) -> Path:
     return path
 
 
+def run_plan(run_dir: Path) -> Plan | None:
+    """The plan of a run folder's recipe (``config.json`` → ``run``), per step; None when it has none or
+    it cannot be replayed (then the figure shows the logged values alone)."""
+    try:
+        resolved = json.loads((Path(run_dir) / "config.json").read_text())
+        return make_plan(RunConfig.from_dict(resolved["run"]), keep_series=True)
+    except (OSError, ValueError, KeyError, TypeError, UserError) as err:
+        logger.debug("no schedule for %s: %s", run_dir, err)
+        return None
+
+
 def plot_run(run_dir: Path, path: Path | None = None) -> Path:
-    """Train loss (current length) and val loss (full length) against tokens; length and LR against steps."""
+    """Train loss (current length) and val loss (full length) against tokens; length and LR against
+    steps: the schedule (from the run's plan) as a line, every logged step as a dot on it."""
     plt = pyplot()
     run_dir = Path(run_dir)
     rows = read_metrics(run_dir / "metrics.jsonl")
@@ -70,17 +89,24 @@ def plot_run(run_dir: Path, path: Path | None = None) -> Path:
     ax.set_title("loss against tokens")
     ax.legend()
     ax.grid(alpha=0.3)
+    plan = run_plan(run_dir)
+    if plan is not None:  # one point per step: the staircase is each length's true width
+        axes[1].plot(plan.steps, plan.seqlens, drawstyle="steps-post", color="tab:green", label="schedule")
+        axes[2].plot(plan.steps, plan.lrs, color="tab:purple", label="schedule")
     if train:
         steps = [r["step"] for r in train]
-        axes[1].step(steps, [r["seqlen"] for r in train], where="post", color="tab:green")
-        axes[2].plot(steps, [r["lr"] for r in train], color="tab:purple")
+        axes[1].plot(steps, [r["seqlen"] for r in train], "o", ms=3, color="tab:green", alpha=0.6,
+                     label="logged")
+        axes[2].plot(steps, [r["lr"] for r in train], "o", ms=3, color="tab:purple", alpha=0.6, label="logged")
     axes[1].set_title("sequence length")
-    axes[1].set_xlabel("optimizer step")
     axes[1].set_ylabel("tokens per sequence")
     axes[2].set_title("learning rate")
-    axes[2].set_xlabel("optimizer step")
+    axes[2].set_ylabel("learning rate")
     for a in axes[1:]:
+        a.set_xlabel("optimizer step")
         a.grid(alpha=0.3)
+        if plan is not None or train:
+            a.legend()
     fig.suptitle(f"seqwarm run: {run_dir.name}")
     fig.tight_layout()
     return _save(plt, fig, Path(path) if path else run_dir / "curves.png", dpi=100)

@@ -34,7 +34,7 @@ from seqwarm.config.settings import SETTING_KEYS, flag_for
 from seqwarm.defaults import PRESETS, default_train_config
 from seqwarm.errors import UserError
 from seqwarm.metrics import format_results
-from seqwarm.plan import make_plan
+from seqwarm.plan import data_use, make_plan
 from seqwarm.problems import ConfigError, Problem
 
 if TYPE_CHECKING:  # seqwarm.train imports torch: only when a run starts
@@ -57,7 +57,9 @@ class RunSpec:
     data: Path | None = field(default=None, metadata={"metavar": "DIR"})
     """a folder written by `seqwarm prepare` (default: the embedded corpus, prepared once into the cache)"""
     model: str = "tiny"
-    """model size preset (default: tiny)"""
+    """model size preset: tiny (default), gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b; or hf:PATH, a
+    Hugging Face causal LM built from a local config.json (AutoModelForCausalLM.from_config, nothing is
+    downloaded)"""
     rotary: bool = False
     """rotary position embeddings instead of learned ones"""
     fsdp: bool = False
@@ -188,7 +190,7 @@ def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
     overrides = dict(spec.settings)
     cfg = load_config(source, overrides=overrides, world_size=world_size)
     if cfg.seq_length is None:
-        seq = cfg.full_length or PRESETS[spec.model]["seq_length"]
+        seq = cfg.full_length or _model_seq_length(spec.model)
         cfg = load_config(source, overrides={**overrides, "seq_length": seq}, world_size=world_size)
     problems = spec_problems(spec) + policy_problems(cfg)
     if problems:
@@ -198,8 +200,30 @@ def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
     return cfg
 
 
+def _model_seq_length(model: str) -> int:
+    """The full length of a model without a configured one: the preset's, or an hf: config's context."""
+    if model.startswith("hf:"):
+        from seqwarm.integrations.hf_run import hf_model_path, hf_seq_length
+        seq = hf_seq_length(hf_model_path(model))
+        if seq is None:
+            raise UserError(f"--model {model}: its config.json has no max_position_embeddings; give --seq-length")
+        return seq
+    return PRESETS[model]["seq_length"]
+
+
 def check_spec(spec: RunSpec) -> None:
     """Refuse option combinations no backend runs (before any process group is set up)."""
+    if spec.model.startswith("hf:"):
+        bad = [flag for flag, on in (("--rotary", spec.rotary), ("--fsdp", spec.fsdp), ("--deepspeed", spec.deepspeed),
+                                     ("--eval-wikitext", spec.eval_wikitext), ("--eval-lambada", spec.eval_lambada))
+               if on]
+        if bad:
+            raise UserError(f"--model {spec.model}: {', '.join(bad)} cannot be combined with a Hugging Face model "
+                            "(its config.json sets the architecture; the paper evaluations read seqwarm's GPT; "
+                            "for DeepSpeed or FSDP use seqwarm.integrations.hf.CurriculumTrainer)")
+    elif spec.model not in PRESETS:
+        raise UserError(f"--model {spec.model!r}: choose one of {', '.join(PRESETS)}, or hf:PATH (a local "
+                        "Hugging Face config.json)")
     if spec.pipeline_stages and not spec.deepspeed:
         raise UserError("--pipeline-stages needs --deepspeed (the pipeline is DeepSpeed's PipelineEngine)")
     if spec.deepspeed and spec.fsdp:
@@ -239,8 +263,9 @@ def run_training(spec: RunSpec) -> TrainResult:
         cleanup(info)
 
 
-def _print_plan(cfg: RunConfig, start_step: int) -> None:
-    """What the run will do, from the same pure schedules the engine uses."""
+def _print_plan(cfg: RunConfig, start_step: int, train_windows: int | None = None) -> None:
+    """What the run will do, from the same pure schedules the engine uses; with ``train_windows`` (the
+    training split's windows), how many passes over the data the budget makes."""
 
     try:
         plan = make_plan(cfg)
@@ -250,7 +275,12 @@ def _print_plan(cfg: RunConfig, start_step: int) -> None:
             if plan.curriculum_end_step else "")
     print(f"plan:        about {plan.total_steps:,} steps{ends}" + (f" (resuming at {start_step:,})" if start_step else ""),
           flush=True)
-    for message in plan.warnings:
+    warnings = list(plan.warnings)
+    if train_windows:
+        line, too_many = data_use(plan, train_windows)
+        print(line, flush=True)
+        warnings += [too_many] if too_many else []
+    for message in warnings:
         if message not in cfg.warnings:
             logger.warning("warning: %s", message)
 
@@ -285,7 +315,8 @@ def _run(spec: RunSpec, info) -> TrainResult:
         check_eval_files(wikitext=spec.eval_wikitext, lambada=spec.eval_lambada)  # fail before training
     if info.enabled and not spec.out:
         raise UserError("under torchrun, give --out (every rank must agree on the run folder)")
-    out = Path(spec.out) if spec.out else Path("runs") / f"{spec.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+    name = spec.model if not spec.model.startswith("hf:") else "hf-" + Path(spec.model[3:]).stem
+    out = Path(spec.out) if spec.out else Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     opts = TrainOptions(out=out, data=Path(spec.data) if spec.data else None, model=spec.model, seed=spec.seed,
                         device=spec.device, eval_interval=spec.eval_interval, eval_iters=spec.eval_iters,
                         save_interval=spec.save_interval, keep_checkpoints=spec.keep_checkpoints,
@@ -307,13 +338,19 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, opts, info, say) -> TrainRe
 
     stages = spec.pipeline_stages or 1
     data = open_prepared(_data_dir(spec, info))
-    model_cfg = GPTConfig.preset(spec.model, vocab_size=data.vocab_size, seq_length=cfg.seq_length,
-                                 rotary=spec.rotary)
-    if spec.deepspeed:
-        from seqwarm.integrations.deepspeed_run import DeepSpeedEngineBuilder
-        builder = DeepSpeedEngineBuilder(pipeline_stages=stages if stages > 1 else 0)
+    if spec.model.startswith("hf:"):
+        from seqwarm.integrations.hf_run import HFEngineBuilder, HFModelConfig, hf_model_path
+        model_cfg = HFModelConfig.from_path(hf_model_path(spec.model), vocab_size=data.vocab_size,
+                                            seq_length=cfg.seq_length)
+        builder = HFEngineBuilder()
     else:
-        builder = TorchEngineBuilder(fsdp=spec.fsdp)
+        model_cfg = GPTConfig.preset(spec.model, vocab_size=data.vocab_size, seq_length=cfg.seq_length,
+                                     rotary=spec.rotary)
+        if spec.deepspeed:
+            from seqwarm.integrations.deepspeed_run import DeepSpeedEngineBuilder
+            builder = DeepSpeedEngineBuilder(pipeline_stages=stages if stages > 1 else 0)
+        else:
+            builder = TorchEngineBuilder(fsdp=spec.fsdp)
     run = Run(cfg, opts, data, model_cfg, dist_info=info, builder=builder)
     resumed = run.resume() if opts.resume else False
     if opts.resume and not resumed:
@@ -326,7 +363,7 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, opts, info, say) -> TrainRe
     if resumed:
         say(f"resuming at step {run.engine.global_steps:,} ({run.engine.progress.tokens:,} tokens)", flush=True)
     if info.is_main:
-        _print_plan(cfg, run.engine.global_steps)
+        _print_plan(cfg, run.engine.global_steps, len(run.batches.windows))
     result = run.train()
     for line in finish_lines(result):
         say(line, flush=True)

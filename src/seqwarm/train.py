@@ -18,7 +18,7 @@ import math
 import platform
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, Protocol
@@ -120,6 +120,8 @@ class Built:
     train_step: Callable[[Any, Callable[[], dict], int], float] | None = None
     """``train_step(engine, next_batch, micro_batches) -> mean loss`` of one optimizer step
     (None: :func:`accumulate_step`)."""
+    label_style: str = "megatron"
+    """The batches the model takes: ``megatron`` (shifted labels) or ``hf`` (labels = inputs; the model shifts)."""
 
 
 class EngineBuilder(Protocol):
@@ -188,15 +190,19 @@ class Run:
         torch.manual_seed(opts.seed)  # same initial weights on every rank
         built = builder.build(model_cfg, cfg, self.info, self.device)
         self.model, self.optimizer, self.engine = built.model, built.optimizer, built.engine
+        mode = getattr(self.engine, "mode", None)
+        if cfg.curriculum is not None and mode and cfg.curriculum.mode != mode:  # record what auto chose
+            cfg = self.cfg = cfg.replace(curriculum=replace(cfg.curriculum, mode=mode))
         self._step = built.train_step or accumulate_step
         self.checkpointer = builder.checkpointer(built, self.ckpt_dir, self.info, opts.keep_checkpoints)
-        self.evaluator = Evaluator(data, model_cfg.seq_length, cfg.micro_batch_size, opts.eval_iters, self.device)
+        self.evaluator = Evaluator(data, model_cfg.seq_length, cfg.micro_batch_size, opts.eval_iters, self.device,
+                                   label_style=built.label_style)
         data.windows("val", model_cfg.seq_length)  # a val split too short for one window fails now, not at the end
         self.log = MetricsLogger(self.run_dir, budget_tokens=cfg.train_tokens, is_main=self.is_main,
                                  log_interval=opts.log_interval, progress_bar=opts.progress_bar,
                                  tensorboard=opts.tensorboard)
         self.batches = data.train_batches(model_cfg.seq_length, cfg.micro_batch_size, seed=opts.seed,
-                                          rank=dp_rank, world_size=dp_world)
+                                          rank=dp_rank, world_size=dp_world, label_style=built.label_style)
         self.elapsed_before = 0.0
         self.t_start = time.perf_counter()
         self.last_val: float | None = None
@@ -225,6 +231,9 @@ class Run:
     def _check_resume_config(self, path, saved: dict) -> None:
         """UserError when the checkpoint's recipe or model differs (unless --allow-config-change)."""
         old, new = saved["run"], self.resolved["run"]
+        if (old.get("curriculum") or {}).get("mode", "") is None and new.get("curriculum"):
+            # written before the resolved mode was recorded: the same config resolves to the same mode
+            old = {**old, "curriculum": {**old["curriculum"], "mode": new["curriculum"]["mode"]}}
         changed = [k for k in RESUME_KEYS if old.get(k) != new.get(k)]
         if saved["model"] != self.resolved["model"]:
             shape = [f"{k} {saved['model'].get(k)!r} -> {v!r}" for k, v in self.resolved["model"].items()
@@ -398,7 +407,8 @@ def format_start(run: Run) -> list[str]:
     m = run.resolved["model"]
     d = run.resolved["data"]
     lines = [f"run:         {run.run_dir}",
-             f"model:       {m['preset']} GPT, {m['num_params'] / 1e6:.1f}M parameters, {m['n_layer']} layers, "
+             f"model:       {m['preset']} {m.get('architecture', 'GPT')}, {m['num_params'] / 1e6:.1f}M parameters, "
+             f"{m['n_layer']} layers, "
              f"d {m['n_embd']}, {m['n_head']} heads, length {m['seq_length']}, vocab {m['vocab_size']}",
              f"data:        {d['folder']} ({d['train_tokens']:,} train / {d['val_tokens']:,} val tokens, "
              f"{d['tokenizer'] if isinstance(d['tokenizer'], str) else json.dumps(d['tokenizer'])})",

@@ -1,13 +1,21 @@
 """Flags shared by the commands that describe a run (plan, train, compare, tune), generated from the
-settings table (:mod:`seqwarm.config.settings`), and their mapping onto ``load_config`` overrides."""
+settings table (:mod:`seqwarm.config.settings`), and their mapping onto ``load_config`` overrides; and
+:func:`training_console`, the stdout of the commands that train."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 from seqwarm.config.settings import GROUPS, SETTINGS, Setting
 from seqwarm.units import parse_count
+
+logger = logging.getLogger(__name__)
 
 
 def count(text: str) -> int:
@@ -70,3 +78,53 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         elif value is not None:
             out[s.key] = value
     return out
+
+
+class _TrainingStdout:
+    """``sys.stdout`` while a command trains: when its reader goes away (``seqwarm train | head``, a closed
+    terminal), the console lines stop and the run goes on — its record is the run folder, and a run cut
+    short by a pipe would lose everything since its last checkpoint."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._gone = False
+
+    def write(self, text: str) -> int:
+        if not self._gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._reader_gone()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self._gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        self._gone = True
+        try:  # the stream's unwritten buffer then goes to /dev/null at exit, not to a failing pipe
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):  # not a real file (e.g. captured by a test)
+            pass
+        logger.warning("stdout was closed (its reader went away): training goes on without console lines; "
+                       "metrics.jsonl in the run folder has every logged step")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def training_console() -> Iterator[None]:
+    """Run a training command with a stdout that survives its reader going away (see _TrainingStdout)."""
+    real = sys.stdout
+    sys.stdout = _TrainingStdout(real)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        sys.stdout = real

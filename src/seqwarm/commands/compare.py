@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 
+from seqwarm.commands.common import training_console
 from seqwarm.commands.spec_flags import spec_from_args
 from seqwarm.commands.train import add_parser_with_train_flags
 from seqwarm.experiments.compare import (
@@ -33,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("compare")
     g.add_argument("--out", metavar="DIR", help="folder for the two runs and the report (required)")
     g.add_argument("--quick", action="store_true",
-                   help=f"a short comparison (~4 minutes on 2 idle CPU cores for the default recipe): "
+                   help=f"a short comparison (minutes on CPU for the default recipe; measured in docs/RESULTS.md): "
                    f"{QUICK_FRACTION:g}x the token budget with the curriculum and LR schedule shrunk alike, "
                    "fewer validation batches")
     g.add_argument("--scale-batch", type=int, default=1, metavar="K",
@@ -59,7 +60,8 @@ def compare_inputs(args: argparse.Namespace) -> tuple[RunSpec, CompareOptions]:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = run_compare(*compare_inputs(args))
+    with training_console():  # a closed stdout stops the console lines, not the runs
+        report = run_compare(*compare_inputs(args))
     base, cur = report["baseline"], report["curriculum"]
     print()
     for name, r in (("baseline", base), ("curriculum", cur)):

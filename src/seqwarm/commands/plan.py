@@ -56,6 +56,9 @@ def print_plan(plan: Plan, out=None) -> None:
     if plan.warmup_end_step is not None:
         print(f"LR warmup ends:            step {plan.warmup_end_step:,}, at "
               f"{human_count(plan.warmup_end_tokens)} tokens (token decay starts there)", file=out)
+    elif plan.warmup_reached is not None:
+        print(f"LR warmup ends:            never: the run stops first, at {plan.warmup_reached:.0%} of the "
+              "peak LR", file=out)
     notes = {"lr_decay_tokens": "decay by tokens instead: --lr-decay-tokens",
              "lr_warmup_samples": "the token warmup as samples at min_difficulty: --lr-warmup-samples",
              "lr_warmup_iters": "or as iterations: --lr-warmup-iters"}

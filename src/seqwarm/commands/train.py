@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from seqwarm.commands.common import training_console
 from seqwarm.commands.spec_flags import add_spec_flags, spec_from_args
-from seqwarm.defaults import PRESETS
 from seqwarm.runner import run_training
 
 GROUP_TITLES = {
@@ -23,11 +23,12 @@ GROUP_TITLES = {
 
 HELP = "pretrain a GPT with a sequence-length curriculum (default: tiny GPT, embedded corpus, CPU)"
 DESCRIPTION = ("Pretrain a GPT with sequence-length warmup. With no arguments: the tiny GPT on the embedded "
-               "public-domain corpus, on CPU, in about five minutes. Flags override the config.")
+               "public-domain corpus, on CPU (how long: the README's \"What `make demo` does\"). Flags "
+               "override the config.")
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
-    add_spec_flags(p, groups=GROUP_TITLES, choices={"model": sorted(PRESETS)})
+    add_spec_flags(p, groups=GROUP_TITLES)  # --model: a preset or hf:PATH, checked by the runner
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,7 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    run_training(spec_from_args(args))
+    with training_console():  # a closed stdout stops the console lines, not the run
+        run_training(spec_from_args(args))
     return 0
 
 
@@ -48,9 +50,10 @@ def add_parser_with_train_flags(sub: argparse._SubParsersAction, name: str, **kw
     hidden from --help (the experiment refuses them when given); ``--eval-interval``, ``--eval-iters`` and
     ``--log-interval`` default to None so the experiment can tell "not given" from the train default.
     """
-    parent = argparse.ArgumentParser(add_help=False)
-    add_train_flags(parent)
-    p = sub.add_parser(name, parents=[parent], conflict_handler="resolve", **kwargs)
+    # The flags are added to the sub-parser itself, not copied from a parent parser: argparse copies a
+    # parent's mutually exclusive groups (--lr-decay-*, --lr-warmup-*) out of their --help groups.
+    p = sub.add_parser(name, conflict_handler="resolve", **kwargs)
+    add_train_flags(p)
     for flag in ("--resume", "--no-curriculum", "--allow-config-change"):
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(eval_interval=None, eval_iters=None, log_interval=None)

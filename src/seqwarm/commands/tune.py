@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from seqwarm.commands.common import count
+from seqwarm.commands.common import count, training_console
 from seqwarm.commands.spec_flags import spec_from_args
 from seqwarm.commands.train import add_parser_with_train_flags
 from seqwarm.experiments.tune import (
@@ -55,5 +55,6 @@ def tune_inputs(args: argparse.Namespace) -> tuple[RunSpec, TuneOptions]:
 
 
 def run(args: argparse.Namespace) -> int:
-    report = run_tune(*tune_inputs(args))
+    with training_console():  # a closed stdout stops the console lines, not the probes
+        report = run_tune(*tune_inputs(args))
     return 0 if report["chosen"] is not None else 1

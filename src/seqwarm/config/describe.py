@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from seqwarm.config.reader import APPLIED_DS_KEYS
 from seqwarm.config.run import RunConfig
+from seqwarm.curriculum import difficulty_at
 from seqwarm.units import human_count
 
 
@@ -21,8 +22,11 @@ def describe(cfg: RunConfig) -> list[str]:
         sc = cur.schedule_config
         if cur.schedule_type in ("fixed_linear", "fixed_root"):
             shape = "linearly" if cur.schedule_type == "fixed_linear" else f"as a root of degree {sc['root_degree']:g}"
-            how = (f"{cur.min_difficulty} -> {cur.max_difficulty} tokens {shape} over "
-                   f"{sc['total_curriculum_step']:,} steps, in multiples of {sc['difficulty_step']}")
+            start = difficulty_at(1, cur)  # the length step 1 trains at (min_difficulty rounded to the step)
+            how = (f"{start} -> {cur.max_difficulty} tokens {shape} over "
+                   f"{sc['total_curriculum_step']:,} steps, in multiples of {sc['difficulty_step']}"
+                   + (f", min_difficulty {cur.min_difficulty} rounded up to {start}"
+                      if start != cur.min_difficulty else ""))
         elif cur.schedule_type == "fixed_discrete":
             stages = ", ".join(f"{d} until step {s:,}" for d, s in zip(sc["difficulty"], sc["max_step"]))
             how = f"{stages}, then {sc['difficulty'][-1]}"

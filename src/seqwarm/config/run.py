@@ -112,3 +112,19 @@ class RunConfig:
         out = dataclasses.asdict(self)
         out["warnings"] = list(self.warnings)
         return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> RunConfig:
+        """The config :meth:`to_dict` gave, also after a JSON round trip (a run folder's
+        ``config.json`` → ``run``); keys it does not know are left out. Not checked again."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        vals = {k: v for k, v in d.items() if k in names}
+        optimizer = dict(vals.get("optimizer") or {})
+        if "betas" in optimizer:
+            optimizer["betas"] = tuple(optimizer["betas"])
+        vals["fp16"] = FP16Config(**(vals.get("fp16") or {}))
+        vals["optimizer"] = OptimizerConfig(**optimizer)
+        vals["lr"] = LRConfig(**(vals.get("lr") or {}))
+        vals["curriculum"] = CurriculumConfig(**vals["curriculum"]) if vals.get("curriculum") else None
+        vals["warnings"] = tuple(vals.get("warnings") or ())
+        return cls(**vals)

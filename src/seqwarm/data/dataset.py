@@ -5,6 +5,12 @@ non-overlapping windows of ``seq_length + 1`` tokens with stride ``seq_length`` 
 ``tokens[i*S : i*S + S + 1]``), so inputs and shifted labels both have ``S`` tokens. Batches are dicts
 of torch tensors at full length; the engine cuts them to the current curriculum length.
 
+Label conventions (``label_style``): ``"megatron"`` (the default) gives ``labels`` = the inputs shifted
+by one (``labels[:, t]`` is the token after ``input_ids[:, t]``) plus a ``loss_mask``, for models that
+do not shift (seqwarm's GPT, Megatron-DeepSpeed). ``"hf"`` gives ``labels`` = ``input_ids`` (no
+``loss_mask``; positions without loss are -100), for Hugging Face causal LMs, which shift labels
+themselves: feeding them Megatron labels would shift twice and train on a wrong loss, silently.
+
 Training order (:class:`TrainBatches`): each epoch a seeded permutation of all windows; a *global
 micro-batch* is ``micro_batch_size * world_size`` consecutive windows of it and rank ``r`` takes the
 ``r``-th block of ``micro_batch_size``, so ranks see disjoint windows and together the whole global
@@ -30,15 +36,28 @@ logger = logging.getLogger(__name__)
 
 Batch = dict[str, torch.Tensor]
 
+LABEL_STYLES = ("megatron", "hf")
+"""``megatron``: labels are the inputs shifted by one; ``hf``: labels are the inputs (the model shifts)."""
+
+
+def check_label_style(label_style: str) -> str:
+    if label_style not in LABEL_STYLES:
+        raise UserError(f"label_style must be one of {', '.join(LABEL_STYLES)}, got {label_style!r}: 'megatron' "
+                        "for models that take shifted labels, 'hf' for Hugging Face models (they shift)")
+    return label_style
+
 
 def build_batch(windows: np.ndarray, *, eod_id: int | None = None, eod_mask_loss: bool = False,
-                reset_position_ids: bool = False) -> Batch:
+                reset_position_ids: bool = False, label_style: str = "megatron") -> Batch:
     """Turn ``windows`` (int64, ``[B, S+1]``) into ``input_ids``, ``labels`` (int64 ``[B, S]``),
     ``loss_mask`` (float32) and ``position_ids`` (int64).
 
     ``eod_mask_loss``: no loss where the *input* token is EOD (predicting across a document boundary).
     ``reset_position_ids``: positions restart at 0 on the token after each EOD (Megatron semantics).
+    ``label_style="hf"``: ``labels`` = ``input_ids`` and no ``loss_mask`` (the model shifts; with
+    ``eod_mask_loss`` the label after an EOD input is -100, the same targets as Megatron's mask).
     """
+    check_label_style(label_style)
     if windows.ndim != 2 or windows.shape[1] < 2:
         raise ValueError(f"windows must be [B, S+1] with S >= 1, got shape {windows.shape}")
     if (eod_mask_loss or reset_position_ids) and eod_id is None:
@@ -60,6 +79,12 @@ def build_batch(windows: np.ndarray, *, eod_id: int | None = None, eod_mask_loss
         position_ids = arange - last_start  # (B, S)
     else:
         position_ids = np.broadcast_to(arange, (b, s)).copy()
+    if label_style == "hf":  # the model predicts labels[:, t + 1] from input t: mask it after an EOD input
+        labels = inputs.copy()
+        if eod_mask_loss:
+            labels[:, 1:][inputs[:, :-1] == eod_id] = -100
+        return {"input_ids": torch.from_numpy(np.ascontiguousarray(inputs)), "labels": torch.from_numpy(labels),
+                "position_ids": torch.from_numpy(position_ids)}
     return {
         "input_ids": torch.from_numpy(np.ascontiguousarray(inputs)),
         "labels": torch.from_numpy(np.ascontiguousarray(labels)),
@@ -72,9 +97,11 @@ class TokenWindows:
     """Fixed windows of ``seq_length + 1`` tokens (stride ``seq_length``) over a 1-D token array."""
 
     def __init__(self, tokens: np.ndarray, seq_length: int, *, eod_id: int | None = None,
-                 eod_mask_loss: bool = False, reset_position_ids: bool = False, name: str = "split"):
+                 eod_mask_loss: bool = False, reset_position_ids: bool = False, name: str = "split",
+                 label_style: str = "megatron"):
         if int(seq_length) < 1:
             raise UserError(f"seq_length must be at least 1, got {seq_length}")
+        self.label_style = check_label_style(label_style)
         self.tokens = tokens
         self.seq_length = int(seq_length)
         self.eod_id = eod_id
@@ -103,7 +130,14 @@ class TokenWindows:
 
     def batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
         return build_batch(self.window_array(indices), eod_id=self.eod_id, eod_mask_loss=self.eod_mask_loss,
-                           reset_position_ids=self.reset_position_ids)
+                           reset_position_ids=self.reset_position_ids, label_style=self.label_style)
+
+    def with_label_style(self, label_style: str) -> TokenWindows:
+        """The same windows with batches in ``label_style`` (``self`` when it already is)."""
+        if label_style == self.label_style:
+            return self
+        return TokenWindows(self.tokens, self.seq_length, eod_id=self.eod_id, eod_mask_loss=self.eod_mask_loss,
+                            reset_position_ids=self.reset_position_ids, name=self.name, label_style=label_style)
 
     def __getitem__(self, i: int) -> Batch:
         """One window as 1-D tensors (map-style dataset, e.g. for a ``torch.utils.data.DataLoader``)."""
@@ -261,23 +295,25 @@ class PreparedData:
         return self._tokenizer
 
     def windows(self, split: str, seq_length: int, *, eod_mask_loss: bool = False,
-                reset_position_ids: bool = False) -> TokenWindows:
+                reset_position_ids: bool = False, label_style: str = "megatron") -> TokenWindows:
+        """``split`` as windows of ``seq_length + 1`` tokens; ``label_style``: "megatron" or "hf"."""
         return TokenWindows(self.split(split).tokens, seq_length, eod_id=self.eod_id,
-                            eod_mask_loss=eod_mask_loss, reset_position_ids=reset_position_ids, name=split)
+                            eod_mask_loss=eod_mask_loss, reset_position_ids=reset_position_ids, name=split,
+                            label_style=label_style)
 
     def train_batches(self, seq_length: int, micro_batch_size: int, *, seed: int = 1234, rank: int = 0,
                       world_size: int = 1, shuffle: bool = True, eod_mask_loss: bool = False,
-                      reset_position_ids: bool = False) -> TrainBatches:
+                      reset_position_ids: bool = False, label_style: str = "megatron") -> TrainBatches:
         windows = self.windows("train", seq_length, eod_mask_loss=eod_mask_loss,
-                               reset_position_ids=reset_position_ids)
+                               reset_position_ids=reset_position_ids, label_style=label_style)
         return TrainBatches(windows, micro_batch_size, seed=seed, rank=rank, world_size=world_size,
                             shuffle=shuffle)
 
     def val_batches(self, seq_length: int, micro_batch_size: int, *, num_windows: int | None = None,
                     rank: int = 0, world_size: int = 1, eod_mask_loss: bool = False,
-                    reset_position_ids: bool = False) -> Iterator[Batch]:
+                    reset_position_ids: bool = False, label_style: str = "megatron") -> Iterator[Batch]:
         windows = self.windows("val", seq_length, eod_mask_loss=eod_mask_loss,
-                               reset_position_ids=reset_position_ids)
+                               reset_position_ids=reset_position_ids, label_style=label_style)
         return iter_eval_batches(windows, micro_batch_size, num_windows=num_windows, rank=rank,
                                  world_size=world_size)
 

@@ -188,19 +188,26 @@ def _check_size(path: Path, expected: int, source: str) -> None:
 # meta.json
 
 
-def read_meta(folder: str | Path) -> dict[str, Any]:
+def read_meta_file(folder: str | Path) -> Any:
+    """The parsed ``meta.json`` of a prepared folder, unchecked (UserError when it is missing or unreadable)."""
     folder = Path(folder)
     path = folder / META_FILE
     if not folder.is_dir():
-        raise UserError(f"prepared data folder {str(folder)!r} does not exist; "
+        raise UserError(f"{str(folder)!r} is not a prepared data folder (it does not exist); "
                         "make one with: seqwarm prepare --out DIR")
     try:
-        meta = json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(f"{str(folder)!r} is not a prepared data folder (no {META_FILE}); "
                         "make one with: seqwarm prepare --out DIR") from None
     except (OSError, ValueError) as err:
         raise UserError(f"cannot read {str(path)!r}: {err}") from None
+
+
+def read_meta(folder: str | Path) -> dict[str, Any]:
+    """The checked ``meta.json`` of a prepared folder (its format and version are this seqwarm's)."""
+    path = Path(folder) / META_FILE
+    meta = read_meta_file(folder)
     if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
         raise UserError(f"{str(path)!r} is not a seqwarm prepared-data description")
     if meta.get("format_version") != META_FORMAT_VERSION:

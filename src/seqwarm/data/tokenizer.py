@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import logging
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -21,7 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from seqwarm.data.indexed import read_meta_file
 from seqwarm.errors import UserError
+
+logger = logging.getLogger(__name__)
 
 EOD_TOKEN = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
@@ -234,12 +238,17 @@ def gpt2_tokenizer(vocab_file: str | Path | None = None, merges_file: str | Path
     return HFTokenizer(_byte_level(hf), "gpt2")
 
 
+MIN_PAIR_FREQUENCY = 2
+"""A BPE merge needs its pair of tokens this often in the training text (so one-off typos get no token)."""
+
+
 def train_bpe(documents: Iterable[str], vocab_size: int, *, length: int | None = None,
               show_progress: bool = False) -> HFTokenizer:
     """Train a byte-level BPE of ``vocab_size`` (EOD included, id 0) on an iterable of texts.
 
     Streams the texts (``tokenizers`` keeps word counts, not the corpus). On a small corpus the
-    vocabulary can end up smaller than asked: ``vocab_size`` of the result is what was learned.
+    vocabulary can end up smaller than asked (a warning says so and why): ``vocab_size`` of the result
+    is what was learned.
     """
     from tokenizers import Tokenizer as _HF
     from tokenizers import models, pre_tokenizers, trainers
@@ -247,13 +256,21 @@ def train_bpe(documents: Iterable[str], vocab_size: int, *, length: int | None =
     hf = _byte_level(_HF(models.BPE()))
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        min_frequency=2,
+        min_frequency=MIN_PAIR_FREQUENCY,
         special_tokens=[EOD_TOKEN],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=show_progress,
     )
     hf.train_from_iterator(documents, trainer=trainer, length=length)
-    return HFTokenizer(hf, f"bpe:{vocab_size}")
+    tok = HFTokenizer(hf, f"bpe:{vocab_size}")
+    if tok.vocab_size < vocab_size:
+        logger.warning(
+            "warning: bpe:%d learned a vocabulary of only %s tokens from this text: BPE adds a token for a pair "
+            "of tokens seen at least %d times, and this text has no more such pairs (its repeated words are "
+            "already whole tokens); the token files use %s. More text gives a larger vocabulary, or ask for "
+            "bpe:%d to name what you get", vocab_size, f"{tok.vocab_size:,}", MIN_PAIR_FREQUENCY,
+            f"{tok.vocab_size:,}", tok.vocab_size)
+    return tok
 
 
 def _special_token(value: Any) -> str | None:
@@ -371,14 +388,7 @@ def load_tokenizer(source: str | Path | Mapping[str, Any], folder: str | Path | 
         meta = source
     else:
         folder = Path(source)
-        meta_path = folder / "meta.json"
-        try:
-            meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise UserError(f"{str(folder)!r} is not a prepared data folder (no meta.json); "
-                            "make one with: seqwarm prepare --out DIR") from None
-        except (OSError, ValueError) as err:
-            raise UserError(f"cannot read {str(meta_path)!r}: {err}") from None
+        meta = read_meta_file(folder)  # unchecked: hand-written minimal metas name only the tokenizer
     info = meta.get("tokenizer")
     if not isinstance(info, Mapping) or "name" not in info:
         raise UserError("meta.json has no tokenizer section; re-run seqwarm prepare")

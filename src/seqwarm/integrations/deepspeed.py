@@ -171,13 +171,14 @@ class DeepSpeedCurriculum:
     ``config``: a :class:`~seqwarm.config.RunConfig`, or a DeepSpeed-style dict / JSON path (checked
     with :func:`~seqwarm.config.load_config` for the engine's data-parallel size); its batch sizes
     must be the engine's. ``mode``: truncate | reshape | inject (default: the config's, else inject
-    when the model's forward takes ``curriculum_seqlen``, else truncate; pipelines cannot inject).
+    when the model's forward has a parameter named ``curriculum_seqlen``, else truncate; pipelines
+    cannot inject). ``inject_via_kwargs``: inject into a forward that reads the length from ``**kwargs``.
 
     Per micro-batch call :meth:`shape` (on every rank, every pipeline stage included), then
     :meth:`before_step` right before ``engine.step()`` (or before ``engine.train_batch()``).
     """
 
-    def __init__(self, engine: Any, config: Any, *, mode: str | None = None):
+    def __init__(self, engine: Any, config: Any, *, mode: str | None = None, inject_via_kwargs: bool = False):
         self.engine = engine
         self.pipeline = is_pipeline_engine(engine)
         self.dp_world_size = int(getattr(engine, "dp_world_size", 1) or 1)
@@ -188,7 +189,8 @@ class DeepSpeedCurriculum:
         self._check_batch_sizes()
         forward = None if self.pipeline else getattr(engine, "module", engine).forward
         self.core = CurriculumCore(cfg, forward, mode=mode, pipeline=self.pipeline,
-                                   process_group=getattr(engine, "data_parallel_group", None))
+                                   process_group=getattr(engine, "data_parallel_group", None),
+                                   inject_via_kwargs=inject_via_kwargs)
         self.scheduler = self.core.scheduler
         self.mode = self.core.mode
         if getattr(engine, "lr_scheduler", None) is not None:
@@ -253,6 +255,11 @@ class DeepSpeedCurriculum:
             self.engine.reset_activation_shape()
             self._pipe_shape = self.core.micro_shape
         return out
+
+    def check_output(self, output: Any) -> None:
+        """In inject mode, after ``engine(**curriculum.shape(batch))``: raise when the model's output is not
+        at the length it was given (see :meth:`~seqwarm.core.CurriculumCore.check_output`)."""
+        self.core.check_output(output)
 
     def before_step(self) -> float | None:
         """Right before ``engine.step()``: at a gradient-accumulation boundary (always, for a pipeline
@@ -331,7 +338,9 @@ class DeepSpeedEngineAdapter:
     def __call__(self, batch: Mapping[str, Any]) -> torch.Tensor:
         if not self.module.training:
             return self.module(**batch)
-        return self.module(**self.curriculum.shape(batch))
+        out = self.module(**self.curriculum.shape(batch))
+        self.curriculum.check_output(out)
+        return out
 
     def backward(self, loss: torch.Tensor) -> torch.Tensor:
         self.module.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps
