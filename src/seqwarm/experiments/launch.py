@@ -148,6 +148,10 @@ def check_same_run(run_dir: Path, spec: RunSpec) -> None:
         return
     old = json.loads(path.read_text())
     new_run = json.loads(json.dumps(resolve_config(spec).to_dict(), default=lambda o: str(o)))
+    old_cl, new_cl = old.get("run", {}).get("curriculum"), new_run.get("curriculum")
+    if isinstance(old_cl, dict) and isinstance(new_cl, dict) and new_cl.get("mode") is None:
+        # the run records the mode "auto" resolved to (inject/truncate); the same config resolves the same
+        new_run["curriculum"] = {**new_cl, "mode": old_cl.get("mode")}
     changed = [k for k in RESUME_KEYS if old.get("run", {}).get(k) != new_run.get(k)]
     opts = old.get("options", {})
     if opts.get("model") not in (None, spec.model):
