@@ -16,6 +16,7 @@ from seqwarm.data import prepare as prep
 from seqwarm.data.indexed import IndexedTokens, sha256_file
 from seqwarm.data.prepare import prepare_dataset
 from seqwarm.data.tokenizer import ByteTokenizer, load_tokenizer
+from seqwarm.errors import UserError
 
 WORDS = "the quick brown fox jumps over a lazy dog while seven wise kings sing".split()
 
@@ -230,12 +231,19 @@ def test_existing_output_needs_force(tmp_path, capsys):
     code, _, err = cli(capsys, "--input", str(src), "--tokenizer", "byte", "--out", str(out))
     assert code == 2 and "already exists and is not empty" in err and "--force" in err
     assert (out / "keep.txt").read_text() == "precious"
+    # --force replaces prepared data only: a folder of other files is refused and kept
+    code, _, err = cli(capsys, "--input", str(src), "--tokenizer", "byte", "--force", "--out", str(out))
+    assert code == 2 and "not a seqwarm data folder" in err and (out / "keep.txt").read_text() == "precious"
+    (out / "keep.txt").unlink()
+    assert cli(capsys, "--input", str(src), "--tokenizer", "byte", "--out", str(out))[0] == 0
+    (out / "extra.txt").write_text("x")  # a prepared folder (even with an extra file) is replaced
     code, _, _ = cli(capsys, "--input", str(src), "--tokenizer", "byte", "--force", "--out", str(out))
-    assert code == 0 and not (out / "keep.txt").exists() and (out / "meta.json").is_file()
+    assert code == 0 and not (out / "extra.txt").exists() and (out / "meta.json").is_file()
     # --force never replaces a folder holding the inputs.
     code, _, err = cli(capsys, "--input", str(src / "doc000.txt"), str(src / "doc001.txt"), "--tokenizer", "byte",
                        "--force", "--out", str(src))
-    assert code == 2 and "contains the input" in err and (src / "doc000.txt").is_file()
+    assert code == 2 and (src / "doc000.txt").is_file()
+    assert "contains the input" in err or "not a seqwarm data folder" in err
     # An existing empty folder is fine without --force.
     (tmp_path / "empty").mkdir()
     code, _, _ = cli(capsys, "--input", str(src), "--tokenizer", "byte", "--out", str(tmp_path / "empty"))
@@ -252,9 +260,9 @@ def test_failure_late_leaves_nothing_and_keeps_old_output(tmp_path, monkeypatch)
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(prep, "write_json", boom)
-    with pytest.raises(OSError, match="No space"):
+    with pytest.raises(UserError, match="No space"):  # exit 2 naming the reason, the old data kept
         prepare_dataset(out, [src], tokenizer="bpe:300", force=True, workers=1, progress=False)
-    with pytest.raises(OSError):
+    with pytest.raises(UserError):
         prepare_dataset(tmp_path / "fresh", [src], tokenizer="byte", workers=1, progress=False)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert not (tmp_path / "fresh").exists()

@@ -62,5 +62,11 @@ def test_ddp_matches_one_process(tmp_path, byte_data, cfg):
     a, b = train_rows(two), train_rows(one)
     assert [r["seqlen"] for r in a] == [r["seqlen"] for r in b]
     assert [r["tokens"] for r in a] == [r["tokens"] for r in b]
-    for x, y in zip(a, b):
-        assert x["loss"] == pytest.approx(y["loss"], rel=2e-4)
+    # Step 1 starts from identical weights: only the order of the loss average differs (float rounding,
+    # ~1e-7). Every later step follows weights updated with gradients all-reduced in another order; that
+    # rounding grows through training (3.60489 vs 3.60400, rel 2.5e-4, was seen under load), so later
+    # steps are compared at rel 2e-3: still far below any real divergence (a wrong batch or a missed
+    # all-reduce moves the loss by 1e-2 or more at once).
+    assert a[0]["loss"] == pytest.approx(b[0]["loss"], rel=1e-5)
+    for x, y in zip(a[1:], b[1:]):
+        assert x["loss"] == pytest.approx(y["loss"], rel=2e-3), f"step {x['step']}"

@@ -3,7 +3,8 @@
 Every file seqwarm writes for others to read — configs, summaries, reports, metadata, checkpoints,
 figures — goes through here: the content is written to a temporary file in the same folder (same file
 system, so the rename is atomic), flushed to disk, then renamed over the target. A failure removes the
-temporary file and leaves the previous target untouched.
+temporary file and leaves the previous target untouched; a failure of the file system (disk full,
+read-only, permission denied, file too large) is a :class:`WriteError` naming the path and the reason.
 """
 
 from __future__ import annotations
@@ -16,10 +17,39 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_path", "write_text", "write_json", "TMP_MARK"]
+from seqwarm.errors import UserError
+
+__all__ = ["atomic_path", "write_text", "write_json", "TMP_MARK", "WriteError", "os_error_in", "write_error"]
 
 TMP_MARK = ".tmp-"
 """Part of every temporary file's name (``.NAME.tmp-PID-XXXXXXXX``), so leftovers can be recognised."""
+
+
+class WriteError(UserError):
+    """A file could not be written because of the file system; the message names the path and why."""
+
+
+def os_error_in(err: BaseException) -> OSError | None:
+    """The OSError behind ``err`` (itself, or what it was raised from or during), else None. Writers such
+    as ``torch.save`` report a failed write as a RuntimeError raised while handling the OSError."""
+    seen: BaseException | None = err
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, OSError):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def write_error(path: str | os.PathLike, err: BaseException, what: str = "") -> WriteError:
+    """The WriteError of a failed write of ``path`` (``err`` holds an OSError)."""
+    cause = os_error_in(err) or err
+    reason = getattr(cause, "strerror", None) or str(cause)
+    final = Path(path)
+    kept = f"the previous {final.name} is untouched" if final.exists() else f"{final.name} was not written"
+    return WriteError(f"cannot write {what or final} ({reason}); {kept}. Free some space, or make "
+                      f"{final.parent} writable")
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -43,9 +73,9 @@ def atomic_path(path: str | os.PathLike, *, durable: bool = True) -> Iterator[Pa
     ``durable``: fsync the file and its folder, so the new content survives a power cut too.
     """
     final = Path(path)
-    final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}{TMP_MARK}{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
+        final.parent.mkdir(parents=True, exist_ok=True)
         yield tmp
         if durable:
             with open(tmp, "rb+") as fh:
@@ -53,8 +83,12 @@ def atomic_path(path: str | os.PathLike, *, durable: bool = True) -> Iterator[Pa
         os.replace(tmp, final)
         if durable:
             _fsync_dir(final.parent)
+    except Exception as err:
+        if os_error_in(err) is None:
+            raise
+        raise write_error(final, err) from err
     finally:
-        with contextlib.suppress(FileNotFoundError):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             tmp.unlink()
 
 

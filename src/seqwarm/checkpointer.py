@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
-from seqwarm.checkpoint import latest_checkpoint, save_checkpoint
+from seqwarm.checkpoint import load_latest_for_resume, require_keys, save_checkpoint
 from seqwarm.distributed import DistInfo, barrier
 from seqwarm.errors import UserError
 
@@ -40,6 +40,38 @@ class Checkpointer(Protocol):
 
     def finish(self, progress, config: dict[str, Any], last_val: float | None) -> None:
         """Called on every rank after the last save."""
+
+
+def _shard_like(full: Any, like: Any) -> Any:
+    """``full`` cut to this rank's shard of the DTensor ``like`` (no communication: every rank holds
+    ``full``); anything else unchanged."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(like, DTensor) and hasattr(full, "shape") and tuple(full.shape) == tuple(like.shape):
+        return distribute_tensor(full.to(like.device), like.device_mesh, like.placements, src_data_rank=None)
+    return full
+
+
+def load_full_state_locally(model, optimizer, model_state: dict, optim_state: dict) -> None:
+    """Load a full (unsharded) model + optimizer state into an FSDP2 model, each rank cutting its own
+    shards from the copy it read, with no collective at all.
+
+    ``set_state_dict(full_state_dict=True)`` instead scatters every tensor from rank 0 (one collective
+    per tensor, issued before FSDP2's lazy initialisation at the first forward); on CPU/gloo that path
+    intermittently left a rank with corrupted weights (a validation loss of 8.8 right after resume, and
+    a SIGABRT at teardown). Every rank reads the checkpoint anyway, so the data is local already.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    current = model.state_dict()
+    local_model = {k: _shard_like(v, current.get(k)) for k, v in model_state.items()}
+    params = dict(model.named_parameters())
+    local_optim = {"param_groups": optim_state["param_groups"],
+                   "state": {fqn: {k: _shard_like(v, params.get(fqn)) if getattr(v, "dim", lambda: 0)() else v
+                                   for k, v in entry.items()}
+                             for fqn, entry in optim_state["state"].items()}}
+    set_state_dict(model, optimizer, model_state_dict=local_model, optim_state_dict=local_optim,
+                   options=StateDictOptions(full_state_dict=False))
 
 
 class TorchCheckpointer:
@@ -70,22 +102,29 @@ class TorchCheckpointer:
         return path
 
     def load(self, check: ConfigCheck) -> tuple[Any, dict[str, Any]] | None:
-        found = latest_checkpoint(self.folder)
+        # CheckpointError when there are some but none loads; rank 0 moves unloadable newer ones aside
+        found = load_latest_for_resume(self.folder, move_aside=self.info.is_main)
         if found is None:
             return None
         path, state = found
+        if not state.get("deepspeed"):
+            require_keys(path, state, {"model": dict, "engine": dict, "data": dict, "rng": dict, "config": dict})
+            require_keys(path, state["engine"], {"optimizer": dict})
         if state.get("deepspeed"):  # a model export of a --deepspeed run: its state is in checkpoints/deepspeed
             raise UserError(f"{self.folder.parent} was trained with --deepspeed; resume it with --deepspeed")
         check(path, state["config"])
         engine_state = dict(state["engine"])
         optim_state = engine_state.pop("optimizer")
-        if self.fsdp:
-            from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
-            set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                           optim_state_dict=optim_state, options=StateDictOptions(full_state_dict=True))
-        else:
-            self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(optim_state)
+        try:
+            if self.fsdp:
+                load_full_state_locally(self.model, self.optimizer, state["model"], optim_state)
+            else:
+                self.model.load_state_dict(state["model"])
+                self.optimizer.load_state_dict(optim_state)
+        except (RuntimeError, KeyError, ValueError) as err:  # shapes or parameter names differ
+            first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+            raise UserError(f"{path} does not fit this run's model or optimizer ({first}); resume with the "
+                            "settings it was written with") from None
         self.engine.load_state_dict(engine_state)
         return path, state
 

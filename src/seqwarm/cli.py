@@ -90,6 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`seqwarm plan --json | head`): nothing more to say
         _silence_stdout()
         return 0
+    except OSError as err:  # the file system refused (disk full, read-only, permissions) where no
+        # caller named the file: still a clear exit 2 with the path and the reason, not a traceback
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"seqwarm {args.command}: error: {where}{err.strerror or err}", file=sys.stderr)
+        return 2
 
 
 def _silence_stdout() -> None:

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from seqwarm.atomic import write_text
+from seqwarm.atomic import write_error, write_text
 from seqwarm.trackers import TrackerConfig, open_trackers, tracker_config
 from seqwarm.units import human_count
 
@@ -47,11 +47,17 @@ class MetricsWriter:
 
     def __init__(self, run_dir: Path, tensorboard: bool = True, trackers: TrackerConfig | None = None):
         self.path = run_dir / "metrics.jsonl"
-        self._fh = open(self.path, "a", buffering=1)
+        try:
+            self._fh = open(self.path, "a", buffering=1)
+        except OSError as err:
+            raise write_error(self.path, err) from err
         self._trackers = open_trackers(trackers or tracker_config({}, run_dir, tensorboard=tensorboard))
 
     def write(self, row: Mapping[str, Any]) -> None:
-        self._fh.write(json.dumps(row) + "\n")
+        try:
+            self._fh.write(json.dumps(row) + "\n")
+        except OSError as err:  # a torn last row is dropped by read_metrics and by the resume's truncation
+            raise write_error(self.path, err, "a row of metrics.jsonl") from err
         for tracker in self._trackers:
             tracker.log(row)
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 import typing
 from collections.abc import Mapping
@@ -40,7 +41,7 @@ from seqwarm.problems import ConfigError, Problem
 if TYPE_CHECKING:  # seqwarm.train imports torch: only when a run starts
     from seqwarm.train import TrainResult
 
-__all__ = ["RunSpec", "run_training", "resolve_config", "policy_problems", "with_changes"]
+__all__ = ["RunSpec", "run_training", "resolve_config", "policy_problems", "spec_problems", "with_changes"]
 
 logger = logging.getLogger(__name__)
 
@@ -189,6 +190,25 @@ def policy_problems(cfg: RunConfig) -> list[Problem]:
     return problems
 
 
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def spec_problems(spec: RunSpec) -> list[Problem]:
+    """The run options no loop can use, found before anything is trained (all of them at once)."""
+    problems = []
+    for name, least in (("eval_iters", 1), ("eval_interval", 0), ("save_interval", 0), ("keep_checkpoints", 0),
+                        ("log_interval", 0), ("pipeline_stages", 0)):
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            flag = "--" + name.replace("_", "-")
+            problems.append(Problem(flag, value, f"must be a whole number >= {least}",
+                                    f"give {flag} {max(least, 1)} or more" if least else f"give {flag} 0 or more"))
+    if not isinstance(spec.device, str) or not _DEVICE.match(spec.device):
+        problems.append(Problem("--device", spec.device, "seqwarm trains on auto, cpu, cuda or cuda:N",
+                                "give --device auto (cuda when available, else cpu)"))
+    return problems
+
+
 def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
     """The run's RunConfig: the config file (or the default recipe) with the settings applied; raises one
     ConfigError listing every run-policy problem."""
@@ -204,7 +224,7 @@ def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
     if cfg.seq_length is None:
         seq = cfg.full_length or _model_seq_length(spec.model)
         cfg = load_config(source, overrides={**overrides, "seq_length": seq}, world_size=world_size)
-    problems = policy_problems(cfg)
+    problems = spec_problems(spec) + policy_problems(cfg)
     if problems:
         raise ConfigError(problems, str(spec.config) if spec.config else "the built-in recipe")
     for message in cfg.warnings:
@@ -281,7 +301,7 @@ def run_training(spec: RunSpec) -> TrainResult:
     describes; rank 0 alone prints, logs and writes files. With ``deepspeed`` a process group is made
     for a single process too (DeepSpeed needs one).
     """
-    from seqwarm.distributed import cleanup, init_distributed
+    from seqwarm.distributed import barrier, cleanup, init_distributed
 
     check_spec(spec)
     info = init_distributed(spec.device)
@@ -292,7 +312,9 @@ def run_training(spec: RunSpec) -> TrainResult:
             from seqwarm.integrations.deepspeed_run import deepspeed_process_group
             with deepspeed_process_group(spec.device):
                 return _run(spec, info)
-        return _run(spec, info)
+        result = _run(spec, info)
+        barrier(info)  # no rank tears the process group down while another still sends (or is still saving)
+        return result
     finally:
         cleanup(info)
 
@@ -336,17 +358,8 @@ def _data_dir(spec: RunSpec, info) -> Path:
 
 
 def _run(spec: RunSpec, info) -> TrainResult:
-    from seqwarm.data import open_prepared
-    from seqwarm.model import GPTConfig
-    from seqwarm.train import (
-        Run,
-        TorchEngineBuilder,
-        TrainOptions,
-        finish_lines,
-        format_start,
-        prepare_run_dir,
-        write_resolved_config,
-    )
+    from seqwarm.run_folder import prepare_run_dir
+    from seqwarm.train import TrainOptions
 
     say = print if info.is_main else (lambda *a, **k: None)
     stages = spec.pipeline_stages or 1  # pipeline stages share one data-parallel replica
@@ -367,7 +380,20 @@ def _run(spec: RunSpec, info) -> TrainResult:
                         allow_config_change=spec.allow_config_change, progress_bar=spec.progress_bar,
                         tensorboard=spec.tensorboard, tensorboard_dir=spec.tensorboard_dir,
                         wandb_project=spec.wandb_project, wandb_run_name=spec.wandb_run_name)
-    prepare_run_dir(opts, info)
+    folder = prepare_run_dir(opts, info)  # locked until the run ends; removed again if it stays empty
+    try:
+        return _train_in(folder, spec, cfg, opts, info, say)
+    finally:
+        folder.close()
+
+
+def _train_in(folder, spec: RunSpec, cfg: RunConfig, opts, info, say) -> TrainResult:
+    """The run in its locked folder (see :func:`_run`)."""
+    from seqwarm.data import open_prepared
+    from seqwarm.model import GPTConfig
+    from seqwarm.train import Run, TorchEngineBuilder, finish_lines, format_start, write_resolved_config
+
+    stages = spec.pipeline_stages or 1
     if spec.data_path:
         from seqwarm.data.megatron import open_megatron
         data = open_megatron(spec.data_path, split=spec.split, tokenizer=spec.tokenizer,
@@ -389,6 +415,9 @@ def _run(spec: RunSpec, info) -> TrainResult:
             builder = TorchEngineBuilder(fsdp=spec.fsdp)
     run = Run(cfg, opts, data, model_cfg, dist_info=info, builder=builder)
     resumed = run.resume() if opts.resume else False
+    if opts.resume and not resumed:
+        say(f"{opts.out} has no checkpoint yet (the run stopped before its first one): starting it again "
+            "from step 0", flush=True)
     if info.is_main:
         write_resolved_config(run)
     for line in format_start(run):

@@ -32,7 +32,7 @@ from seqwarm.checkpoint import rng_state, set_rng_state
 from seqwarm.checkpointer import Checkpointer, TorchCheckpointer
 from seqwarm.config import RunConfig
 from seqwarm.config.describe import describe
-from seqwarm.distributed import DistInfo, barrier, device_for, gather_floats, wrap_model
+from seqwarm.distributed import DistInfo, device_for, gather_floats, wrap_model
 from seqwarm.errors import SeqwarmError, UserError
 from seqwarm.evaluator import Evaluator
 from seqwarm.metrics import format_duration, truncate_metrics
@@ -94,7 +94,7 @@ class TrainResult:
 
 
 def versions() -> dict[str, str]:
-    out = {"seqwarm": __version__, "torch": torch.__version__, "numpy": np.__version__,
+    out = {"seqwarm": __version__, "torch": str(torch.__version__), "numpy": np.__version__,
            "python": platform.python_version()}
     try:  # the installed version, without importing deepspeed (its import prints and is slow)
         out["deepspeed"] = version("deepspeed")
@@ -202,6 +202,7 @@ class Run:
         self.checkpointer = builder.checkpointer(built, self.ckpt_dir, self.info, opts.keep_checkpoints)
         self.evaluator = Evaluator(data, model_cfg.seq_length, cfg.micro_batch_size, opts.eval_iters, self.device,
                                    label_style=built.label_style)
+        data.windows("val", model_cfg.seq_length)  # a val split too short for one window fails now, not at the end
         self.log = MetricsLogger(self.run_dir, budget_tokens=cfg.train_tokens, is_main=self.is_main,
                                  log_interval=opts.log_interval, progress_bar=opts.progress_bar,
                                  tensorboard=opts.tensorboard,
@@ -214,6 +215,8 @@ class Run:
         self.elapsed_before = 0.0
         self.t_start = time.perf_counter()
         self.last_val: float | None = None
+        self.last_saved: Path | None = None
+        """The newest checkpoint this run wrote or resumed from (every saved one is finite)."""
         self.resolved = {
             "run": jsonable(cfg.to_dict()),
             "model": {"preset": opts.model, **asdict(model_cfg), "num_params": model_cfg.num_params()},
@@ -244,22 +247,72 @@ class Run:
             old = {**old, "curriculum": {**old["curriculum"], "mode": new["curriculum"]["mode"]}}
         changed = [k for k in RESUME_KEYS if old.get(k) != new.get(k)]
         if saved["model"] != self.resolved["model"]:
+            shape = [f"{k} {saved['model'].get(k)!r} -> {v!r}" for k, v in self.resolved["model"].items()
+                     if saved["model"].get(k) != v]
+            if self.opts.allow_config_change:  # the weights would not fit: no flag can make that work
+                raise UserError(f"{path} holds a different model ({', '.join(shape)}); --allow-config-change "
+                                "covers the recipe, not the model or its sequence length: resume with the "
+                                "same --model, --seq-length and data, or start a new run")
             changed.append("model")
         if changed and not self.opts.allow_config_change:
             raise UserError(f"{path} was written with a different {', '.join(changed)}; resume with the same "
                             "settings, or pass --allow-config-change to continue anyway")
 
+    def last_good(self) -> str:
+        """The divergence message's pointer to the newest finite checkpoint that exists."""
+        path = self.last_saved
+        if path is not None and Path(path).exists():
+            return f"the last good checkpoint is {path} (resume from it with --resume)"
+        return "no checkpoint was written before it (nothing to resume from)"
+
+    def _nonfinite_state(self) -> str | None:
+        """The first model parameter or optimizer state holding NaN/inf on any rank, else None."""
+        bad = None
+        for name, param in self.model.named_parameters():
+            local = param.to_local() if hasattr(param, "to_local") else param  # FSDP2 shards: this rank's part
+            if local.numel() and not torch.isfinite(local.detach()).all():
+                bad = f"parameter {name}"
+                break
+        if bad is None:
+            optim_state = self.optimizer.state if isinstance(self.optimizer, torch.optim.Optimizer) else {}
+            for state in optim_state.values():
+                for key, value in (state.items() if isinstance(state, dict) else ()):
+                    local = value.to_local() if hasattr(value, "to_local") else value
+                    if isinstance(local, torch.Tensor) and local.numel() and not torch.isfinite(local).all():
+                        bad = f"optimizer state {key}"
+                        break
+                if bad:
+                    break
+        if self.info.enabled:  # every rank must agree, or the save (a collective) would hang
+            device = self.device if self.info.backend == "nccl" else torch.device("cpu")
+            flags = gather_floats([1.0 if bad else 0.0], self.info, device)
+            if bad is None and any(f[0] for f in flags):
+                bad = "the state of another rank"
+        return bad
+
     def save(self) -> Path | None:
+        bad = self._nonfinite_state()
+        if bad is not None:  # never write a checkpoint a resume would diverge from at once
+            raise TrainingDiverged(
+                f"the {bad} became NaN or infinite by step {self.engine.global_steps} (the loss was still finite); "
+                f"not saving it: {self.last_good()}. Lower the learning rate, raise min_difficulty, or "
+                "lengthen the curriculum")
         loop_state = {"data": self.batches.state_dict(), "rng": rng_state(), "config": self.resolved,
                       "elapsed_s": self.elapsed(), "last_val": self.last_val}
-        return self.checkpointer.save(self.engine.global_steps, loop_state)
+        path = self.checkpointer.save(self.engine.global_steps, loop_state)
+        if path is not None:
+            self.last_saved = Path(path)
+        return path
 
     def resume(self) -> bool:
         """Continue from the latest checkpoint in the run folder; False when there is none."""
         found = self.checkpointer.load(self._check_resume_config)
         if found is None:
+            if self.is_main:  # a run killed before its first checkpoint: its rows are written again
+                truncate_metrics(self.run_dir / "metrics.jsonl", 0)
             return False
         path, state = found
+        self.last_saved = Path(path)
         self.batches.load_state_dict(state["data"])
         set_rng_state(state["rng"])
         self.elapsed_before = float(state.get("elapsed_s", 0.0))
@@ -311,15 +364,15 @@ class Run:
                 if not math.isfinite(step_loss):
                     raise TrainingDiverged(
                         f"the training loss became {step_loss} at step {p.step} (length "
-                        f"{engine.current_seqlen}); the last good checkpoint in {self.ckpt_dir} is intact. "
+                        f"{engine.current_seqlen}); {self.last_good()}. "
                         "Lower the learning rate, raise min_difficulty, or lengthen the curriculum")
                 if p.step == step_before:  # fp16 overflow: skipped, nothing advanced; no eval/log/save
                     skips_in_a_row += 1
                     if skips_in_a_row >= MAX_SKIPS_IN_A_ROW:
                         raise TrainingDiverged(
                             f"fp16 gradients overflowed {skips_in_a_row} steps in a row at step {p.step + 1} "
-                            f"(loss scale now {getattr(engine, 'loss_scale', '?')}); the last good checkpoint "
-                            f"in {self.ckpt_dir} is intact. Use bf16, or lower the learning rate")
+                            f"(loss scale now {getattr(engine, 'loss_scale', '?')}); {self.last_good()}. "
+                            "Use bf16, or lower the learning rate")
                     continue
                 skips_in_a_row = 0
                 self.log.step(p.tokens, p.tokens - tokens_before, step_loss, time.perf_counter() - t0)
@@ -353,23 +406,6 @@ class Run:
             "curriculum": self.resolved["run"]["curriculum"], "skipped_steps": self.engine.skipped_steps,
             "num_params": self.model_cfg.num_params(),
         }
-
-
-def prepare_run_dir(opts: TrainOptions, info: DistInfo | None = None) -> None:
-    """Check the run folder on every rank (same answer everywhere), then create it on rank 0."""
-    info = info or DistInfo()
-    run_dir = Path(opts.out)
-    has_ckpt = (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").iterdir())
-    if opts.resume:
-        if not has_ckpt:
-            raise UserError(f"--resume: {run_dir} has no checkpoint to resume from "
-                            "(drop --resume to start a new run there)")
-    elif run_dir.exists() and any(run_dir.iterdir()):
-        raise UserError(f"{run_dir} already holds a run; pass --resume to continue it or choose another --out")
-    barrier(info)  # every rank has looked before rank 0 writes anything
-    if info.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-    barrier(info)
 
 
 def write_resolved_config(run: Run) -> Path:

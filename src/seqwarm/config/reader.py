@@ -127,9 +127,39 @@ def _read_data_efficiency(chk: Checker, raw: Mapping[str, Any]) -> CurriculumCon
 # the whole config
 
 
+MAX_DEPTH = 32
+"""Deepest nesting of objects/lists a config may have (DeepSpeed's own use 4 levels)."""
+MAX_INT = 10**18
+"""Largest integer a config may hold: larger ones are typos, and would overflow float arithmetic."""
+
+
+def _absurd(raw: Any, where: str = "", depth: int = 0) -> Problem | None:
+    """The first value nested deeper than MAX_DEPTH or an integer beyond MAX_INT, as a Problem."""
+    if depth > MAX_DEPTH:
+        return Problem(where or "(top level)", "...", f"nested more than {MAX_DEPTH} levels deep",
+                       "a seqwarm/DeepSpeed config is a few levels of objects; check the file")
+    if isinstance(raw, Mapping):
+        items: Any = ((f"{where}.{k}" if where else str(k), v) for k, v in raw.items())
+    elif isinstance(raw, list):
+        items = ((f"{where}[{i}]", v) for i, v in enumerate(raw))
+    else:
+        if isinstance(raw, int) and not isinstance(raw, bool) and abs(raw) > MAX_INT:
+            return Problem(where, f"an integer of {len(str(abs(raw)))} digits", f"is larger than {MAX_INT:.0e}",
+                           "give a realistic value (budgets and sizes fit in 18 digits)")
+        return None
+    for key, value in items:
+        found = _absurd(value, key, depth + 1)
+        if found:
+            return found
+    return None
+
+
 def _read_source(source: Any) -> tuple[dict[str, Any], str | None]:
     """A dict from a path or mapping; JSON problems become ConfigErrors that say where."""
     if isinstance(source, Mapping):
+        found = _absurd(source)
+        if found:
+            raise ConfigError([found])
         return copy.deepcopy(dict(source)), None
     if isinstance(source, RunConfig):
         raise TypeError("load_config() got a RunConfig; it is already loaded")
@@ -154,9 +184,15 @@ def _read_source(source: Any) -> tuple[dict[str, Any], str | None]:
                                    f"invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}",
                                    "fix the JSON syntax there (trailing commas, comments and single "
                                    "quotes are not JSON)")]) from None
+    except (RecursionError, ValueError) as err:  # absurd nesting, or an integer of thousands of digits
+        raise ConfigError([Problem(name, "...", f"cannot be read as a config ({str(err).split(':')[0]})",
+                                   "a config is a few levels of objects with realistic numbers")]) from None
     if not isinstance(raw, dict):
         raise ConfigError([Problem(name, raw, "the top level must be a JSON object",
                                    'wrap the settings in { ... }')])
+    found = _absurd(raw)
+    if found:
+        raise ConfigError([found], name)
     return raw, name
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from seqwarm.data.indexed import SPLITS, IndexedTokens, read_meta, verify_files
+from seqwarm.data.indexed import SPLITS, IndexedTokens, check_token_ids, read_meta, verify_files
 from seqwarm.data.tokenizer import Tokenizer, load_tokenizer
 from seqwarm.errors import UserError
 
@@ -281,6 +281,8 @@ class PreparedData:
                 raise UserError(f"{split.idx_path}: {split.num_docs} documents / {split.num_tokens} tokens, "
                                 f"but meta.json says {expected['documents']} / {expected['tokens']}; "
                                 "re-run seqwarm prepare")
+            if verify_checksums:  # with the checksums: both read every byte once, before any training
+                check_token_ids(split, self.vocab_size)
 
     def split(self, name: str) -> IndexedTokens:
         if name not in SPLITS:

@@ -213,7 +213,57 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
     if meta.get("format_version") != META_FORMAT_VERSION:
         raise UserError(f"{str(path)!r} has format version {meta.get('format_version')}; this seqwarm "
                         f"reads version {META_FORMAT_VERSION}; re-run seqwarm prepare")
+    problems = _meta_problems(meta)
+    if problems:
+        raise UserError(f"{str(path)!r} is damaged or was edited: {'; '.join(problems)}; re-run seqwarm prepare")
     return meta
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
+
+
+def _meta_problems(meta: Mapping[str, Any]) -> list[str]:
+    """What a reader of the folder needs from meta.json and does not find there."""
+    problems = []
+    vocab, eod = meta.get("vocab_size"), meta.get("eod_id")
+    if not _count(vocab) or not vocab:
+        problems.append(f"vocab_size {vocab!r} is not a positive integer")
+    if not _count(eod) or (_count(vocab) and eod >= vocab):
+        problems.append(f"eod_id {eod!r} is not a token id below vocab_size")
+    splits = meta.get("splits")
+    for name in SPLITS:
+        split = splits.get(name) if isinstance(splits, Mapping) else None
+        if not isinstance(split, Mapping) or not all(_count(split.get(k)) for k in ("tokens", "documents")):
+            problems.append(f"splits.{name} lacks whole-number tokens and documents")
+    files = meta.get("files")
+    if isinstance(files, Mapping):
+        for name, info in files.items():
+            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
+                problems.append(f"file name {name!r} leaves the data folder (only plain names are allowed)")
+            elif not isinstance(info, Mapping) or not _count(info.get("bytes")) or not isinstance(
+                    info.get("sha256"), str):
+                problems.append(f"files.{name} lacks its bytes and sha256")
+    return problems
+
+
+def check_token_ids(split: IndexedTokens, vocab_size: int, chunk: int = 1 << 24) -> None:
+    """UserError when a token id in ``split`` is not below ``vocab_size`` (the model's embedding would
+    fail on it mid-run); reads the split once per process, in chunks."""
+    st = split.bin_path.stat() if split.num_tokens else None
+    key = (str(split.bin_path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, vocab_size) if st else None
+    if key is None or key in _IDS_OK:
+        return
+    for start in range(0, split.num_tokens, chunk):
+        top = int(split.tokens[start:start + chunk].max())
+        if top >= vocab_size:
+            raise UserError(f"{split.bin_path} holds token id {top}, but meta.json says the vocabulary has "
+                            f"{vocab_size} tokens: the files do not belong together; re-run seqwarm prepare")
+    _IDS_OK.add(key)
+
+
+_IDS_OK: set[tuple] = set()
+"""Splits whose ids were checked in this process (keyed like ``_VERIFIED``)."""
 
 
 # In-process cache of verified checksums, keyed by file identity, so that opening the same folder
@@ -229,6 +279,9 @@ def verify_files(folder: str | Path, meta: Mapping[str, Any], *, checksums: bool
         raise UserError(f"{folder / META_FILE}: no file list; re-run seqwarm prepare")
     for name, info in files.items():
         path = folder / name
+        if not path.is_file():  # a device or a folder under a listed name: never read it
+            raise UserError(f"{str(path)!r} (listed in {META_FILE}) is missing or not a regular file; "
+                            "re-run seqwarm prepare")
         _check_size(path, int(info["bytes"]), META_FILE)
         if not checksums:
             continue

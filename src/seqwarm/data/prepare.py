@@ -13,6 +13,8 @@ Everything is written into a hidden sibling folder that replaces ``out`` only on
 
 from __future__ import annotations
 
+import glob
+import json
 import logging
 import math
 import multiprocessing as mp
@@ -30,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from seqwarm.version import __version__
-from seqwarm.atomic import write_json
+from seqwarm.atomic import WriteError, write_json
 from seqwarm.data import corpus
 from seqwarm.data.indexed import (
     META_FILE,
@@ -150,12 +152,62 @@ def _encode_chunk(texts: list[str], dtype_str: str) -> tuple[np.ndarray, np.ndar
 # Main side
 
 
+RUN_SIGNS = ("checkpoints", "metrics.jsonl", "summary.json", "config.json")
+"""Entries of a training run folder: ``--force`` never replaces a folder holding one of them."""
+
+
 def _check_out(out: Path, force: bool) -> None:
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {str(out)!r} exists and is not a folder")
-    if out.is_dir() and any(out.iterdir()) and not force:
+    try:
+        entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    except OSError as err:
+        raise UserError(f"--out {str(out)!r}: cannot list it ({err.strerror or err})") from None
+    if not entries:
+        return
+    if not force:
         raise UserError(f"--out {str(out)!r} already exists and is not empty; "
                         "pass --force to replace it (only once the new data is complete)")
+    run = [name for name in entries if name in RUN_SIGNS]
+    if run:
+        raise UserError(f"--force replaces prepared data only, and {str(out)!r} holds a training run "
+                        f"({', '.join(run)}); choose another --out, or move the run away first")
+    try:
+        meta = json.loads((out / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        meta = None
+    if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
+        raise UserError(f"--force replaces prepared data only, and {str(out)!r} is not a seqwarm data folder "
+                        f"(no valid {META_FILE}; it holds {', '.join(entries[:5])}"
+                        f"{', ...' if len(entries) > 5 else ''}); choose another --out, or empty it yourself")
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, someone else's
+        return True
+    return True
+
+
+def _clear_leftovers(out: Path) -> None:
+    """Remove the temporary folders of earlier ``prepare`` runs on ``out`` that were killed (their
+    process is gone); a previous ``out`` parked during a replace that was cut short is put back."""
+    if not out.parent.is_dir():
+        return
+    for p in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):
+        pid = p.name[len(out.name) + 6:].split("-")[0]
+        if p.is_dir() and pid.isdigit() and not _pid_alive(int(pid)):
+            shutil.rmtree(p, ignore_errors=True)
+    for p in out.parent.glob(f".{glob.escape(out.name)}.old-*"):
+        if not p.is_dir():
+            continue
+        if out.exists():
+            shutil.rmtree(p, ignore_errors=True)
+        else:  # killed between parking the old data and moving the new in: the old data is still good
+            os.replace(p, out)
 
 
 def _check_inputs_outside(out: Path, inputs: Sequence[str | Path]) -> None:
@@ -245,6 +297,7 @@ def prepare_dataset(
         raise UserError(f"--vocab-file/--merges-file only apply to --tokenizer gpt2, not {tokenizer!r}")
     if kind != "hf" and eod_token is not None:
         raise UserError(f"--eod-token only applies to --tokenizer hf:PATH, not {tokenizer!r}")
+    _clear_leftovers(out)
     _check_out(out, force)
     # A fixed tokenizer is loaded before the corpus is read, so a bad one fails in seconds.
     fixed = None if kind == "bpe" else build_tokenizer(tokenizer, vocab_file=vocab_file, merges_file=merges_file,
@@ -282,10 +335,10 @@ def prepare_dataset(
     logger.info("%d documents, %.1f MB; %d held out for validation", num_docs, total_bytes / 1e6,
                 int(val_mask.sum()))
 
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.mkdir()
         # Pass 2: the tokenizer (bpe:N learns from the training documents only).
         t0 = time.perf_counter()
         if kind == "bpe":
@@ -329,6 +382,12 @@ def prepare_dataset(
         }
         write_json(tmp / META_FILE, meta)
         _replace_dir(tmp, out)
+    except OSError as err:  # disk full, read-only, permissions: the previous data stays as it was
+        shutil.rmtree(tmp, ignore_errors=True)
+        where = err.filename or tmp
+        kept = "is untouched" if out.exists() else "was not written"
+        raise WriteError(f"cannot write the prepared data ({where}: {err.strerror or err}); {str(out)!r} {kept}. "
+                        "Free some space or choose a writable --out") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

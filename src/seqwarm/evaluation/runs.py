@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from seqwarm.atomic import write_json
-from seqwarm.checkpoint import checkpoint_path, latest_checkpoint, list_checkpoints, load_checkpoint
+from seqwarm.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint, load_newest, require_keys
 from seqwarm.data.dataset import open_prepared
 from seqwarm.data.tokenizer import load_tokenizer
 from seqwarm.distributed import DistInfo, device_for
@@ -57,20 +57,15 @@ def load_run(run_dir: str | Path, *, checkpoint: int | None = None, device: str 
     if not found:
         raise UserError(f"{run} has no checkpoint (expected {folder}/step_XXXXXXXX.pt, written by seqwarm train)")
     if checkpoint is None:
-        latest = latest_checkpoint(folder)
-        if latest is None:
-            raise UserError(f"none of the checkpoints in {folder} loads")
-        path, state = latest
+        path, state = load_newest(folder)  # CheckpointError naming each file when none loads
     else:
         steps = [s for s, _ in found]
         if checkpoint not in steps:
             raise UserError(f"{run} has no checkpoint of step {checkpoint}; available: "
                             f"{', '.join(str(s) for s in steps)}")
         path = checkpoint_path(folder, checkpoint)
-        try:
-            state = load_checkpoint(path)
-        except Exception as err:  # noqa: BLE001 - any unreadable file is the user's to fix
-            raise UserError(f"checkpoint {path} does not load: {err}") from None
+        state = load_checkpoint(path)  # CheckpointError (exit 2) naming the file and why
+    require_keys(path, state, {"model": dict})
     resolved = state.get("config")
     if not isinstance(resolved, dict):
         try:
@@ -92,7 +87,11 @@ def load_run(run_dir: str | Path, *, checkpoint: int | None = None, device: str 
                         f"{model_cfg.vocab_size}: not the data this run was trained on")
     dev = device_for(DistInfo(), device)
     model = GPT(model_cfg)
-    model.load_state_dict(state["model"])
+    try:
+        model.load_state_dict(state["model"])
+    except (RuntimeError, KeyError, ValueError, TypeError) as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+        raise UserError(f"checkpoint {path}: its weights do not fit the model it records ({first})") from None
     model.to(dev).eval()
     tokens = (state.get("engine") or {}).get("progress", {}).get("tokens")
     return LoadedRun(run, int(state.get("step", 0)), path, model, tokenizer, data_dir, tokens, dev)

@@ -19,11 +19,12 @@ from typing import Any
 
 from seqwarm.defaults import default_train_config
 from seqwarm.errors import UserError
+from seqwarm.runlock import LOCK_FILE, run_lock
 from seqwarm.runner import RunSpec, resolve_config, run_training
 
 # Files `seqwarm train` writes into a run folder (a folder holding only these, with no checkpoint and
 # no summary, is a run that died before its first checkpoint and can be started again).
-RUN_FILES = ("config.json", "metrics.jsonl", "tensorboard", "checkpoints", "curves.png", "summary.json")
+RUN_FILES = ("config.json", "metrics.jsonl", "tensorboard", "checkpoints", "curves.png", "summary.json", LOCK_FILE)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -114,7 +115,7 @@ def run_state(run_dir: Path) -> str:
     """``new`` (absent/empty), ``finished`` (summary.json), ``resumable`` (checkpoints), ``stale``
     (only files a run writes, killed before its first checkpoint) or ``foreign`` (anything else)."""
     run_dir = Path(run_dir)
-    if not run_dir.exists() or not any(run_dir.iterdir()):
+    if not run_dir.exists() or not any(p.name != LOCK_FILE for p in run_dir.iterdir()):
         return "new"
     if (run_dir / "summary.json").is_file():
         return "finished"
@@ -129,6 +130,8 @@ def run_state(run_dir: Path) -> str:
 def clear_stale(run_dir: Path) -> None:
     """Remove what a run killed before its first checkpoint left (only seqwarm's own file names)."""
     for name in RUN_FILES:
+        if name == LOCK_FILE:  # the caller holds it (or nobody does): it stays until released
+            continue
         p = Path(run_dir) / name
         if p.is_dir():
             shutil.rmtree(p)
@@ -145,6 +148,10 @@ def check_same_run(run_dir: Path, spec: RunSpec) -> None:
         return
     old = json.loads(path.read_text())
     new_run = json.loads(json.dumps(resolve_config(spec).to_dict(), default=lambda o: str(o)))
+    old_cl, new_cl = old.get("run", {}).get("curriculum"), new_run.get("curriculum")
+    if isinstance(old_cl, dict) and isinstance(new_cl, dict) and new_cl.get("mode") is None:
+        # the run records the mode "auto" resolved to (inject/truncate); the same config resolves the same
+        new_run["curriculum"] = {**new_cl, "mode": old_cl.get("mode")}
     changed = [k for k in RESUME_KEYS if old.get("run", {}).get(k) != new_run.get(k)]
     opts = old.get("options", {})
     if opts.get("model") not in (None, spec.model):
@@ -159,6 +166,13 @@ def check_same_run(run_dir: Path, spec: RunSpec) -> None:
 def run_or_reuse(spec: RunSpec, *, check: bool = True) -> tuple[str, Any]:
     """Start, resume or reuse the run in ``spec.out``. Returns (what happened, TrainResult or None)."""
     run_dir = Path(spec.out)
+    if not run_dir.is_dir():
+        return _run_or_reuse(run_dir, spec, check)
+    with run_lock(run_dir):  # nobody else's run may be in this folder while it is looked at or cleared
+        return _run_or_reuse(run_dir, spec, check)
+
+
+def _run_or_reuse(run_dir: Path, spec: RunSpec, check: bool) -> tuple[str, Any]:
     state = run_state(run_dir)
     if state == "foreign":
         raise UserError(f"{run_dir} holds files that are not a seqwarm run; choose another --out")
