@@ -216,6 +216,15 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
     return meta
 
 
+
+def data_fingerprint(meta: Mapping[str, Any]) -> str:
+    """SHA-256 over the token files' checksums in ``meta["files"]`` (``*.bin`` / ``*.idx``): two prepared
+    folders have the same fingerprint exactly when they hold the same tokens and documents."""
+    files = meta.get("files") or {}
+    lines = [f"{name}:{info['sha256']}\n" for name, info in sorted(files.items())
+             if name.endswith((".bin", ".idx"))]
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
 # In-process cache of verified checksums, keyed by file identity, so that opening the same folder
 # several times (train and val datasets, every test) hashes each file once.
 _VERIFIED: dict[tuple, str] = {}

@@ -145,15 +145,54 @@ def check_same_run(run_dir: Path, spec: RunSpec) -> None:
         return
     old = json.loads(path.read_text())
     new_run = json.loads(json.dumps(resolve_config(spec).to_dict(), default=lambda o: str(o)))
+    old_cur, new_cur = old.get("run", {}).get("curriculum"), new_run.get("curriculum")
+    if isinstance(old_cur, dict) and isinstance(new_cur, dict) and new_cur.get("mode") is None:
+        # config.json records the mode that auto (None) resolved to; the same config resolves alike
+        new_run["curriculum"] = {**new_cur, "mode": old_cur.get("mode")}
     changed = [k for k in RESUME_KEYS if old.get("run", {}).get(k) != new_run.get(k)]
     opts = old.get("options", {})
     if opts.get("model") not in (None, spec.model):
         changed.append("model")
     if opts.get("seed") not in (None, spec.seed):
         changed.append("seed")
+    held = (old.get("data") or {}).get("fingerprint")
+    if held is not None and held != spec_data_fingerprint(spec):
+        changed.append("data (its token files' fingerprint)")
     if changed:
         raise UserError(f"{run_dir} holds a run with a different {', '.join(changed)} than this experiment asks "
                         "for; choose another --out, or delete that folder to run it again")
+
+
+def spec_data_fingerprint(spec: RunSpec) -> str | None:
+    """Fingerprint of the data ``spec`` trains on (``--data``, else the embedded corpus, prepared if need
+    be); None when ``--data`` names no prepared folder (training will say why)."""
+    from seqwarm.data import data_fingerprint, embedded_data_dir, read_meta
+
+    folder = Path(spec.data) if spec.data else embedded_data_dir()
+    try:
+        return data_fingerprint(read_meta(folder))
+    except UserError:
+        return None
+
+
+def run_data_fingerprint(run_dir: Path) -> str | None:
+    """The data fingerprint a run folder's ``config.json`` records (None: no config, or a run from
+    before fingerprints were recorded)."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        return None
+    return (json.loads(path.read_text()).get("data") or {}).get("fingerprint")
+
+
+def check_same_data(run_dirs: list[Path]) -> None:
+    """Refuse to put runs trained on different data side by side (UserError, exit 2)."""
+    seen = {Path(d): run_data_fingerprint(d) for d in run_dirs}
+    known = {fp for fp in seen.values() if fp is not None}
+    if len(known) > 1:
+        listing = "; ".join(f"{d}: {fp[:12] if fp else 'unrecorded'}" for d, fp in seen.items())
+        raise UserError("these runs were trained on different data (fingerprints of their token files: "
+                        f"{listing}), so they cannot be compared; rerun them on one prepared folder "
+                        "(the same --data), or delete the runs made on other data")
 
 
 def run_or_reuse(spec: RunSpec, *, check: bool = True) -> tuple[str, Any]:
