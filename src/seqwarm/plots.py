@@ -149,20 +149,35 @@ def compare_label(report: Mapping[str, Any], name: str) -> str:
     return f"curriculum (T={run.get('total_curriculum_step')}{extra})"
 
 
-def plot_compare_val(report: Mapping[str, Any], path: Path) -> Path:
-    """Full-length validation loss against tokens and wall-clock, the target and where each run reaches it."""
+def plot_compare_val(report: Mapping[str, Any], path: Path,
+                     seeds: Mapping[str, Mapping[str, Any]] | None = None) -> Path:
+    """Full-length validation loss against tokens and wall-clock, the target and where each run reaches it.
+
+    ``seeds[run]`` (several seeds): ``{"each": [evals, ...], "median": evals}`` (evals as in the report:
+    ``tokens``, ``elapsed_s``, ``val_loss`` lists); every seed is drawn thinly, the median boldly. The
+    target and its crossings stay the first seed's (the report's top-level keys).
+    """
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.3), sharey=True)
     target = report.get("target")
     for name in COMPARE_RUNS:
-        ev = report[name]["evals"]
-        axes[0].plot([t / 1e6 for t in ev["tokens"]], ev["val_loss"], "o-", ms=3, color=COMPARE_COLORS[name],
-                     label=compare_label(report, name))
-        axes[1].plot([s / 60 for s in ev["elapsed_s"]], ev["val_loss"], "o-", ms=3, color=COMPARE_COLORS[name],
-                     label=compare_label(report, name))
+        color, label = COMPARE_COLORS[name], compare_label(report, name)
+        arm = (seeds or {}).get(name)
+        if arm and len(arm["each"]) > 1:
+            for ev in arm["each"]:
+                axes[0].plot([t / 1e6 for t in ev["tokens"]], ev["val_loss"], "-", lw=0.7, alpha=0.35, color=color)
+                axes[1].plot([s / 60 for s in ev["elapsed_s"]], ev["val_loss"], "-", lw=0.7, alpha=0.35,
+                             color=color)
+            ev, style = arm["median"], {"lw": 2.2, "color": color,
+                                        "label": f"{label}: median of {len(arm['each'])} seeds"}
+        else:
+            ev, style = report[name]["evals"], {"marker": "o", "ms": 3, "color": color, "label": f"{label}, one seed"}
+        axes[0].plot([t / 1e6 for t in ev["tokens"]], ev["val_loss"], **style)
+        axes[1].plot([s / 60 for s in ev["elapsed_s"]], ev["val_loss"], **style)
     if target is not None:
         for ax, key, scale in ((axes[0], "tokens_to_target", 1e6), (axes[1], "time_to_target", 60)):
-            ax.axhline(target, color="tab:red", ls="--", lw=1, label=f"target {target:.3f}")
+            first = f" (seed {report['seeds'][0]['seed']})" if len(report.get("seeds") or []) > 1 else ""
+            ax.axhline(target, color="tab:red", ls="--", lw=1, label=f"target {target:.3f}{first}")
             hit = report.get(key) or {}
             for name in COMPARE_RUNS:
                 if hit.get(name) is not None:
@@ -170,9 +185,15 @@ def plot_compare_val(report: Mapping[str, Any], path: Path) -> Path:
     axes[0].set_xlabel("tokens trained (M)")
     axes[1].set_xlabel("wall-clock (minutes, incl. evaluation)")
     axes[0].set_ylabel("validation loss (full length)")
-    sp_t, sp_s = report.get("speedup_tokens"), report.get("speedup_time")
-    axes[0].set_title(f"against tokens (speedup {sp_t:.2f}x)" if sp_t else "against tokens")
-    axes[1].set_title(f"against wall-clock (speedup {sp_s:.2f}x)" if sp_s else "against wall-clock")
+    agg = report.get("aggregate") or {}
+    for ax, key, what in ((axes[0], "speedup_tokens", "tokens"), (axes[1], "speedup_time", "wall-clock")):
+        sp, n = agg.get(key) or {}, agg.get("n_seeds", 1)
+        if n > 1:  # the median and range over the seeds; the target line is the first seed's
+            ax.set_title(f"against {what} (speedup median {sp['median']:.2f}x, {sp['min']:.2f}–{sp['max']:.2f}x, "
+                         f"{sp['n']} of {n} seeds reached)" if sp.get("n") else
+                         f"against {what} (no seed reached the target)", fontsize=10)
+        else:
+            ax.set_title(f"against {what} (speedup {report[key]:.2f}x)" if report.get(key) else f"against {what}")
     _zoom(axes[0], [v for n in COMPARE_RUNS for v in report[n]["evals"]["val_loss"]])
     for ax in axes:
         ax.grid(alpha=0.3)
