@@ -23,7 +23,7 @@ from seqwarm.data import data_fingerprint, read_meta
 from seqwarm.errors import UserError
 from seqwarm.experiments.launch import check_same_run, run_state, spec_data_fingerprint
 from seqwarm.experiments.report import write_report
-from seqwarm.runner import RunSpec
+from seqwarm.runner import RunSpec, resolve_config
 
 from conftest import FAST_TRAIN_FLAGS, small_config
 
@@ -264,6 +264,18 @@ def test_seeds_plan_puts_extra_seeds_in_their_own_folders(tmp_path):
     assert by_seed[9]["curriculum"].out == tmp_path / "cmp" / "seed-9" / "curriculum"
     assert by_seed[9]["curriculum"].seed == 9
     assert plan.for_seed(8).runs == by_seed[8]
+
+
+def test_a_finished_run_of_another_model_size_is_not_reused(tmp_path, byte_data):
+    run = tmp_path / "run"
+    run.mkdir()
+    spec = RunSpec(out=run, data=str(byte_data), model="nano")
+    recorded = json.loads(json.dumps(resolve_config(spec).to_dict(), default=str))
+    (run / "config.json").write_text(json.dumps({"run": recorded,
+                                                 "model": {"n_layer": 2, "n_head": 2, "n_embd": 64}}))
+    check_same_run(run, spec)  # the preset's size
+    with pytest.raises(UserError, match="model size"):
+        check_same_run(run, RunSpec(out=run, data=str(byte_data), model="nano", n_layer=1))
 
 
 # -- two tiny real runs ------------------------------------------------------------------------------

@@ -17,9 +17,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from seqwarm.defaults import default_train_config
+from seqwarm.defaults import PRESETS, default_train_config
 from seqwarm.errors import UserError
-from seqwarm.runner import RunSpec, resolve_config, run_training
+from seqwarm.runner import RunSpec, model_size, resolve_config, run_training
 
 # Files `seqwarm train` writes into a run folder (a folder holding only these, with no checkpoint and
 # no summary, is a run that died before its first checkpoint and can be started again).
@@ -155,6 +155,9 @@ def check_same_run(run_dir: Path, spec: RunSpec) -> None:
         changed.append("model")
     if opts.get("seed") not in (None, spec.seed):
         changed.append("seed")
+    old_model = old.get("model") or {}
+    if spec.model in PRESETS and any(old_model.get(k) not in (None, v) for k, v in model_size(spec).items()):
+        changed.append("model size")
     held = (old.get("data") or {}).get("fingerprint")
     if held is not None and held != spec_data_fingerprint(spec):
         changed.append("data (its token files' fingerprint)")
