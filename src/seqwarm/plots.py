@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -248,3 +249,52 @@ def plot_compare_stability(report: Mapping[str, Any], curves: Mapping[str, Mappi
     fig.suptitle("seqwarm compare: stability")
     fig.tight_layout()
     return _save(plt, fig, path, dpi=100)
+
+
+# --------------------------------------------------------------------------------------------------
+# seqwarm sweep
+
+
+def plot_sweep(cells: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Final full-length validation loss against peak LR: one line per arm and batch scale (and clipping,
+    warmup, position embeddings where the grid varies them), the median over seeds drawn, their min–max
+    shaded; a seed that diverged is marked with an x at its final loss (when finite)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    lines: dict[tuple, list[tuple[float, list[float], list[float]]]] = {}
+    for c in cells:
+        for arm in COMPARE_RUNS:
+            runs = [s[arm] for s in c["seeds"]]
+            lr = c.get("lr") or next((r["peak_lr"] for r in runs if r.get("peak_lr")), None)
+            if lr is None:
+                continue
+            key = (arm, c["scale_batch"], c.get("clip_grad"), c.get("lr_warmup_iters"), c.get("pos"))
+            ok = [r["final_val_loss"] for r in runs if not r["diverged"] and _finite(r["final_val_loss"])]
+            bad = [r["final_val_loss"] for r in runs if r["diverged"] and _finite(r["final_val_loss"])]
+            lines.setdefault(key, []).append((lr, ok, bad))
+    varies = [i for i in (2, 3, 4) if len({k[i] for k in lines}) > 1]
+    names = {2: "clip", 3: "warmup", 4: "pos"}
+    for n, (key, points) in enumerate(sorted(lines.items(), key=lambda kv: tuple(map(str, kv[0])))):
+        points.sort(key=lambda p: p[0])
+        label = f"{key[0]}, {key[1]}x batch" + "".join(f", {names[i]} {key[i]}" for i in varies)
+        color = COMPARE_COLORS[key[0]] if len(lines) <= 2 else f"C{n % 10}"
+        style = "-" if key[0] == "curriculum" else "--"
+        xs = [p[0] for p in points if p[1]]
+        med = [statistics.median(p[1]) for p in points if p[1]]
+        ax.plot(xs, med, style, marker="o", ms=4, lw=2, color=color, label=label)
+        ax.fill_between(xs, [min(p[1]) for p in points if p[1]], [max(p[1]) for p in points if p[1]],
+                        color=color, alpha=0.15, lw=0)
+        for lr, _, bad in points:
+            ax.plot([lr] * len(bad), bad, "x", color=color, ms=7)
+    ax.set_xscale("log")
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel("final validation loss (full length)")
+    ax.set_title("seqwarm sweep: median over seeds, min–max shaded, x = diverged", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(plt, fig, path, dpi=100)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
