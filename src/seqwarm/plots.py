@@ -217,12 +217,13 @@ STABILITY_PANELS = ("ratio", "loss", "seqlen", "grad_norm", "adam_v_l1", "adam_v
 
 
 def plot_compare_stability(report: Mapping[str, Any], curves: Mapping[str, Mapping[str, Sequence]],
-                           path: Path) -> Path:
+                           path: Path, other_seeds: Sequence[Mapping[str, Mapping[str, Sequence]]] = ()) -> Path:
     """Loss ratio (with the spike threshold), training loss, length, gradient norm and Adam's second moment.
 
     ``curves[run][panel]`` is that run's ``(tokens, values)`` pair for each of :data:`STABILITY_PANELS`
     (a panel left out or with no points is not drawn); the caller computes the loss ratio, so the
-    definition stays with the rest of the compare arithmetic.
+    definition stays with the rest of the compare arithmetic. ``other_seeds``: the same for the other
+    seeds, drawn thinly behind the first seed's lines.
     """
     plt = pyplot()
     window = report["stability"]["smooth_steps"]
@@ -230,7 +231,12 @@ def plot_compare_stability(report: Mapping[str, Any], curves: Mapping[str, Mappi
     fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
     panels = dict(zip(STABILITY_PANELS, [axes[0][0], axes[0][1], axes[0][2], axes[1][0], axes[1][1], axes[1][2]]))
     for name in COMPARE_RUNS:
-        style = {"color": COMPARE_COLORS[name], "label": compare_label(report, name), "lw": 1}
+        for seed_curves in other_seeds:
+            for key, (xs, ys) in seed_curves.get(name, {}).items():
+                if len(xs):
+                    panels[key].plot([t / 1e6 for t in xs], ys, color=COMPARE_COLORS[name], lw=0.6, alpha=0.3)
+        first = f", seed {report['seeds'][0]['seed']} (others thin)" if other_seeds else ""
+        style = {"color": COMPARE_COLORS[name], "label": compare_label(report, name) + first, "lw": 1}
         for key, (xs, ys) in curves.get(name, {}).items():
             if len(xs):
                 panels[key].plot([t / 1e6 for t in xs], ys, **style)

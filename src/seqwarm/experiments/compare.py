@@ -233,7 +233,7 @@ def run_compare(base: RunSpec, options: CompareOptions, *, echo=print) -> dict[s
         # the first seed's keys are the one-seed keys, so an earlier one-seed comparison is extended
         keys = {name: name if seed == first else f"seed-{seed}/{name}" for name in RUNS}
         for name in RUNS:
-            status[keys[name]] = _run_one(keys[name], runs[name], state.get(keys[name], {}), echo)
+            status[keys[name]] = run_one(keys[name], runs[name], state.get(keys[name], {}), echo)
             write_json(state_path, {**state, **status})
         reports[seed] = build_report(plan.for_seed(seed), {name: status[keys[name]] for name in RUNS})
     report = with_seed_spread(reports)
@@ -241,7 +241,7 @@ def run_compare(base: RunSpec, options: CompareOptions, *, echo=print) -> dict[s
     return report
 
 
-def _run_one(key: str, spec: RunSpec, known: dict[str, Any], echo) -> dict[str, Any]:
+def run_one(key: str, spec: RunSpec, known: dict[str, Any], echo) -> dict[str, Any]:
     """Train, resume or reuse one run; what happened (``status``, ``argv``, ``session_s``, ``message``)."""
     from seqwarm.train import TrainingDiverged
 
@@ -275,7 +275,7 @@ def with_seed_spread(reports: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return report
 
 
-def _evals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def eval_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Evaluation rows in order, one per step (a resumed run may log the final step twice)."""
     by_step: dict[int, dict[str, Any]] = {}
     for r in rows:
@@ -291,7 +291,7 @@ def _run_summary(name: str, spec: RunSpec, status: dict[str, Any], rows: list[di
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else {}
     run_cfg = config.get("run", {})
-    evals = _evals(rows)
+    evals = eval_rows(rows)
     train = [r for r in rows if r.get("kind") == "train"]
     cur = run_cfg.get("curriculum")
     return {

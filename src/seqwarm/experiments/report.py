@@ -31,7 +31,8 @@ def write_report(out: Path, report: dict[str, Any]) -> list[Path]:
     report["figures"] = list(FIGURES)
     paths = [write_json(out / "report.json", report)]
     paths += [plot_compare_val(report, out / FIGURES[0], seed_val_curves(report)),
-              plot_compare_stability(report, stability_curves(report), out / FIGURES[1])]
+              plot_compare_stability(report, stability_curves(report), out / FIGURES[1],
+                                     [stability_curves(report, r["run_dirs"]) for r in report.get("seeds", [])[1:]])]
     return paths + [write_text(out / "report.md", render_markdown(report))]
 
 
@@ -46,12 +47,15 @@ def seed_val_curves(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def stability_curves(report: dict[str, Any]) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
-    """Each run's ``(tokens, values)`` for every panel of the stability figure, from its metrics.jsonl."""
+def stability_curves(report: dict[str, Any], run_dirs: dict[str, str] | None = None,
+                     ) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
+    """Each run's ``(tokens, values)`` for every panel of the stability figure, from its metrics.jsonl
+    (``run_dirs``: another seed's runs; default the report's own, the first seed's)."""
     window = report["stability"]["smooth_steps"]
     out: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
     for name in RUNS:
-        rows = [r for r in read_metrics(Path(report[name]["run_dir"]) / "metrics.jsonl") if r.get("kind") == "train"]
+        folder = (run_dirs or {}).get(name) or report[name]["run_dir"]
+        rows = [r for r in read_metrics(Path(folder) / "metrics.jsonl") if r.get("kind") == "train"]
         if not rows:
             continue
         tokens = [r["tokens"] for r in rows]

@@ -28,9 +28,9 @@ from seqwarm.experiments.compare import (
     DEFAULT_SPIKE_THRESHOLD,
     RUNS,
     CompareOptions,
-    _evals,
-    _run_one,
+    eval_rows,
     plan_compare,
+    run_one,
 )
 from seqwarm.experiments.launch import check_same_data
 from seqwarm.metrics import read_metrics
@@ -120,7 +120,7 @@ def run_result(spec: RunSpec, status: dict[str, Any], threshold: float, window: 
     rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
     config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else {}
-    evals = _evals(rows)
+    evals = eval_rows(rows)
     final = summary.get("final_val_loss")
     stab = curves.stability([r for r in rows if r.get("kind") == "train"], threshold, window)
     non_finite = status.get("status") == "diverged" or not (isinstance(final, (int, float)) and math.isfinite(final))
@@ -144,7 +144,7 @@ def run_sweep(base: RunSpec, options: SweepOptions, *, echo=print) -> dict[str, 
             row: dict[str, Any] = {"seed": seed}
             for arm in RUNS:
                 key = f"{cell['name']}/seed-{seed}/{arm}"
-                state[key] = _run_one(key, runs[arm], state.get(key, {}), echo)
+                state[key] = run_one(key, runs[arm], state.get(key, {}), echo)
                 write_json(state_path, state)
                 row[arm] = run_result(runs[arm], state[key], options.spike_threshold, options.smooth_steps)
             check_same_data([Path(runs[arm].out) for arm in RUNS])
