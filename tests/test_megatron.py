@@ -416,3 +416,13 @@ def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def test_megatron_data_fingerprint_follows_its_sources():
+    """Megatron files carry no checksums: the fingerprint describes the sources, so other data differs."""
+    from seqwarm.data.indexed import data_fingerprint
+
+    meta = {"format": "megatron", "sources": [{"prefix": "/d/a", "weight": 1.0, "dtype": "uint16", "documents": 9}],
+            "split": "969,30,1", "splits": {"train": {"tokens": 90}}, "vocab_size": 100, "eod_id": 0}
+    other = {**meta, "sources": [{**meta["sources"][0], "prefix": "/d/b"}]}
+    assert data_fingerprint(meta) == data_fingerprint(dict(meta)) != data_fingerprint(other)

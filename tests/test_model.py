@@ -57,10 +57,11 @@ def test_tiny_preset_and_published_sizes():
 
 
 def test_preset_errors_and_overrides():
-    with pytest.raises(ValueError, match="tiny, gpt2-124m"):
+    with pytest.raises(ValueError, match="tiny, nano, gpt2-124m"):
         GPTConfig.preset("gpt5")
     assert GPTConfig.preset("gpt2-124m", vocab_size=50304).vocab_size == 50304
-    assert set(PRESETS) == {"tiny", "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b"}
+    assert set(PRESETS) == {"tiny", "nano", "gpt2-124m", "gpt2-350m", "gpt2-774m", "gpt2-1.5b"}
+    assert GPTConfig.preset("nano").num_params() == 640_768  # the CPU-science model, mostly embedding
     with pytest.raises(ValueError, match="divisible"):
         GPTConfig(**{**SMALL, "n_head": 3})
 

@@ -140,7 +140,9 @@ def test_resume_refuses_changed_config(tmp_path, byte_data, capsys):
     (["--resume"], "no checkpoint"),
     (["--seq-length", "32"], "exceeds the model's sequence length"),
     (["--lr", "-1"], "negative"),
-    (["--model", "gpt5"], "choose one of tiny, gpt2-124m"),
+    (["--model", "gpt5"], "choose one of tiny, nano, gpt2-124m"),
+    (["--n-embd", "100", "--n-head", "3"], "--n-embd 100 is not a multiple of --n-head 3"),
+    (["--n-layer", "0", "--n-head", "-1"], "--n-layer 0: must be >= 1; --n-head -1: must be >= 1"),
 ])
 def test_bad_input_exits_2_without_traceback(tmp_path, byte_data, capsys, extra, fragment):
     cfg = small_config(tmp_path / "c.json")
@@ -154,6 +156,16 @@ def test_bad_input_exits_2_without_traceback(tmp_path, byte_data, capsys, extra,
     assert code == 2
     err = capsys.readouterr().err
     assert fragment in err and "Traceback" not in err
+
+
+@pytest.mark.slow
+def test_nano_preset_with_size_flags_end_to_end(tmp_path, byte_data):
+    cfg = small_config(tmp_path / "c.json", train_tokens=600)
+    out = tmp_path / "r"
+    assert main(["train", *FAST, "--model", "nano", "--n-layer", "1", "--n-embd", "32", "--config", str(cfg),
+                 "--data", str(byte_data), "--out", str(out)]) == 0
+    model = json.loads((out / "config.json").read_text())["model"]
+    assert (model["preset"], model["n_layer"], model["n_head"], model["n_embd"]) == ("nano", 1, 2, 32)
 
 
 def test_existing_run_dir_needs_resume(tmp_path, byte_data, capsys):

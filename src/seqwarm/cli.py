@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "seqwarm.commands.export",
     "seqwarm.commands.compare",
     "seqwarm.commands.tune",
+    "seqwarm.commands.sweep",
 )
 
 

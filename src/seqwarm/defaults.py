@@ -23,6 +23,9 @@ DEFAULT_TOKENIZER = "bpe:8192"
 PRESETS: dict[str, dict[str, int]] = {
     # CPU demo model (SPEC §7): ~5.3M parameters.
     "tiny": dict(vocab_size=8192, seq_length=256, n_layer=4, n_head=4, n_embd=256),
+    # For science on CPU (sweeps, many seeds): ~0.6M parameters, most of them the embedding, so hundreds
+    # of optimizer steps at a large batch fit on 2 cores.
+    "nano": dict(vocab_size=8192, seq_length=256, n_layer=2, n_head=2, n_embd=64),
     "gpt2-124m": dict(vocab_size=50257, seq_length=1024, n_layer=12, n_head=12, n_embd=768),
     "gpt2-350m": dict(vocab_size=50257, seq_length=1024, n_layer=24, n_head=16, n_embd=1024),
     "gpt2-774m": dict(vocab_size=50257, seq_length=1024, n_layer=36, n_head=20, n_embd=1280),

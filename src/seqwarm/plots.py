@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import statistics
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -149,20 +150,35 @@ def compare_label(report: Mapping[str, Any], name: str) -> str:
     return f"curriculum (T={run.get('total_curriculum_step')}{extra})"
 
 
-def plot_compare_val(report: Mapping[str, Any], path: Path) -> Path:
-    """Full-length validation loss against tokens and wall-clock, the target and where each run reaches it."""
+def plot_compare_val(report: Mapping[str, Any], path: Path,
+                     seeds: Mapping[str, Mapping[str, Any]] | None = None) -> Path:
+    """Full-length validation loss against tokens and wall-clock, the target and where each run reaches it.
+
+    ``seeds[run]`` (several seeds): ``{"each": [evals, ...], "median": evals}`` (evals as in the report:
+    ``tokens``, ``elapsed_s``, ``val_loss`` lists); every seed is drawn thinly, the median boldly. The
+    target and its crossings stay the first seed's (the report's top-level keys).
+    """
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.3), sharey=True)
     target = report.get("target")
     for name in COMPARE_RUNS:
-        ev = report[name]["evals"]
-        axes[0].plot([t / 1e6 for t in ev["tokens"]], ev["val_loss"], "o-", ms=3, color=COMPARE_COLORS[name],
-                     label=compare_label(report, name))
-        axes[1].plot([s / 60 for s in ev["elapsed_s"]], ev["val_loss"], "o-", ms=3, color=COMPARE_COLORS[name],
-                     label=compare_label(report, name))
+        color, label = COMPARE_COLORS[name], compare_label(report, name)
+        arm = (seeds or {}).get(name)
+        if arm and len(arm["each"]) > 1:
+            for ev in arm["each"]:
+                axes[0].plot([t / 1e6 for t in ev["tokens"]], ev["val_loss"], "-", lw=0.7, alpha=0.35, color=color)
+                axes[1].plot([s / 60 for s in ev["elapsed_s"]], ev["val_loss"], "-", lw=0.7, alpha=0.35,
+                             color=color)
+            ev, style = arm["median"], {"lw": 2.2, "color": color,
+                                        "label": f"{label}: median of {len(arm['each'])} seeds"}
+        else:
+            ev, style = report[name]["evals"], {"marker": "o", "ms": 3, "color": color, "label": f"{label}, one seed"}
+        axes[0].plot([t / 1e6 for t in ev["tokens"]], ev["val_loss"], **style)
+        axes[1].plot([s / 60 for s in ev["elapsed_s"]], ev["val_loss"], **style)
     if target is not None:
         for ax, key, scale in ((axes[0], "tokens_to_target", 1e6), (axes[1], "time_to_target", 60)):
-            ax.axhline(target, color="tab:red", ls="--", lw=1, label=f"target {target:.3f}")
+            first = f" (seed {report['seeds'][0]['seed']})" if len(report.get("seeds") or []) > 1 else ""
+            ax.axhline(target, color="tab:red", ls="--", lw=1, label=f"target {target:.3f}{first}")
             hit = report.get(key) or {}
             for name in COMPARE_RUNS:
                 if hit.get(name) is not None:
@@ -170,9 +186,15 @@ def plot_compare_val(report: Mapping[str, Any], path: Path) -> Path:
     axes[0].set_xlabel("tokens trained (M)")
     axes[1].set_xlabel("wall-clock (minutes, incl. evaluation)")
     axes[0].set_ylabel("validation loss (full length)")
-    sp_t, sp_s = report.get("speedup_tokens"), report.get("speedup_time")
-    axes[0].set_title(f"against tokens (speedup {sp_t:.2f}x)" if sp_t else "against tokens")
-    axes[1].set_title(f"against wall-clock (speedup {sp_s:.2f}x)" if sp_s else "against wall-clock")
+    agg = report.get("aggregate") or {}
+    for ax, key, what in ((axes[0], "speedup_tokens", "tokens"), (axes[1], "speedup_time", "wall-clock")):
+        sp, n = agg.get(key) or {}, agg.get("n_seeds", 1)
+        if n > 1:  # the median and range over the seeds; the target line is the first seed's
+            ax.set_title(f"against {what} (speedup median {sp['median']:.2f}x, {sp['min']:.2f}–{sp['max']:.2f}x, "
+                         f"{sp['n']} of {n} seeds reached)" if sp.get("n") else
+                         f"against {what} (no seed reached the target)", fontsize=10)
+        else:
+            ax.set_title(f"against {what} (speedup {report[key]:.2f}x)" if report.get(key) else f"against {what}")
     _zoom(axes[0], [v for n in COMPARE_RUNS for v in report[n]["evals"]["val_loss"]])
     for ax in axes:
         ax.grid(alpha=0.3)
@@ -195,12 +217,13 @@ STABILITY_PANELS = ("ratio", "loss", "seqlen", "grad_norm", "adam_v_l1", "adam_v
 
 
 def plot_compare_stability(report: Mapping[str, Any], curves: Mapping[str, Mapping[str, Sequence]],
-                           path: Path) -> Path:
+                           path: Path, other_seeds: Sequence[Mapping[str, Mapping[str, Sequence]]] = ()) -> Path:
     """Loss ratio (with the spike threshold), training loss, length, gradient norm and Adam's second moment.
 
     ``curves[run][panel]`` is that run's ``(tokens, values)`` pair for each of :data:`STABILITY_PANELS`
     (a panel left out or with no points is not drawn); the caller computes the loss ratio, so the
-    definition stays with the rest of the compare arithmetic.
+    definition stays with the rest of the compare arithmetic. ``other_seeds``: the same for the other
+    seeds, drawn thinly behind the first seed's lines.
     """
     plt = pyplot()
     window = report["stability"]["smooth_steps"]
@@ -208,7 +231,12 @@ def plot_compare_stability(report: Mapping[str, Any], curves: Mapping[str, Mappi
     fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
     panels = dict(zip(STABILITY_PANELS, [axes[0][0], axes[0][1], axes[0][2], axes[1][0], axes[1][1], axes[1][2]]))
     for name in COMPARE_RUNS:
-        style = {"color": COMPARE_COLORS[name], "label": compare_label(report, name), "lw": 1}
+        for seed_curves in other_seeds:
+            for key, (xs, ys) in seed_curves.get(name, {}).items():
+                if len(xs):
+                    panels[key].plot([t / 1e6 for t in xs], ys, color=COMPARE_COLORS[name], lw=0.6, alpha=0.3)
+        first = f", seed {report['seeds'][0]['seed']} (others thin)" if other_seeds else ""
+        style = {"color": COMPARE_COLORS[name], "label": compare_label(report, name) + first, "lw": 1}
         for key, (xs, ys) in curves.get(name, {}).items():
             if len(xs):
                 panels[key].plot([t / 1e6 for t in xs], ys, **style)
@@ -227,3 +255,52 @@ def plot_compare_stability(report: Mapping[str, Any], curves: Mapping[str, Mappi
     fig.suptitle("seqwarm compare: stability")
     fig.tight_layout()
     return _save(plt, fig, path, dpi=100)
+
+
+# --------------------------------------------------------------------------------------------------
+# seqwarm sweep
+
+
+def plot_sweep(cells: Sequence[Mapping[str, Any]], path: Path) -> Path:
+    """Final full-length validation loss against peak LR: one line per arm and batch scale (and clipping,
+    warmup, position embeddings where the grid varies them), the median over seeds drawn, their min–max
+    shaded; a seed that diverged is marked with an x at its final loss (when finite)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    lines: dict[tuple, list[tuple[float, list[float], list[float]]]] = {}
+    for c in cells:
+        for arm in COMPARE_RUNS:
+            runs = [s[arm] for s in c["seeds"]]
+            lr = c.get("lr") or next((r["peak_lr"] for r in runs if r.get("peak_lr")), None)
+            if lr is None:
+                continue
+            key = (arm, c["scale_batch"], c.get("clip_grad"), c.get("lr_warmup_iters"), c.get("pos"))
+            ok = [r["final_val_loss"] for r in runs if not r["diverged"] and _finite(r["final_val_loss"])]
+            bad = [r["final_val_loss"] for r in runs if r["diverged"] and _finite(r["final_val_loss"])]
+            lines.setdefault(key, []).append((lr, ok, bad))
+    varies = [i for i in (2, 3, 4) if len({k[i] for k in lines}) > 1]
+    names = {2: "clip", 3: "warmup", 4: "pos"}
+    for n, (key, points) in enumerate(sorted(lines.items(), key=lambda kv: tuple(map(str, kv[0])))):
+        points.sort(key=lambda p: p[0])
+        label = f"{key[0]}, {key[1]}x batch" + "".join(f", {names[i]} {key[i]}" for i in varies)
+        color = COMPARE_COLORS[key[0]] if len(lines) <= 2 else f"C{n % 10}"
+        style = "-" if key[0] == "curriculum" else "--"
+        xs = [p[0] for p in points if p[1]]
+        med = [statistics.median(p[1]) for p in points if p[1]]
+        ax.plot(xs, med, style, marker="o", ms=4, lw=2, color=color, label=label)
+        ax.fill_between(xs, [min(p[1]) for p in points if p[1]], [max(p[1]) for p in points if p[1]],
+                        color=color, alpha=0.15, lw=0)
+        for lr, _, bad in points:
+            ax.plot([lr] * len(bad), bad, "x", color=color, ms=7)
+    ax.set_xscale("log")
+    ax.set_xlabel("peak learning rate")
+    ax.set_ylabel("final validation loss (full length)")
+    ax.set_title("seqwarm sweep: median over seeds, min–max shaded, x = diverged", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(plt, fig, path, dpi=100)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)

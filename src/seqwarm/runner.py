@@ -71,9 +71,16 @@ class RunSpec:
     eod_id: int | None = field(default=None, metadata={"parse": "int", "metavar": "ID"})
     """with --data-path: the end-of-document token id (default: the tokenizer's)"""
     model: str = "tiny"
-    """model size preset: tiny (default), gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b; or hf:PATH, a
+    """model size preset: tiny (default), nano (for sweeps on CPU), gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b; or hf:PATH, a
     Hugging Face causal LM built from a local config.json (AutoModelForCausalLM.from_config, nothing is
     downloaded)"""
+    n_layer: int | None = field(default=None, metadata={"metavar": "N", "parse": "int"})
+    """transformer layers (default: the --model preset's); with --n-head and --n-embd, a GPT of any size
+    for cheap experiments"""
+    n_head: int | None = field(default=None, metadata={"metavar": "N", "parse": "int"})
+    """attention heads (default: the --model preset's; must divide --n-embd)"""
+    n_embd: int | None = field(default=None, metadata={"metavar": "N", "parse": "int"})
+    """model width (default: the --model preset's)"""
     rotary: bool = False
     """rotary position embeddings instead of learned ones"""
     fsdp: bool = False
@@ -252,12 +259,41 @@ def _model_seq_length(model: str) -> int:
     return PRESETS[model]["seq_length"]
 
 
+SIZE_FLAGS = ("n_layer", "n_head", "n_embd")
+"""RunSpec fields that override the size of the --model preset."""
+
+
+def size_overrides(spec: RunSpec) -> dict[str, int]:
+    """The model sizes given by --n-layer / --n-head / --n-embd (the others come from the preset)."""
+    return {k: int(getattr(spec, k)) for k in SIZE_FLAGS if getattr(spec, k) is not None}
+
+
+def model_size(spec: RunSpec) -> dict[str, int]:
+    """Layers, heads and width of the GPT ``spec`` trains (preset, then the size flags)."""
+    preset = PRESETS[spec.model]
+    return {**{k: preset[k] for k in SIZE_FLAGS}, **size_overrides(spec)}
+
+
+def size_problems(spec: RunSpec) -> None:
+    """UserError listing every bad --n-layer / --n-head / --n-embd (each >= 1; heads divide the width)."""
+    given = size_overrides(spec)
+    bad = [f"--{k.replace('_', '-')} {v}: must be >= 1" for k, v in given.items() if v < 1]
+    size = model_size(spec)
+    if not bad and size["n_embd"] % size["n_head"]:
+        bad.append(f"--n-embd {size['n_embd']} is not a multiple of --n-head {size['n_head']} (each head gets "
+                   "n_embd / n_head channels); choose e.g. --n-embd "
+                   f"{size['n_head'] * max(1, round(size['n_embd'] / size['n_head']))}")
+    if bad:
+        raise UserError("; ".join(bad))
+
+
 def check_spec(spec: RunSpec) -> None:
     """Refuse option combinations no backend runs (before any process group is set up)."""
     if spec.model.startswith("hf:"):
         bad = [flag for flag, on in (("--rotary", spec.rotary), ("--fsdp", spec.fsdp), ("--deepspeed", spec.deepspeed),
                                      ("--eval-wikitext", spec.eval_wikitext), ("--eval-lambada", spec.eval_lambada))
                if on]
+        bad += [f"--{k.replace('_', '-')}" for k in size_overrides(spec)]
         if bad:
             raise UserError(f"--model {spec.model}: {', '.join(bad)} cannot be combined with a Hugging Face model "
                             "(its config.json sets the architecture; the paper evaluations read seqwarm's GPT; "
@@ -265,6 +301,8 @@ def check_spec(spec: RunSpec) -> None:
     elif spec.model not in PRESETS:
         raise UserError(f"--model {spec.model!r}: choose one of {', '.join(PRESETS)}, or hf:PATH (a local "
                         "Hugging Face config.json)")
+    else:
+        size_problems(spec)
     if spec.pipeline_stages and not spec.deepspeed:
         raise UserError("--pipeline-stages needs --deepspeed (the pipeline is DeepSpeed's PipelineEngine)")
     if spec.deepspeed and spec.fsdp:
@@ -407,7 +445,7 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, opts, info, say) -> TrainRe
         builder = HFEngineBuilder()
     else:
         model_cfg = GPTConfig.preset(spec.model, vocab_size=data.vocab_size, seq_length=cfg.seq_length,
-                                     rotary=spec.rotary)
+                                     rotary=spec.rotary, **size_overrides(spec))
         if spec.deepspeed:
             from seqwarm.integrations.deepspeed_run import DeepSpeedEngineBuilder
             builder = DeepSpeedEngineBuilder(pipeline_stages=stages if stages > 1 else 0)

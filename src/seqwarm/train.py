@@ -32,6 +32,7 @@ from seqwarm.checkpoint import rng_state, set_rng_state
 from seqwarm.checkpointer import Checkpointer, TorchCheckpointer
 from seqwarm.config import RunConfig
 from seqwarm.config.describe import describe
+from seqwarm.data.indexed import data_fingerprint
 from seqwarm.distributed import DistInfo, device_for, gather_floats, wrap_model
 from seqwarm.errors import SeqwarmError, UserError
 from seqwarm.evaluator import Evaluator
@@ -221,7 +222,7 @@ class Run:
             "run": jsonable(cfg.to_dict()),
             "model": {"preset": opts.model, **asdict(model_cfg), "num_params": model_cfg.num_params()},
             "data": {"folder": str(Path(data.folder).resolve()), "tokenizer": data.meta.get("tokenizer"),
-                     "vocab_size": data.vocab_size,
+                     "vocab_size": data.vocab_size, "fingerprint": data_fingerprint(data.meta),
                      "train_tokens": data.meta["splits"]["train"]["tokens"],
                      "val_tokens": data.meta["splits"]["val"]["tokens"],
                      **({"megatron": {k: data.meta[k] for k in ("sources", "split", "eod_id")}}

@@ -41,6 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="run the curriculum at K x the global batch (more accumulation steps; the paper: 8)")
     g.add_argument("--scale-lr", type=float, default=1.0, metavar="M",
                    help="run the curriculum at M x the learning rate (the paper: 4)")
+    g.add_argument("--seeds", type=int, default=1, metavar="N",
+                   help="N seeds per arm (--seed S, then S+1, ...; the first pair in DIR/baseline and "
+                   "DIR/curriculum, the others in DIR/seed-S/): the report gives every seed, the median and "
+                   "min-max, and whether the difference exceeds the seed spread (default 1: no spread measured)")
     g.add_argument("--spike-threshold", type=float, default=DEFAULT_SPIKE_THRESHOLD, metavar="R",
                    help="a spike is an excursion of the smoothed loss ratio (loss / minimum so far) above R "
                    f"(default {DEFAULT_SPIKE_THRESHOLD})")
@@ -55,7 +59,7 @@ def compare_inputs(args: argparse.Namespace) -> tuple[RunSpec, CompareOptions]:
     options = CompareOptions(out=args.out, quick=args.quick, scale_batch=args.scale_batch, scale_lr=args.scale_lr,
                              spike_threshold=args.spike_threshold, smooth_steps=args.smooth_steps,
                              eval_interval=args.eval_interval, eval_iters=args.eval_iters,
-                             log_interval=args.log_interval)
+                             log_interval=args.log_interval, seeds=args.seeds)
     return spec_from_args(args, out=None), options
 
 
@@ -78,5 +82,11 @@ def run(args: argparse.Namespace) -> int:
     s = report["stability"]
     print(f"loss-ratio spikes > {s['threshold']:g}: baseline {s['baseline']['spikes']}, "
           f"curriculum {s['curriculum']['spikes']}")
+    agg = report.get("aggregate")
+    if agg and agg["n_seeds"] > 1:
+        print(f"over {agg['n_seeds']} seeds {report['settings']['seeds']} (the lines above: seed "
+              f"{report['settings']['seeds'][0]}):")
+    for line in (agg or {}).get("verdict", {}).get("text", []):
+        print(line)
     print(f"report: {report['out']}/report.md (report.json, compare_val.png, compare_stability.png)")
     return 0

@@ -23,6 +23,7 @@ _EXPORTS = {
     "iter_arrow": "tables",
     "strip_gutenberg_boilerplate": "corpus",
     "CorpusSource": "corpus",
+    "corpus_identity": "corpus",
     # tokenizers
     "Tokenizer": "tokenizer",
     "ByteTokenizer": "tokenizer",
@@ -39,6 +40,7 @@ _EXPORTS = {
     "IndexedWriter": "indexed",
     "choose_dtype": "indexed",
     "read_meta": "indexed",
+    "data_fingerprint": "indexed",
     "verify_files": "indexed",
     # preparing
     "DEFAULT_TOKENIZER": "prepare",

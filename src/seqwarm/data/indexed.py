@@ -266,6 +266,19 @@ _IDS_OK: set[tuple] = set()
 """Splits whose ids were checked in this process (keyed like ``_VERIFIED``)."""
 
 
+def data_fingerprint(meta: Mapping[str, Any]) -> str:
+    """SHA-256 over the token files' checksums in ``meta["files"]`` (``*.bin`` / ``*.idx``): two prepared
+    folders have the same fingerprint exactly when they hold the same tokens and documents."""
+    files = meta.get("files") or {}
+    if not files and meta.get("format") == "megatron":
+        # Megatron files read in place carry no checksums (and may be terabytes): fingerprint what
+        # describes them instead — each source's path, weight, dtype and documents, the split, the counts
+        keys = ("sources", "split", "splits", "vocab_size", "eod_id")
+        return hashlib.sha256(json.dumps({k: meta.get(k) for k in keys}, sort_keys=True).encode()).hexdigest()
+    lines = [f"{name}:{info['sha256']}\n" for name, info in sorted(files.items())
+             if name.endswith((".bin", ".idx"))]
+    return hashlib.sha256("".join(lines).encode()).hexdigest()
+
 # In-process cache of verified checksums, keyed by file identity, so that opening the same folder
 # several times (train and val datasets, every test) hashes each file once.
 _VERIFIED: dict[tuple, str] = {}

@@ -65,15 +65,35 @@ def cache_dir() -> Path:
 def embedded_data_dir(tokenizer: str = DEFAULT_TOKENIZER) -> Path:
     """The embedded corpus prepared with ``tokenizer``: prepared into :func:`cache_dir` on first use, then reused.
 
-    The folder name carries the tokenizer and the seqwarm version, so an upgrade prepares afresh.
+    The folder name carries the tokenizer and the seqwarm version, so an upgrade prepares afresh. A cached
+    folder is reused only if its ``meta.json`` records the same corpus parts and package versions as are
+    installed now (:func:`seqwarm.data.corpus.corpus_identity`); otherwise it is prepared again, so a
+    cache made from part of the corpus is never taken for the whole.
     """
     folder = cache_dir() / f"embedded-{tokenizer.replace(':', '')}-v{__version__}"
-    if (folder / META_FILE).exists():
-        return folder
-    logger.info("preparing the embedded public-domain corpus with %s into %s (once)", tokenizer, folder)
+    meta_path = folder / META_FILE
+    if meta_path.exists():
+        try:
+            held = json.loads(meta_path.read_text()).get("corpus", {}).get("packages")
+        except (OSError, ValueError, AttributeError):
+            held = None
+        if held == corpus.corpus_identity():
+            return folder
+        logger.warning("the cached embedded corpus in %s was made from %s, not from the installed %s; "
+                       "preparing it again", folder, _describe_identity(held), _describe_identity(
+                           corpus.corpus_identity()))
+    else:
+        logger.info("preparing the embedded public-domain corpus with %s into %s (once)", tokenizer, folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
     prepare_dataset(folder, None, tokenizer=tokenizer, force=True)
     return folder
+
+
+def _describe_identity(identity: Any) -> str:
+    if not isinstance(identity, list):
+        return "unrecorded parts"
+    return ", ".join(f"{p.get('key')} ({p.get('distribution')} {p.get('version')})" for p in identity
+                     if isinstance(p, dict)) or "nothing"
 
 
 def default_workers() -> int:
@@ -315,12 +335,12 @@ def prepare_dataset(
         if any(f.kind in corpus.TABLE_KINDS for f in files):
             source_desc["text_field"] = text_field
     else:
-        present = [s.key for s in corpus.default_corpus_sources() if s.available]
+        sources = corpus.default_corpus_sources()
 
         def documents() -> Iterator[corpus.Document]:
             return _non_empty(corpus.iter_default_documents())
 
-        source_desc = {"embedded": present}
+        source_desc = {"embedded": [s.key for s in sources], "packages": corpus.corpus_identity(sources)}
 
     # Pass 1: validate and count.
     logger.info("reading the corpus ...")

@@ -21,8 +21,9 @@ from typing import Any
 
 from seqwarm.atomic import write_json
 from seqwarm.errors import UserError
-from seqwarm.experiments import curves
+from seqwarm.experiments import curves, spread
 from seqwarm.experiments.launch import (
+    check_same_data,
     read_raw_config,
     run_or_reuse,
     scale_schedule_steps,
@@ -80,6 +81,9 @@ class CompareOptions:
     """Validation micro-batches per evaluation (None: 8, or QUICK_EVAL_ITERS with ``quick``)."""
     log_interval: int | None = None
     """A train row every N steps (None: every step)."""
+    seeds: int = 1
+    """Seeds per arm: the spec's seed S, then S+1, ... (the first pair in DIR/baseline and DIR/curriculum,
+    the others in DIR/seed-S/); the report gives each seed and the median and min–max over them."""
 
 
 @dataclass
@@ -88,6 +92,15 @@ class ComparePlan:
     runs: dict[str, RunSpec]
     settings: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    seed_runs: dict[int, dict[str, RunSpec]] = field(default_factory=dict)
+    """The two runs of every seed, the first seed's being :attr:`runs` (empty: that one seed only)."""
+
+    def by_seed(self) -> dict[int, dict[str, RunSpec]]:
+        return self.seed_runs or {int(self.runs["baseline"].seed): self.runs}
+
+    def for_seed(self, seed: int) -> ComparePlan:
+        """The plan of one seed's pair of runs, as a one-seed comparison."""
+        return replace(self, runs=self.by_seed()[seed], seed_runs={})
 
 
 def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
@@ -104,6 +117,8 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
                         "loss so far), e.g. 1.2")
     if options.smooth_steps < 1:
         raise UserError(f"--smooth-steps {options.smooth_steps}: must be >= 1 (1 = no smoothing)")
+    if options.seeds < 1:
+        raise UserError(f"--seeds {options.seeds}: must be a whole number >= 1 (3 or more to measure the spread)")
     for given, flag in ((base.settings.get("curriculum") is False, "--no-curriculum"), (base.resume, "--resume"),
                         (base.allow_config_change, "--allow-config-change")):
         if given:
@@ -161,7 +176,13 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
                 "spike_threshold": options.spike_threshold, "smooth_steps": options.smooth_steps,
                 "eval_interval": {name: spec.eval_interval for name, spec in runs.items()},
                 "eval_iters": shared["eval_iters"], "log_interval": shared["log_interval"]}
-    return ComparePlan(out, runs, settings, notes)
+    seeds = [base.seed + i for i in range(options.seeds)]
+    settings["seeds"] = seeds
+    seed_runs = {seeds[0]: runs}
+    for seed in seeds[1:]:
+        seed_runs[seed] = {name: with_changes(spec, seed=seed, out=out / f"seed-{seed}" / name)
+                           for name, spec in runs.items()}
+    return ComparePlan(out, runs, settings, notes, seed_runs)
 
 
 def _scaled_lr_units(lr, step_factor: float, amount_factor: float) -> dict[str, Any]:
@@ -199,41 +220,62 @@ def _scaled_batch(cfg, base_cfg, k: int, m: float, changes: dict[str, Any]) -> d
 
 
 def run_compare(base: RunSpec, options: CompareOptions, *, echo=print) -> dict[str, Any]:
-    """Plan, run (or reuse / resume) both runs, and write the report. Returns the report dict."""
-    from seqwarm.train import TrainingDiverged
-
+    """Plan, run (or reuse / resume) both runs of every seed, and write the report. Returns its dict."""
     plan = plan_compare(base, options)
     state_path = plan.out / "compare_state.json"
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
     status: dict[str, dict[str, Any]] = {}
     for note in plan.notes:
         echo(f"note: {note}")
-    for name in RUNS:
-        spec = plan.runs[name]
-        echo(f"\n=== {name}: {command_line(spec)}")
-        known = state.get(name, {})
-        if known.get("status") == "diverged" and known.get("argv") == train_argv(spec):
-            echo(f"{name}: diverged before ({known.get('message')}); not run again")
-            status[name] = known
-            continue
-        t0 = time.perf_counter()
-        try:
-            what, _ = run_or_reuse(spec)
-            status[name] = {"status": what, "argv": train_argv(spec)}
-        except TrainingDiverged as err:
-            status[name] = {"status": "diverged", "argv": train_argv(spec), "message": str(err)}
-            echo(f"{name}: diverged: {err}")
-        status[name]["session_s"] = round(time.perf_counter() - t0, 1)
-        if status[name]["status"] == "reused":
-            echo(f"{name}: reusing the finished run in {spec.out}")
-        write_json(state_path, {**state, **status})
-    report = build_report(plan, status)
-
+    first = plan.settings["seeds"][0]
+    reports = {}
+    for seed, runs in plan.by_seed().items():
+        # the first seed's keys are the one-seed keys, so an earlier one-seed comparison is extended
+        keys = {name: name if seed == first else f"seed-{seed}/{name}" for name in RUNS}
+        for name in RUNS:
+            status[keys[name]] = run_one(keys[name], runs[name], state.get(keys[name], {}), echo)
+            write_json(state_path, {**state, **status})
+        reports[seed] = build_report(plan.for_seed(seed), {name: status[keys[name]] for name in RUNS})
+    report = with_seed_spread(reports)
     write_report(plan.out, report)
     return report
 
 
-def _evals(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def run_one(key: str, spec: RunSpec, known: dict[str, Any], echo) -> dict[str, Any]:
+    """Train, resume or reuse one run; what happened (``status``, ``argv``, ``session_s``, ``message``)."""
+    from seqwarm.train import TrainingDiverged
+
+    echo(f"\n=== {key}: {command_line(spec)}")
+    if known.get("status") == "diverged" and known.get("argv") == train_argv(spec):
+        echo(f"{key}: diverged before ({known.get('message')}); not run again")
+        return known
+    t0 = time.perf_counter()
+    try:
+        what, _ = run_or_reuse(spec)
+        result: dict[str, Any] = {"status": what, "argv": train_argv(spec)}
+    except TrainingDiverged as err:
+        result = {"status": "diverged", "argv": train_argv(spec), "message": str(err)}
+        echo(f"{key}: diverged: {err}")
+    result["session_s"] = round(time.perf_counter() - t0, 1)
+    if result["status"] == "reused":
+        echo(f"{key}: reusing the finished run in {spec.out}")
+    return result
+
+
+def with_seed_spread(reports: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The first seed's report (today's keys), plus ``seeds`` (one row per seed) and ``aggregate``
+    (median and min–max over the seeds, and whether the difference exceeds the seed spread)."""
+    seeds = list(reports)
+    rows = [spread.seed_row(seed, reports[seed]) for seed in seeds]
+    check_same_data([Path(d) for r in rows for d in r["run_dirs"].values()])
+    report = dict(reports[seeds[0]])
+    report["seeds"] = rows
+    report["aggregate"] = spread.aggregate(rows)
+    report["definitions"] = {**report["definitions"], "spread": spread.SPREAD_DEFINITION}
+    return report
+
+
+def eval_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Evaluation rows in order, one per step (a resumed run may log the final step twice)."""
     by_step: dict[int, dict[str, Any]] = {}
     for r in rows:
@@ -249,7 +291,7 @@ def _run_summary(name: str, spec: RunSpec, status: dict[str, Any], rows: list[di
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else {}
     run_cfg = config.get("run", {})
-    evals = _evals(rows)
+    evals = eval_rows(rows)
     train = [r for r in rows if r.get("kind") == "train"]
     cur = run_cfg.get("curriculum")
     return {
@@ -277,6 +319,7 @@ def build_report(plan: ComparePlan, status: dict[str, dict[str, Any]]) -> dict[s
     """The report from the two run folders' metrics (pure reading; nothing is trained here)."""
 
     threshold, window = plan.settings["spike_threshold"], plan.settings["smooth_steps"]
+    check_same_data([Path(plan.runs[name].out) for name in RUNS])
     runs = {}
     for name in RUNS:
         rows = read_metrics(Path(plan.runs[name].out) / "metrics.jsonl")

@@ -17,10 +17,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from seqwarm.defaults import default_train_config
+from seqwarm.defaults import PRESETS, default_train_config
 from seqwarm.errors import UserError
 from seqwarm.runlock import LOCK_FILE, run_lock
-from seqwarm.runner import RunSpec, resolve_config, run_training
+from seqwarm.runner import RunSpec, model_size, resolve_config, run_training
 
 # Files `seqwarm train` writes into a run folder (a folder holding only these, with no checkpoint and
 # no summary, is a run that died before its first checkpoint and can be started again).
@@ -158,9 +158,47 @@ def check_same_run(run_dir: Path, spec: RunSpec) -> None:
         changed.append("model")
     if opts.get("seed") not in (None, spec.seed):
         changed.append("seed")
+    old_model = old.get("model") or {}
+    if spec.model in PRESETS and any(old_model.get(k) not in (None, v) for k, v in model_size(spec).items()):
+        changed.append("model size")
+    held = (old.get("data") or {}).get("fingerprint")
+    if held is not None and held != spec_data_fingerprint(spec):
+        changed.append("data (its token files' fingerprint)")
     if changed:
         raise UserError(f"{run_dir} holds a run with a different {', '.join(changed)} than this experiment asks "
                         "for; choose another --out, or delete that folder to run it again")
+
+
+def spec_data_fingerprint(spec: RunSpec) -> str | None:
+    """Fingerprint of the data ``spec`` trains on (``--data``, else the embedded corpus, prepared if need
+    be); None when ``--data`` names no prepared folder (training will say why)."""
+    from seqwarm.data import data_fingerprint, embedded_data_dir, read_meta
+
+    folder = Path(spec.data) if spec.data else embedded_data_dir()
+    try:
+        return data_fingerprint(read_meta(folder))
+    except UserError:
+        return None
+
+
+def run_data_fingerprint(run_dir: Path) -> str | None:
+    """The data fingerprint a run folder's ``config.json`` records (None: no config, or a run from
+    before fingerprints were recorded)."""
+    path = Path(run_dir) / "config.json"
+    if not path.is_file():
+        return None
+    return (json.loads(path.read_text()).get("data") or {}).get("fingerprint")
+
+
+def check_same_data(run_dirs: list[Path]) -> None:
+    """Refuse to put runs trained on different data side by side (UserError, exit 2)."""
+    seen = {Path(d): run_data_fingerprint(d) for d in run_dirs}
+    known = {fp for fp in seen.values() if fp is not None}
+    if len(known) > 1:
+        listing = "; ".join(f"{d}: {fp[:12] if fp else 'unrecorded'}" for d, fp in seen.items())
+        raise UserError("these runs were trained on different data (fingerprints of their token files: "
+                        f"{listing}), so they cannot be compared; rerun them on one prepared folder "
+                        "(the same --data), or delete the runs made on other data")
 
 
 def run_or_reuse(spec: RunSpec, *, check: bool = True) -> tuple[str, Any]:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from seqwarm.atomic import write_json, write_text
-from seqwarm.experiments import curves
+from seqwarm.experiments import curves, spread
 from seqwarm.metrics import format_duration, read_metrics
 from seqwarm.plots import COMPARE_RUNS as RUNS
 from seqwarm.plots import plot_compare_stability, plot_compare_val
@@ -30,17 +30,32 @@ def write_report(out: Path, report: dict[str, Any]) -> list[Path]:
     out = Path(out)
     report["figures"] = list(FIGURES)
     paths = [write_json(out / "report.json", report)]
-    paths += [plot_compare_val(report, out / FIGURES[0]),
-              plot_compare_stability(report, stability_curves(report), out / FIGURES[1])]
+    paths += [plot_compare_val(report, out / FIGURES[0], seed_val_curves(report)),
+              plot_compare_stability(report, stability_curves(report), out / FIGURES[1],
+                                     [stability_curves(report, r["run_dirs"]) for r in report.get("seeds", [])[1:]])]
     return paths + [write_text(out / "report.md", render_markdown(report))]
 
 
-def stability_curves(report: dict[str, Any]) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
-    """Each run's ``(tokens, values)`` for every panel of the stability figure, from its metrics.jsonl."""
+def seed_val_curves(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each arm's validation curves of every seed and their point-by-point median (for the figure)."""
+    out = {}
+    for name in RUNS:
+        each = [r["evals"][name] for r in report.get("seeds") or []]
+        tok, loss = spread.median_curve([(e["tokens"], e["val_loss"]) for e in each])
+        sec, _ = spread.median_curve([(e["elapsed_s"], e["val_loss"]) for e in each])
+        out[name] = {"each": each, "median": {"tokens": tok, "elapsed_s": sec, "val_loss": loss}}
+    return out
+
+
+def stability_curves(report: dict[str, Any], run_dirs: dict[str, str] | None = None,
+                     ) -> dict[str, dict[str, tuple[list[float], list[float]]]]:
+    """Each run's ``(tokens, values)`` for every panel of the stability figure, from its metrics.jsonl
+    (``run_dirs``: another seed's runs; default the report's own, the first seed's)."""
     window = report["stability"]["smooth_steps"]
     out: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
     for name in RUNS:
-        rows = [r for r in read_metrics(Path(report[name]["run_dir"]) / "metrics.jsonl") if r.get("kind") == "train"]
+        folder = (run_dirs or {}).get(name) or report[name]["run_dir"]
+        rows = [r for r in read_metrics(Path(folder) / "metrics.jsonl") if r.get("kind") == "train"]
         if not rows:
             continue
         tokens = [r["tokens"] for r in rows]
@@ -70,11 +85,56 @@ def _x(value: float | None) -> str:
     return "–" if value is None else f"{value:.2f}x"
 
 
+def _seeds_label(report: dict[str, Any]) -> str:
+    n = len(report.get("seeds") or [None])
+    return "one seed (no spread measured)" if n == 1 else f"{n} seeds"
+
+
+def _spread_cell(s: dict[str, Any] | None, fmt: str, unit: str = "") -> str:
+    if not s or s.get("median") is None:
+        return "–"
+    if s["n"] == 1:
+        return f"{format(s['median'], fmt)}{unit}"
+    return f"{format(s['median'], fmt)}{unit} ({format(s['min'], fmt)}–{format(s['max'], fmt)}{unit})"
+
+
+def _seeds_section(report: dict[str, Any]) -> list[str]:
+    """Every seed's numbers, their median and min–max, and the plain verdict on the seed spread.
+
+    The sections above are the first seed's (``report.json``'s top-level keys); this one is the whole.
+    """
+    rows, agg = report.get("seeds"), report.get("aggregate")
+    if not rows or not agg:
+        return []
+    lines = ["## Seeds", ""]
+    if len(rows) > 1:
+        lines += [f"The sections above show seed {rows[0]['seed']}; the figures draw every seed thinly and the "
+                  "median boldly.", ""]
+    lines += ["| seed | speedup_tokens | speedup_time | final val loss baseline | final val loss curriculum | "
+              "spikes baseline | spikes curriculum |", "|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        fl, sp = r["final_val_loss"], r["spikes"]
+        never = "never reached" if r.get("target") is not None and not r.get("reached") else "–"
+        lines.append(f"| {r['seed']} | {_x(r['speedup_tokens']) if r['speedup_tokens'] else never} | "
+                     f"{_x(r['speedup_time']) if r['speedup_time'] else never} | {_f(fl['baseline'])} | "
+                     f"{_f(fl['curriculum'])} | {sp['baseline']} | {sp['curriculum']} |")
+    fl, sk = agg["final_val_loss"], agg["spikes"]
+    lines.append(f"| **median (min–max)** | {_spread_cell(agg['speedup_tokens'], '.2f', 'x')} | "
+                 f"{_spread_cell(agg['speedup_time'], '.2f', 'x')} | {_spread_cell(fl['baseline'], '.4f')} | "
+                 f"{_spread_cell(fl['curriculum'], '.4f')} | {_spread_cell(sk['baseline'], 'g')} | "
+                 f"{_spread_cell(sk['curriculum'], 'g')} |")
+    lines += ["", f"Reached the target on {agg['reached']} of {agg['n_seeds']} seed(s)."]
+    lines += [""] + [f"- **{t}**" for t in agg["verdict"]["text"]]
+    if "spread" in report.get("definitions", {}):
+        lines += ["", f"_{report['definitions']['spread']}_"]
+    return lines + [""]
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     cur = report["curriculum"]
     lines = ["# seqwarm compare: baseline vs sequence-length curriculum", "",
              f"{report['date']} · seqwarm {report['seqwarm_version']} · {report['machine']['platform']}, "
-             f"{report['machine']['cpus']} CPUs · one seed", ""]
+             f"{report['machine']['cpus']} CPUs · {_seeds_label(report)}", ""]
     for note in report.get("notes", []):
         lines.append(f"- {note}")
     if report.get("notes"):
@@ -130,12 +190,13 @@ def render_markdown(report: dict[str, Any]) -> str:
                      f"{_f(s['max_loss_ratio_raw'], '.3f')} | {s['spikes']} | {steps or '–'} | "
                      f"{_f(s['max_grad_norm'], '.3g')} | {_f(s['max_adam_v_l1'], '.3g')} | "
                      f"{_f(s['max_adam_v_max'], '.3g')} |")
-    lines += ["", f"_{report['definitions']['stability']}_", "",
-              "## Figures", "", f"![validation loss]({FIGURES[0]})", "", f"![stability]({FIGURES[1]})", "",
+    lines += ["", f"_{report['definitions']['stability']}_", ""]
+    lines += _seeds_section(report)
+    lines += ["## Figures", "", f"![validation loss]({FIGURES[0]})", "", f"![stability]({FIGURES[1]})", "",
               "## Commands", "", "Each run can be repeated on its own with:", "", "```"]
     lines += [report["commands"][name] for name in RUNS]
     lines += ["```", "",
-              "Caveats: one seed; wall-clock includes evaluations and checkpoints and depends on what else the "
+              f"Caveats: {_seeds_label(report)}; wall-clock includes evaluations and checkpoints and depends on what else the "
               "machine ran at the time; the training loss is measured at the current (short) length, so judge "
               "progress by the full-length validation loss.", ""]
     return "\n".join(lines)

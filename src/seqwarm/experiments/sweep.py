@@ -1,0 +1,214 @@
+"""``seqwarm sweep``: the baseline and the curriculum over a grid of peak LR, batch scale, clipping,
+LR warmup and position embeddings, several seeds each.
+
+A *cell* is one point of the grid; each cell is laid out as a ``seqwarm compare --seeds N`` of its own
+(``DIR/CELL/baseline``, ``DIR/CELL/curriculum``, ``DIR/CELL/seed-S/...``), planned by
+:func:`seqwarm.experiments.compare.plan_compare`, except that at batch scale K *both* arms train at K x
+the global batch (the curriculum's and the LR schedule's step counts divided by K, so they cover the
+same samples). Finished runs are reused and runs with checkpoints resumed, so a killed sweep continues.
+
+Every run reports its final full-length validation loss, whether it diverged (non-finite loss, or a
+smoothed loss-ratio spike; see :data:`seqwarm.experiments.compare.STABILITY_DEFINITION`) and, for the
+curriculum, the tokens to reach the same cell's and seed's baseline final loss.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from seqwarm.atomic import write_json, write_text
+from seqwarm.errors import UserError
+from seqwarm.experiments import curves, spread
+from seqwarm.experiments.compare import (
+    DEFAULT_SMOOTH_STEPS,
+    DEFAULT_SPIKE_THRESHOLD,
+    RUNS,
+    CompareOptions,
+    eval_rows,
+    plan_compare,
+    run_one,
+)
+from seqwarm.experiments.launch import check_same_data
+from seqwarm.metrics import read_metrics
+from seqwarm.plots import plot_sweep
+from seqwarm.runner import RunSpec, with_changes
+
+POSITIONS = ("learned", "rotary")
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """The grid of ``seqwarm sweep`` (each axis a list; None on an axis: the config's value)."""
+
+    out: Path | None = None
+    """Folder for the cells, sweep.json, sweep.md and sweep.png (required)."""
+    lr: tuple[float, ...] = ()
+    """Peak learning rates (empty: the config's)."""
+    scale_batch: tuple[int, ...] = (1,)
+    """Global batch multiples, applied to both arms."""
+    clip_grad: tuple[float | None, ...] = (None,)
+    """Gradient clipping norms (0: off; None: the config's)."""
+    lr_warmup_iters: tuple[int | None, ...] = (None,)
+    """LR warmup lengths in iterations at batch scale 1 (None: the config's)."""
+    pos: tuple[str, ...] = ("learned",)
+    """Position embeddings: learned and/or rotary."""
+    seeds: int = 1
+    """Seeds per cell and arm."""
+    spike_threshold: float = DEFAULT_SPIKE_THRESHOLD
+    """A spike is an excursion of the smoothed loss ratio above this."""
+    smooth_steps: int = DEFAULT_SMOOTH_STEPS
+    """Trailing-mean window of the loss ratio, in logged steps."""
+    eval_interval: int | None = None
+    """Validate every N steps (None: as compare chooses)."""
+    eval_iters: int | None = None
+    """Validation micro-batches per evaluation (None: as compare chooses)."""
+    log_interval: int | None = None
+    """A train row every N steps (None: every step)."""
+
+
+def _num(value: float | None) -> str:
+    return "cfg" if value is None else f"{value:g}"
+
+
+def cell_name(lr: float | None, k: int, clip: float | None, warmup: int | None, pos: str) -> str:
+    """The cell's folder name, e.g. ``lr-0.004_bs-8_clip-1_wu-cfg_pos-learned``."""
+    return f"lr-{_num(lr)}_bs-{k}_clip-{_num(clip)}_wu-{_num(warmup)}_pos-{pos}"
+
+
+def plan_sweep(base: RunSpec, options: SweepOptions) -> list[dict[str, Any]]:
+    """Every cell: its grid values and, per seed, the two runs' specs (writes each cell's configs)."""
+    if not options.out:
+        raise UserError("--out DIR is required: the folder for the sweep's runs and its report")
+    bad = [f"--pos {p}: choose learned or rotary" for p in options.pos if p not in POSITIONS]
+    bad += [f"--scale-batch {k}: must be >= 1" for k in options.scale_batch if k < 1]
+    bad += [f"--lr {v:g}: must be positive" for v in options.lr if not v > 0]
+    if bad:
+        raise UserError("; ".join(bad))
+    cells = []
+    for lr in options.lr or (None,):
+        for k in options.scale_batch:
+            for clip in options.clip_grad:
+                for warmup in options.lr_warmup_iters:
+                    for pos in options.pos:
+                        name = cell_name(lr, k, clip, warmup, pos)
+                        changes = {key: v for key, v in (("lr", lr), ("gradient_clipping", clip),
+                                                         ("lr_warmup_iters", warmup)) if v is not None}
+                        spec = with_changes(base, rotary=pos == "rotary", **changes)
+                        plan = plan_compare(spec, CompareOptions(
+                            out=Path(options.out) / name, scale_batch=k, seeds=options.seeds,
+                            spike_threshold=options.spike_threshold, smooth_steps=options.smooth_steps,
+                            eval_interval=options.eval_interval, eval_iters=options.eval_iters,
+                            log_interval=options.log_interval))
+                        seeds = {}
+                        for seed, runs in plan.by_seed().items():
+                            cur = runs["curriculum"]  # at K x batch; the baseline is the same without curriculum
+                            seeds[seed] = {"baseline": with_changes(cur, curriculum=False,
+                                                                    out=Path(cur.out).parent / "baseline"),
+                                           "curriculum": cur}
+                        cells.append({"name": name, "lr": lr, "scale_batch": k, "clip_grad": clip,
+                                      "lr_warmup_iters": warmup, "pos": pos, "runs": seeds})
+    return cells
+
+
+def run_result(spec: RunSpec, status: dict[str, Any], threshold: float, window: int) -> dict[str, Any]:
+    """Final loss, divergence, spikes and the validation curve of one finished (or diverged) run."""
+    run_dir = Path(spec.out)
+    rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
+    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
+    config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else {}
+    evals = eval_rows(rows)
+    final = summary.get("final_val_loss")
+    stab = curves.stability([r for r in rows if r.get("kind") == "train"], threshold, window)
+    non_finite = status.get("status") == "diverged" or not (isinstance(final, (int, float)) and math.isfinite(final))
+    return {"run_dir": str(run_dir), "status": status.get("status"), "final_val_loss": final,
+            "spikes": stab["spikes"], "diverged": bool(non_finite or stab["spikes"]), "non_finite": non_finite,
+            "peak_lr": (config.get("run", {}).get("lr") or {}).get("lr"),
+            "global_batch_size": config.get("run", {}).get("train_batch_size"),
+            "tokens": [r["tokens"] for r in evals], "val_loss": [r["val_loss"] for r in evals]}
+
+
+def run_sweep(base: RunSpec, options: SweepOptions, *, echo=print) -> dict[str, Any]:
+    """Run (or reuse / resume) every cell's runs; write sweep.json, sweep.md and sweep.png."""
+    cells = plan_sweep(base, options)
+    out = Path(options.out)
+    state_path = out / "sweep_state.json"
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    results = []
+    for cell in cells:
+        per_seed = []
+        for seed, runs in cell["runs"].items():
+            row: dict[str, Any] = {"seed": seed}
+            for arm in RUNS:
+                key = f"{cell['name']}/seed-{seed}/{arm}"
+                state[key] = run_one(key, runs[arm], state.get(key, {}), echo)
+                write_json(state_path, state)
+                row[arm] = run_result(runs[arm], state[key], options.spike_threshold, options.smooth_steps)
+            check_same_data([Path(runs[arm].out) for arm in RUNS])
+            row["tokens_to_target"] = _tokens_to_target(row)
+            per_seed.append(row)
+        results.append({**{k: v for k, v in cell.items() if k != "runs"}, "seeds": per_seed,
+                        **{arm: _arm_spread(per_seed, arm) for arm in RUNS}})
+    check_same_data([Path(s[arm]["run_dir"]) for c in results for s in c["seeds"] for arm in RUNS])
+    report = {"out": str(out), "grid": {"lr": list(options.lr), "scale_batch": list(options.scale_batch),
+                                        "clip_grad": list(options.clip_grad),
+                                        "lr_warmup_iters": list(options.lr_warmup_iters), "pos": list(options.pos),
+                                        "seeds": options.seeds},
+              "cells": results, "definitions": {"spread": spread.SPREAD_DEFINITION}}
+    write_json(out / "sweep.json", report)
+    plot_sweep(results, out / "sweep.png")
+    write_text(out / "sweep.md", render_sweep(report))
+    return report
+
+
+def _tokens_to_target(row: dict[str, Any]) -> dict[str, Any]:
+    """Tokens each arm takes to the baseline's final loss of the same seed (null: never, or no target)."""
+    base, cur = row["baseline"], row["curriculum"]
+    if base["non_finite"] or not base["val_loss"]:
+        return {"target": None, "baseline": None, "curriculum": None, "speedup": None}
+    res = curves.speedup_to_target(base["tokens"], base["val_loss"], cur["tokens"], cur["val_loss"])
+    return {"target": res.target, "baseline": res.baseline, "curriculum": res.curriculum, "speedup": res.speedup}
+
+
+def _arm_spread(per_seed: list[dict[str, Any]], arm: str) -> dict[str, Any]:
+    out = {"final_val_loss": spread.spread(s[arm]["final_val_loss"] for s in per_seed),
+           "diverged": sum(s[arm]["diverged"] for s in per_seed)}
+    if arm == "curriculum":
+        out["speedup_tokens"] = spread.spread(s["tokens_to_target"]["speedup"] for s in per_seed)
+        out["tokens_to_target"] = spread.spread(s["tokens_to_target"]["curriculum"] for s in per_seed)
+        out["reached"] = sum(s["tokens_to_target"]["curriculum"] is not None for s in per_seed)
+    return out
+
+
+def render_sweep(report: dict[str, Any]) -> str:
+    """sweep.md: one row per cell and arm."""
+    n = report["grid"]["seeds"]
+    lines = ["# seqwarm sweep: baseline vs curriculum over a grid", "",
+             f"{n} seed(s) per cell" + (" (one seed: no spread measured)" if n == 1 else "")
+             + "; values are median (min–max over seeds).", "",
+             "| cell | arm | final val loss | diverged | tokens to target | reached | speedup_tokens |",
+             "|---|---|---:|---:|---:|---:|---:|"]
+    for c in report["cells"]:
+        for arm in RUNS:
+            a = c[arm]
+            sp, tt = a.get("speedup_tokens"), a.get("tokens_to_target")
+            reach = f"{_cell(tt, ',.0f')} | {a['reached']}/{n} | {_cell(sp, '.2f')}" if tt else "– | – | –"
+            lines.append(f"| {c['name']} | {arm} | {_cell(a['final_val_loss'], '.4f')} | {a['diverged']}/{n} | "
+                         f"{reach} |")
+    lines += ["", "diverged = a non-finite loss or a smoothed loss-ratio spike; target = the baseline's final "
+              "loss (same cell and seed); tokens to target = the curriculum's tokens to reach it; speedup_tokens "
+              "= the baseline's tokens to it / the curriculum's.",
+              "", f"_{report['definitions']['spread']}_", "", "![final loss against LR](sweep.png)", ""]
+    return "\n".join(lines)
+
+
+def _cell(s: dict[str, Any], fmt: str) -> str:
+    if s.get("median") is None:
+        return "–"
+    if s["n"] == 1:
+        return format(s["median"], fmt)
+    return f"{format(s['median'], fmt)} ({format(s['min'], fmt)}–{format(s['max'], fmt)})"
+

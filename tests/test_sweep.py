@@ -1,0 +1,86 @@
+"""`seqwarm sweep`: the grid plan (no training), bad input, and a 2x1 grid of tiny runs, reused on rerun."""
+
+import json
+
+import pytest
+
+from seqwarm.cli import build_parser, main
+from seqwarm.commands.sweep import sweep_inputs
+from seqwarm.experiments.launch import run_state
+from seqwarm.experiments.sweep import plan_sweep, render_sweep
+from seqwarm.runner import resolve_config
+
+from conftest import FAST_TRAIN_FLAGS, small_config
+
+
+def _inputs(tmp_path, *extra):
+    return sweep_inputs(build_parser().parse_args(["sweep", *FAST_TRAIN_FLAGS, "--out", str(tmp_path / "sw"),
+                                                   *extra]))
+
+
+def test_grid_plan_cells_folders_and_both_arms_at_the_batch_scale(tmp_path):
+    cfg = small_config(tmp_path / "c.json", train_tokens=20_000, total_step=40)
+    base, options = _inputs(tmp_path, "--config", str(cfg), "--lr", "1e-3,4e-3", "--scale-batch", "1,4",
+                            "--clip-grad", "1,0", "--pos", "learned,rotary", "--seeds", "2")
+    assert base.settings.get("lr") is None  # the grid's --lr is not the train flag
+    cells = plan_sweep(base, options)
+    assert len(cells) == 2 * 2 * 2 * 2
+    cell = next(c for c in cells if c["name"] == "lr-0.004_bs-4_clip-0_wu-cfg_pos-rotary")
+    assert list(cell["runs"]) == [1234, 1235]
+    runs = cell["runs"][1235]
+    assert runs["baseline"].out == tmp_path / "sw" / cell["name"] / "seed-1235" / "baseline"
+    b, c = (resolve_config(runs[arm]) for arm in ("baseline", "curriculum"))
+    assert b.train_batch_size == c.train_batch_size == 4 * 8 and b.curriculum is None and c.curriculum
+    assert b.lr.lr == c.lr.lr == 4e-3 and b.gradient_clipping == 0 and runs["curriculum"].rotary
+    assert c.curriculum.schedule_config["total_curriculum_step"] == 10  # 40 steps / 4
+
+
+@pytest.mark.parametrize("extra,fragment", [
+    (["--pos", "alibi"], "--pos alibi: choose learned or rotary"),
+    (["--scale-batch", "0"], "--scale-batch 0: must be >= 1"),
+    (["--lr", "x"], "'x' is not a float"),
+])
+def test_bad_grid_exits_2(tmp_path, capsys, extra, fragment):
+    cfg = small_config(tmp_path / "c.json")
+    try:
+        code = main(["sweep", *FAST_TRAIN_FLAGS, "--config", str(cfg), "--out", str(tmp_path / "sw"), *extra])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2 and fragment in capsys.readouterr().err
+
+
+def test_sweep_markdown_labels_one_seed():
+    report = {"grid": {"seeds": 1}, "definitions": {"spread": "def"}, "cells": [
+        {"name": "lr-0.001_bs-1_clip-cfg_wu-cfg_pos-learned",
+         "baseline": {"final_val_loss": {"median": 4.0, "min": 4.0, "max": 4.0, "n": 1}, "diverged": 0},
+         "curriculum": {"final_val_loss": {"median": 3.9, "min": 3.9, "max": 3.9, "n": 1}, "diverged": 1,
+                        "speedup_tokens": {"median": None, "min": None, "max": None, "n": 0},
+                        "tokens_to_target": {"median": None, "min": None, "max": None, "n": 0}, "reached": 0}}]}
+    md = render_sweep(report)
+    assert "one seed: no spread measured" in md and "| curriculum | 3.9000 | 1/1 | – | 0/1 | – |" in md
+    assert "| baseline | 4.0000 | 0/1 | – | – | – |" in md
+
+
+@pytest.mark.slow
+def test_sweep_2x1_grid_of_tiny_runs_continues(tmp_path, byte_data, capsys):
+    cfg = small_config(tmp_path / "c.json", train_tokens=800, total_step=3)
+    out = tmp_path / "sw"
+    args = ["sweep", *FAST_TRAIN_FLAGS, "--config", str(cfg), "--data", str(byte_data), "--eval-interval", "2",
+            "--lr", "1e-3,4e-3", "--out", str(out)]
+    assert main(args) == 0
+    assert "report:" in capsys.readouterr().out
+    report = json.loads((out / "sweep.json").read_text())
+    assert [c["lr"] for c in report["cells"]] == [1e-3, 4e-3]
+    for cell in report["cells"]:
+        for arm in ("baseline", "curriculum"):
+            run = cell["seeds"][0][arm]
+            assert run_state(out / cell["name"] / arm) == "finished" and run["final_val_loss"] > 0
+            assert isinstance(run["diverged"], bool)
+        assert cell["seeds"][0]["tokens_to_target"]["target"] == cell["seeds"][0]["baseline"]["final_val_loss"]
+    assert (out / "sweep.png").stat().st_size > 10_000 and "| curriculum |" in (out / "sweep.md").read_text()
+    # a killed sweep continues: a finished run is reused, one removed is trained again
+    import shutil
+    shutil.rmtree(out / report["cells"][1]["name"] / "curriculum")
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("reusing the finished run") == 3
