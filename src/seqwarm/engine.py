@@ -27,10 +27,10 @@ import torch
 import torch.nn as nn
 
 from seqwarm.budget import should_stop
-from seqwarm.config import FP16Config
+from seqwarm.config import FP16Config, resolve_precision
 from seqwarm.core import CurriculumCore, as_run_config, check_state_format, set_lr
 
-__all__ = ["CurriculumEngine", "LossScaler"]
+__all__ = ["CurriculumEngine", "LossScaler", "bf16_supported"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,16 @@ def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
+def bf16_supported(device_type: str) -> bool:
+    """Whether bf16 autocast is fast on this device type (Ampere or later on CUDA)."""
+    if device_type != "cuda":
+        return True
+    try:
+        return bool(torch.cuda.is_bf16_supported())
+    except (RuntimeError, AssertionError):  # no driver: the device decides nothing
+        return False
+
+
 def _world_size() -> int:
     dist = torch.distributed
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -133,7 +143,11 @@ class CurriculumEngine:
                  process_group: Any = None, inject_via_kwargs: bool = False):
         self.module = model
         self.optimizer = optimizer
-        self.config = cfg = as_run_config(config, _world_size())
+        param = next(model.parameters(), None)
+        device_type = param.device.type if param is not None else "cpu"
+        # a config that names no precision trains in bf16 on CUDA (the device decides, once, here)
+        self.config = cfg = resolve_precision(as_run_config(config, _world_size()), device_type,
+                                              bf16_supported(device_type))
         forward = _unwrap(model).forward
         self._signature = inspect.signature(forward)
         self.core = CurriculumCore(cfg, forward, process_group=process_group, inject_via_kwargs=inject_via_kwargs)

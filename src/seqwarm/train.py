@@ -30,7 +30,7 @@ from seqwarm.atomic import write_json
 from seqwarm.budget import stop_reason
 from seqwarm.checkpoint import rng_state, set_rng_state
 from seqwarm.checkpointer import Checkpointer, TorchCheckpointer
-from seqwarm.config import RunConfig
+from seqwarm.config import RunConfig, resolve_precision
 from seqwarm.config.describe import describe
 from seqwarm.distributed import DistInfo, barrier, device_for, gather_floats, wrap_model
 from seqwarm.errors import SeqwarmError, UserError
@@ -187,6 +187,7 @@ class Run:
         self.device = device_for(self.info, opts.device)
         self.run_dir = Path(opts.out)
         self.ckpt_dir = self.run_dir / "checkpoints"
+        cfg = self.cfg = self._resolve_precision(cfg)
         torch.manual_seed(opts.seed)  # same initial weights on every rank
         built = builder.build(model_cfg, cfg, self.info, self.device)
         self.model, self.optimizer, self.engine = built.model, built.optimizer, built.engine
@@ -216,9 +217,30 @@ class Run:
             "world_size": cfg.world_size,
             "parallelism": built.parallelism,
             "device": str(self.device),
+            "precision": self.precision_info,
             "versions": versions(),
             **built.resolved,
         }
+
+    def _resolve_precision(self, cfg: RunConfig) -> RunConfig:
+        """The precision the run trains in: the config's; else the resumed run's (a checkpoint keeps
+        what it was trained in); else the device's default (bf16 on CUDA). TF32 matmuls for fp32 on CUDA."""
+        from seqwarm.engine import bf16_supported
+
+        source = "config"
+        if not cfg.precision_named:
+            saved = _saved_precision(self.run_dir) if self.opts.resume else None
+            if saved is not None:
+                cfg, source = cfg.replace(precision=saved, precision_named=True), "resumed run"
+            else:
+                kind = self.device.type
+                cfg, source = resolve_precision(cfg, kind, bf16_supported(kind)), f"default on {kind}"
+        tf32 = self.device.type == "cuda" and cfg.precision == "fp32"
+        if tf32:  # fp32 weights and reductions, TF32 tensor-core matmuls (~8x fp32 on an A100/H100)
+            torch.set_float32_matmul_precision("high")
+        self.precision_info = {"precision": cfg.precision, "source": source, "tf32_matmul": tf32}
+        logger.info("precision %s (%s)%s", cfg.precision, source, ", TF32 matmuls" if tf32 else "")
+        return cfg
 
     def elapsed(self) -> float:
         """Training wall-clock seconds of the run, earlier sessions included."""
@@ -344,6 +366,14 @@ class Run:
         }
 
 
+def _saved_precision(run_dir: Path) -> str | None:
+    """The precision recorded in a run folder's config.json (None when there is none to read)."""
+    try:
+        return json.loads((run_dir / "config.json").read_text())["run"]["precision"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def prepare_run_dir(opts: TrainOptions, info: DistInfo | None = None) -> None:
     """Check the run folder on every rank (same answer everywhere), then create it on rank 0."""
     info = info or DistInfo()
@@ -378,7 +408,9 @@ def format_start(run: Run) -> list[str]:
              f"{d['tokenizer'] if isinstance(d['tokenizer'], str) else json.dumps(d['tokenizer'])})",
              f"device:      {run.device}, {torch.get_num_threads()} threads, world size {run.info.world_size}"
              + (f" ({run.resolved['parallelism']})" if run.resolved["parallelism"] != "none" else "")]
-    lines += describe(run.cfg)
+    p = run.precision_info  # the precision line says where the precision came from
+    lines += [f"{line} ({p['source']}{', TF32 matmuls' if p['tf32_matmul'] else ''})"
+              if line.startswith("precision:") else line for line in describe(run.cfg)]
     lines.append(f"resolved config: {run.run_dir / 'config.json'}")
     return lines
 
