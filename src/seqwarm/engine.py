@@ -176,6 +176,20 @@ class CurriculumEngine:
             return contextlib.nullcontext()
         return torch.autocast(self._device_type, dtype=self._autocast_dtype)
 
+    def _gradient_sync(self) -> contextlib.AbstractContextManager:
+        """Reduce gradients across ranks only on the boundary micro-batch: one all-reduce per optimizer step.
+
+        DDP decides in its forward whether the coming backward all-reduces (``no_sync`` around the
+        forward is enough); FSDP2 reads ``set_requires_gradient_sync`` in its backward hooks.
+        """
+        boundary = self.is_gradient_accumulation_boundary()
+        set_sync = getattr(self.module, "set_requires_gradient_sync", None)  # FSDP2 (fully_shard)
+        if callable(set_sync):
+            set_sync(boundary)
+        elif not boundary and callable(getattr(self.module, "no_sync", None)):  # DDP
+            return self.module.no_sync()
+        return contextlib.nullcontext()
+
     # -- the DeepSpeed-like surface ---------------------------------------------------------------
     # the clock and the curriculum are the core's
     progress = property(lambda self: self.core.progress, doc="Steps, samples and tokens trained (all ranks).")
@@ -235,7 +249,7 @@ class CurriculumEngine:
             seqlen = self.core.observe(tokens.shape[0], tokens.shape[1], mask)
             if seqlen is not None:
                 kwargs["curriculum_seqlen"] = seqlen
-        with self._autocast():
+        with self._autocast(), self._gradient_sync():
             out = self.module(*args, **kwargs)
         self.core.check_output(out)  # inject mode: the model really ran at the length it was given
         return out
