@@ -334,3 +334,47 @@ def test_a_closed_stdout_stops_the_console_lines_not_the_run(tmp_path, byte_data
     assert err.count("stdout was closed (its reader went away): training goes on") == 1, err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tokens"] >= 1500 and summary["stop_reason"].startswith("reached the token budget")
+
+
+def _tiny_run(tmp_path, byte_data, name, **opts):
+    from seqwarm.data import open_prepared
+    from seqwarm.model import GPTConfig
+    from seqwarm.train import Run, TrainOptions, prepare_run_dir
+
+    cfg = load_config(small_config(tmp_path / "c.json", train_tokens=3000))
+    data = open_prepared(byte_data)
+    model_cfg = GPTConfig.preset("tiny", vocab_size=data.vocab_size, seq_length=64, dropout=0.1)  # uses the RNG
+    options = TrainOptions(out=tmp_path / name, eval_interval=0, eval_iters=1, save_interval=0, log_interval=1,
+                           progress_bar=False, tensorboard=False, device="cpu", **opts)
+    prepare_run_dir(options)
+    return Run(cfg, options, data, model_cfg)
+
+
+@pytest.mark.slow
+def test_the_memory_probe_leaves_the_run_bit_identical(tmp_path, byte_data):
+    """The trial full-length step before the first step (an OOM in the first minute) changes no number."""
+    losses = {}
+    for probe in (False, True):
+        run = _tiny_run(tmp_path, byte_data, f"probe-{probe}", memory_probe=probe)
+        calls = []
+        real = run.engine.probe_memory
+        run.engine.probe_memory = lambda batch: (calls.append(batch["input_ids"].shape), real(batch))
+        run.train()
+        assert calls == ([(4, 64)] if probe else [])  # the largest micro-batch at the full length
+        losses[probe] = [r["loss"] for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    assert losses[True] == losses[False] and len(losses[True]) > 3
+
+
+def test_an_oom_on_the_memory_probe_says_what_to_lower(tmp_path, byte_data):
+    import torch
+
+    from seqwarm.errors import UserError
+
+    run = _tiny_run(tmp_path, byte_data, "oom", memory_probe=True)
+
+    def oom(batch):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    run.engine.probe_memory = oom
+    with pytest.raises(UserError, match="full length 64 with micro-batch 4.*lower train_micro_batch_size_per_gpu"):
+        run._probe_memory()

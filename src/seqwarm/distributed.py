@@ -42,6 +42,9 @@ def launched_by_torchrun() -> bool:
 
 def init_distributed(device: str = "auto") -> DistInfo:
     """Join the process group torchrun describes in the environment (a no-op for one process)."""
+    # grow segments instead of caching fixed blocks: a growing sequence length fragments the cache
+    # (set before the first CUDA allocation; the user's own setting wins)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     if not launched_by_torchrun():
         return DistInfo()
     world = int(os.environ["WORLD_SIZE"])

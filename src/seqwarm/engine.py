@@ -254,6 +254,25 @@ class CurriculumEngine:
         self.core.check_output(out)  # inject mode: the model really ran at the length it was given
         return out
 
+    def probe_memory(self, batch: Mapping[str, torch.Tensor]) -> None:
+        """One forward + backward on ``batch`` as given (no curriculum shaping), then drop the gradients.
+
+        Run before the first step at the full length and the largest micro-batch, so a run that does
+        not fit fails in its first minute, not at the step where the curriculum reaches full length.
+        The clock, the curriculum, the accumulation position and the optimizer are untouched; the
+        caller restores the RNG (dropout draws from it).
+        """
+        set_sync = getattr(self.module, "set_requires_gradient_sync", None)
+        if callable(set_sync):  # FSDP2: reduce now, so no unsharded gradient is left to accumulate
+            set_sync(True)
+        was_training = self.module.training
+        self.module.train()
+        with self._autocast():
+            loss = self.module(**batch)
+        loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.module.train(was_training)
+
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
         """``loss.backward()`` on ``loss / gradient_accumulation_steps`` (x the fp16 loss scale).
 

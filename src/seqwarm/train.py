@@ -76,6 +76,9 @@ class TrainOptions:
     allow_config_change: bool = False
     progress_bar: bool = True
     tensorboard: bool = True
+    memory_probe: bool | None = None
+    """One forward + backward at the full length and micro-batch before the first step, so an OOM
+    comes in the first minute (None: on CUDA only). The run's numbers are the same with or without it."""
 
 
 @dataclass
@@ -291,6 +294,30 @@ class Run:
                            "seqlen": self.evaluator.seq_length, "elapsed_s": self.elapsed()})
         return val
 
+    def _probe_memory(self) -> None:
+        """The engine's :meth:`~seqwarm.engine.CurriculumEngine.probe_memory` on random tokens at the
+        full length; RNG restored, no data drawn, so the run is bit-identical with or without it."""
+        probe = getattr(self.engine, "probe_memory", None)
+        wanted = self.opts.memory_probe
+        if not callable(probe) or not (self.device.type == "cuda" if wanted is None else wanted):
+            return
+        length, micro = self.model_cfg.seq_length, self.cfg.micro_batch_size
+        ids = torch.randint(0, self.data.vocab_size, (micro, length), generator=torch.Generator().manual_seed(0))
+        saved = rng_state()
+        try:
+            probe({"input_ids": ids.to(self.device), "labels": ids.to(self.device)})
+        except torch.cuda.OutOfMemoryError:
+            raise UserError(
+                f"out of GPU memory on a trial step at the full length {length} with micro-batch {micro} "
+                f"(before step {self.engine.global_steps + 1}): lower train_micro_batch_size_per_gpu (raise "
+                "gradient_accumulation_steps to keep the global batch), train in bf16 (--precision bf16), "
+                "shard with --fsdp, or choose a smaller --model") from None
+        finally:
+            set_rng_state(saved)
+        if self.device.type == "cuda":
+            logger.info("trial step at length %d x %d fits: peak %.2f GiB", length, micro,
+                        torch.cuda.max_memory_allocated(self.device) / 2**30)
+
     def _next_batch(self) -> dict:
         return {k: v.to(self.device, non_blocking=True) for k, v in self.batches.next_batch().items()}
 
@@ -311,6 +338,7 @@ class Run:
         skips_in_a_row = 0
         self.log.open(engine.progress.tokens)
         engine.train()
+        self._probe_memory()
         try:
             while reason is None:
                 t0 = time.perf_counter()
