@@ -18,7 +18,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "seqwarm"
 # `seqwarm train`'s flags, listed before the CLI was generated from RunSpec: (flag, default, --help group).
 TRAIN_FLAGS = [
     ("--config", None, "options"), ("--data", None, "options"), ("--model", "tiny", "options"),
-    ("--rotary", False, "options"), ("--fsdp", False, "options"),
+    ("--rotary", False, "options"), ("--fsdp", False, "options"), ("--compile", False, "options"),
     ("--deepspeed", False, "DeepSpeed"), ("--pipeline-stages", 0, "DeepSpeed"),
     ("--train-tokens", None, "budget"), ("--train-iters", None, "budget"), ("--train-samples", None, "budget"),
     ("--lr", None, "learning rate"), ("--min-lr", None, "learning rate"), ("--lr-decay-style", None, "learning rate"),

@@ -159,6 +159,10 @@ class CurriculumEngine:
         self.loss_scaler = LossScaler(cfg.fp16) if cfg.precision == "fp16" else None
         self._autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
         self._device_type: str | None = None
+        # a torch.compile'd model (in place, or some of its blocks) gets the sequence dimension of the
+        # shaped batch marked dynamic: one graph for every curriculum length instead of one per length
+        # (with dynamic=False Dynamo would hit its recompile limit and fall back to eager)
+        self._mark_dynamic = any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
 
     # -- setup ------------------------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -249,6 +253,10 @@ class CurriculumEngine:
             seqlen = self.core.observe(tokens.shape[0], tokens.shape[1], mask)
             if seqlen is not None:
                 kwargs["curriculum_seqlen"] = seqlen
+        if self._mark_dynamic:
+            for value in (*args, *kwargs.values()):
+                if isinstance(value, torch.Tensor) and value.dim() >= 2:
+                    torch._dynamo.maybe_mark_dynamic(value, 1)
         with self._autocast(), self._gradient_sync():
             out = self.module(*args, **kwargs)
         self.core.check_output(out)  # inject mode: the model really ran at the length it was given

@@ -120,9 +120,9 @@ class Built:
     """Recorded in config.json: ``none``, ``ddp``, ``fsdp2``, ``deepspeed-zero2``, ..."""
     resolved: dict[str, Any] = field(default_factory=dict)
     """Extra entries of config.json (the DeepSpeed run records its resolved DeepSpeed config)."""
-    train_step: Callable[[Any, Callable[[], dict], int], float] | None = None
-    """``train_step(engine, next_batch, micro_batches) -> mean loss`` of one optimizer step
-    (None: :func:`accumulate_step`)."""
+    train_step: Callable[[Any, Callable[[], dict], int], Any] | None = None
+    """``train_step(engine, next_batch, micro_batches) -> mean loss`` of one optimizer step, a float or a
+    0-d tensor the loop reads only at log, eval and save steps (None: :func:`accumulate_step`)."""
     label_style: str = "megatron"
     """The batches the model takes: ``megatron`` (shifted labels) or ``hf`` (labels = inputs; the model shifts)."""
 
@@ -140,22 +140,24 @@ class EngineBuilder(Protocol):
         """The checkpointer of what :meth:`build` returned."""
 
 
-def accumulate_step(engine, next_batch: Callable[[], dict], micro_batches: int) -> float:
-    """One optimizer step of ``micro_batches`` forward/backward passes; this rank's mean loss."""
+def accumulate_step(engine, next_batch: Callable[[], dict], micro_batches: int) -> torch.Tensor:
+    """One optimizer step of ``micro_batches`` forward/backward passes; this rank's mean loss (a 0-d
+    tensor on the device: reading it is a host sync, which the loop does only at log rows)."""
     losses = []
     for _ in range(micro_batches):
         loss = engine(next_batch())
         engine.backward(loss)
         losses.append(loss.detach())
         engine.step()
-    return float(torch.stack(losses).mean())
+    return torch.stack(losses).mean()
 
 
 class TorchEngineBuilder:
     """The GPT on one device, under DDP, or sharded with FSDP2, driven by a CurriculumEngine."""
 
-    def __init__(self, fsdp: bool = False):
+    def __init__(self, fsdp: bool = False, compile: bool = False):
         self.fsdp = fsdp
+        self.compile = compile
 
     def data_parallel(self, info: DistInfo) -> tuple[int, int]:
         return info.rank, info.world_size
@@ -165,10 +167,15 @@ class TorchEngineBuilder:
         from seqwarm.model import GPT
 
         model = GPT(model_cfg).to(device)  # the unwrapped model (sharded in place by FSDP2)
-        wrapped = wrap_model(model, info, self.fsdp, device)
+        if self.compile:  # in place (the state dict keeps its keys), before DDP / FSDP2 wrap it
+            for module in (model.blocks if self.fsdp else [model]):
+                module.compile()
+        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        wrapped = wrap_model(model, info, self.fsdp, device, param_dtype=half if device.type == "cuda" else None)
         optimizer = build_optimizer(model, cfg)  # after sharding: FSDP2 params are DTensors
         parallelism = "fsdp2" if self.fsdp else ("ddp" if info.enabled else "none")
-        return Built(model, optimizer, CurriculumEngine(wrapped, optimizer, cfg), parallelism)
+        return Built(model, optimizer, CurriculumEngine(wrapped, optimizer, cfg), parallelism,
+                     resolved={"compile": self.compile})
 
     def checkpointer(self, built: Built, folder: Path, info: DistInfo, keep: int) -> TorchCheckpointer:
         return TorchCheckpointer(folder, built.model, built.optimizer, built.engine, info=info, keep=keep,
@@ -191,6 +198,9 @@ class Run:
         self.run_dir = Path(opts.out)
         self.ckpt_dir = self.run_dir / "checkpoints"
         cfg = self.cfg = self._resolve_precision(cfg)
+        if opts.resume and hasattr(model_cfg, "vocab_multiple") and "vocab_multiple" not in _saved(self.run_dir, "model"):
+            # written before the vocabulary was padded: the resumed run keeps its (unpadded) shapes
+            model_cfg = self.model_cfg = model_cfg.replace(vocab_multiple=1)
         torch.manual_seed(opts.seed)  # same initial weights on every rank
         built = builder.build(model_cfg, cfg, self.info, self.device)
         self.model, self.optimizer, self.engine = built.model, built.optimizer, built.engine
@@ -232,7 +242,7 @@ class Run:
 
         source = "config"
         if not cfg.precision_named:
-            saved = _saved_precision(self.run_dir) if self.opts.resume else None
+            saved = _saved(self.run_dir, "run").get("precision") if self.opts.resume else None
             if saved is not None:
                 cfg, source = cfg.replace(precision=saved, precision_named=True), "resumed run"
             else:
@@ -257,7 +267,10 @@ class Run:
             # written before the resolved mode was recorded: the same config resolves to the same mode
             old = {**old, "curriculum": {**old["curriculum"], "mode": new["curriculum"]["mode"]}}
         changed = [k for k in RESUME_KEYS if old.get(k) != new.get(k)]
-        if saved["model"] != self.resolved["model"]:
+        old_model = saved["model"]
+        if "vocab_multiple" in self.resolved["model"] and "vocab_multiple" not in old_model:  # before padding
+            old_model = {**old_model, "vocab_multiple": 1}
+        if old_model != self.resolved["model"]:
             changed.append("model")
         if changed and not self.opts.allow_config_change:
             raise UserError(f"{path} was written with a different {', '.join(changed)}; resume with the same "
@@ -321,21 +334,49 @@ class Run:
     def _next_batch(self) -> dict:
         return {k: v.to(self.device, non_blocking=True) for k, v in self.batches.next_batch().items()}
 
-    def _mean_over_ranks(self, step_loss: float) -> float:
-        """The step's loss averaged over ranks; every rank must be at the same curriculum length."""
-        per_rank = gather_floats([step_loss, float(self.engine.current_seqlen or 0)], self.info,
+    def _mean_over_ranks(self, losses: list[float], steps: list[int], lengths: list[int]) -> list[float]:
+        """Each step's loss averaged over ranks (one gather for all of them); every rank must have
+        trained each step at the same curriculum length."""
+        n = len(losses)
+        per_rank = gather_floats([*losses, *map(float, lengths)], self.info,
                                  self.device if self.info.backend == "nccl" else torch.device("cpu"))
-        lengths = {int(r[1]) for r in per_rank}
-        if len(lengths) != 1:
-            raise RuntimeError(f"ranks disagree on the curriculum length at step "
-                               f"{self.engine.global_steps}: {sorted(lengths)}")
-        return sum(r[0] for r in per_rank) / len(per_rank)
+        for i, step in enumerate(steps):
+            seen = {int(r[n + i]) for r in per_rank}
+            if len(seen) != 1:
+                raise RuntimeError(f"ranks disagree on the curriculum length at step {step}: {sorted(seen)}")
+        return [sum(r[i] for r in per_rank) / len(per_rank) for i in range(n)]
+
+    def _checked_losses(self, pending: list[tuple]) -> list[float]:
+        """The losses of ``pending`` (step, length, loss) entries: one host transfer, one gather across
+        ranks; TrainingDiverged at the first step whose loss is not finite."""
+        values = [e[2] for e in pending]
+        if all(isinstance(v, torch.Tensor) for v in values):
+            losses = torch.stack([v.detach().float().reshape(()) for v in values]).tolist()
+        else:
+            losses = [float(v) for v in values]
+        if self.info.enabled:
+            losses = self._mean_over_ranks(losses, [e[0] for e in pending], [int(e[1] or 0) for e in pending])
+        for (step, length, _), loss in zip(pending, losses):
+            if not math.isfinite(loss):
+                raise TrainingDiverged(
+                    f"the training loss became {loss} at step {step} (length {length}); the last good "
+                    f"checkpoint in {self.ckpt_dir} is intact. "
+                    "Lower the learning rate, raise min_difficulty, or lengthen the curriculum")
+        return losses
+
+    def _log_pending(self, pending: list[tuple]) -> None:
+        """Read the losses of the steps since the last read and add the steps to the log window."""
+        if pending:
+            for (*_, window), loss in zip(pending, self._checked_losses([e[:3] for e in pending])):
+                self.log.step(*window[:2], loss, window[2])
+            pending.clear()
 
     def train(self) -> TrainResult:
         self.t_start = time.perf_counter()
         cfg, opts, engine = self.cfg, self.opts, self.engine
         reason = stop_reason(engine.progress, cfg)
         skips_in_a_row = 0
+        pending: list[tuple] = []  # steps whose loss is not read yet: (step, length, loss, window entry)
         self.log.open(engine.progress.tokens)
         engine.train()
         self._probe_memory()
@@ -344,15 +385,9 @@ class Run:
                 t0 = time.perf_counter()
                 tokens_before, step_before = engine.progress.tokens, engine.progress.step
                 step_loss = self._step(engine, self._next_batch, cfg.gradient_accumulation_steps)
-                if self.info.enabled:
-                    step_loss = self._mean_over_ranks(step_loss)
                 p = engine.progress
-                if not math.isfinite(step_loss):
-                    raise TrainingDiverged(
-                        f"the training loss became {step_loss} at step {p.step} (length "
-                        f"{engine.current_seqlen}); the last good checkpoint in {self.ckpt_dir} is intact. "
-                        "Lower the learning rate, raise min_difficulty, or lengthen the curriculum")
                 if p.step == step_before:  # fp16 overflow: skipped, nothing advanced; no eval/log/save
+                    self._checked_losses([(p.step, engine.current_seqlen, step_loss)])
                     skips_in_a_row += 1
                     if skips_in_a_row >= MAX_SKIPS_IN_A_ROW:
                         raise TrainingDiverged(
@@ -361,9 +396,14 @@ class Run:
                             f"in {self.ckpt_dir} is intact. Use bf16, or lower the learning rate")
                     continue
                 skips_in_a_row = 0
-                self.log.step(p.tokens, p.tokens - tokens_before, step_loss, time.perf_counter() - t0)
+                pending.append((p.step, engine.current_seqlen, step_loss,
+                                (p.tokens, p.tokens - tokens_before, time.perf_counter() - t0)))
                 reason = stop_reason(p, cfg)
-                if opts.eval_interval and p.step % opts.eval_interval == 0 and reason is None:
+                evaluate = opts.eval_interval and p.step % opts.eval_interval == 0 and reason is None
+                save = opts.save_interval and p.step % opts.save_interval == 0 and reason is None
+                if evaluate or save or self.log.due(p.step, last=reason is not None):
+                    self._log_pending(pending)  # the step's one host read (and one gather across ranks)
+                if evaluate:
                     self._evaluate()
                 if self.log.due(p.step, last=reason is not None):
                     head = {"step": p.step, "tokens": p.tokens, "samples": p.samples,
@@ -371,7 +411,7 @@ class Run:
                     tail = {"grad_norm": engine.grad_norm, "elapsed_s": self.elapsed(),
                             **adam_stats(self.optimizer)}
                     self.log.train_row(head, tail, self.last_val)
-                if opts.save_interval and p.step % opts.save_interval == 0 and reason is None:
+                if save:
                     self.save()
             final_val = self._evaluate()
             self.save()
@@ -394,12 +434,13 @@ class Run:
         }
 
 
-def _saved_precision(run_dir: Path) -> str | None:
-    """The precision recorded in a run folder's config.json (None when there is none to read)."""
+def _saved(run_dir: Path, section: str) -> dict[str, Any]:
+    """One section (``run``, ``model``) of a run folder's config.json ({} when there is none to read)."""
     try:
-        return json.loads((run_dir / "config.json").read_text())["run"]["precision"]
+        out = json.loads((run_dir / "config.json").read_text())[section]
     except (OSError, ValueError, KeyError, TypeError):
-        return None
+        return {}
+    return out if isinstance(out, dict) else {}
 
 
 def prepare_run_dir(opts: TrainOptions, info: DistInfo | None = None) -> None:

@@ -109,7 +109,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("gradient_clipping", "--clip-grad", "float", "clip the global gradient norm to this value (0: off); "
             "DeepSpeed's gradient_clipping", "optimizer", metavar="NORM"),
     Setting("precision", "--precision", "choice", "fp32, bf16 (autocast) or fp16 (autocast with dynamic loss "
-            "scaling); default: the config's fp16/bf16 blocks, else fp32", "optimizer", choices=PRECISIONS),
+            "scaling); default: the config's fp16/bf16 blocks, else bf16 on CUDA and fp32 elsewhere", "optimizer",
+            choices=PRECISIONS),
 )
 
 _BY_KEY = {s.key: s for s in SETTINGS}
