@@ -24,9 +24,13 @@ import random
 import statistics
 import sys
 
-import torch
+from pathlib import Path
 
-from seqwarm.model import GPT, GPTConfig
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # a plain checkout needs no install
+
+import torch  # noqa: E402
+
+from seqwarm.model import GPT, GPTConfig  # noqa: E402
 
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data sheets, by device name.
 PEAK_BF16_TFLOPS = {

@@ -385,3 +385,20 @@ def test_atomic_writes_replace_whole_files_and_leave_no_temporaries(tmp_path):
     write_text(target, "new\n")
     assert target.read_text() == "new\n"
     assert not [p for p in target.parent.iterdir() if TMP_MARK in p.name]
+
+
+def test_unnamed_precision_is_bf16_on_cuda_and_fp32_elsewhere():
+    from seqwarm.config import resolve_precision
+
+    plain = {"train_batch_size": 8, "train_micro_batch_size_per_gpu": 8}
+    cfg = load_config(plain)
+    assert cfg.precision == "fp32" and not cfg.precision_named
+    assert resolve_precision(cfg, "cuda").precision == "bf16"
+    assert resolve_precision(cfg, "cuda", bf16_supported=False).precision == "fp32"  # pre-Ampere
+    assert resolve_precision(cfg, "cpu").precision == "fp32"
+    # named precisions are kept, an explicit "enabled": false included (fp16 only when asked for)
+    for extra, want in [({"fp16": {"enabled": True}}, "fp16"), ({"bf16": {"enabled": False}}, "fp32"),
+                        ({"seqwarm": {"precision": "fp32"}}, "fp32")]:
+        named = load_config({**plain, **extra})
+        assert named.precision_named and resolve_precision(named, "cuda").precision == want
+    assert load_config(plain, overrides={"precision": "fp16"}).precision_named

@@ -70,3 +70,46 @@ def test_ddp_matches_one_process(tmp_path, byte_data, cfg):
     assert a[0]["loss"] == pytest.approx(b[0]["loss"], rel=1e-5)
     for x, y in zip(a[1:], b[1:]):
         assert x["loss"] == pytest.approx(y["loss"], rel=2e-3), f"step {x['step']}"
+
+
+ALLREDUCE_COUNT = '''
+import json, sys
+import torch, torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from seqwarm.config import RunConfig
+from seqwarm.distributed import init_distributed, wrap_model
+from seqwarm.engine import CurriculumEngine
+from seqwarm.model import GPT, GPTConfig
+
+info = init_distributed("cpu")
+torch.manual_seed(0)
+model = GPT(GPTConfig.preset("tiny", vocab_size=64, seq_length=16))
+ddp = wrap_model(model, info, fsdp=False, device=torch.device("cpu"))
+calls = []  # the micro-step of every bucket all-reduce
+ddp.register_comm_hook(None, lambda state, bucket: (calls.append(engine.micro_steps),
+                                                      default_hooks.allreduce_hook(None, bucket))[1])
+cfg = RunConfig(train_batch_size=16, micro_batch_size=2, gradient_accumulation_steps=4, world_size=2)
+engine = CurriculumEngine(ddp, torch.optim.AdamW(model.parameters(), lr=1e-3), cfg)
+for _ in range(3 * 4):
+    ids = torch.randint(0, 64, (2, 17))
+    engine.backward(engine({"input_ids": ids[:, :-1], "labels": ids[:, 1:]}))
+    engine.step()
+if info.rank == 0:
+    print(json.dumps({"calls": calls, "buckets": len(ddp.reducer._get_zeros_like_grad_buckets()),
+                      "bucket_view": ddp.gradient_as_bucket_view, "steps": engine.global_steps}))
+dist.destroy_process_group()
+'''
+
+
+def test_ddp_accumulation_all_reduces_once_per_optimizer_step(tmp_path):
+    """Accumulation 4 on 2 gloo ranks: the comm hook sees gradients only on each step's last micro-batch."""
+    script = tmp_path / "count.py"
+    script.write_text(ALLREDUCE_COUNT)
+    out = json.loads(run_torchrun([str(script)]).strip().splitlines()[-1])
+    assert out["steps"] == 3 and out["bucket_view"]
+    # micro-steps are counted before engine.step(): 3, 7, 11 are the boundary micro-batches
+    per_step = {m: out["calls"].count(m) for m in set(out["calls"])}
+    assert set(per_step) == {3, 7, 11}, out
+    # one gradient all-reduce per step: one pass over the buckets (DDP starts with one bucket and
+    # rebuilds them, by size, after the first step)
+    assert per_step[3] == 1 and per_step[7] == per_step[11] == out["buckets"], out

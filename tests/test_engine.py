@@ -481,3 +481,39 @@ def test_a_model_that_ignores_the_injected_length_is_caught_at_the_first_step():
     with pytest.raises(ValueError, match=r"IgnoresLength was given curriculum_seqlen=2 but returned outputs of "
                                          r"length 10: it ignores the keyword.*'truncate'"):
         engine(data(0))
+
+
+def test_default_precision_on_a_mocked_cuda_device_is_bf16(monkeypatch):
+    """A config that names no precision trains in bf16 autocast on CUDA (the engine asks the device)."""
+    from types import SimpleNamespace
+
+    from seqwarm import load_config
+
+    class OnCuda(nn.Module):  # reports a CUDA parameter without needing one
+        def parameters(self, recurse=True):
+            yield SimpleNamespace(device=torch.device("cuda"))
+
+        def forward(self, input_ids, labels=None):
+            return input_ids
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    cfg = load_config({"train_batch_size": 2, "train_micro_batch_size_per_gpu": 2})
+    engine = CurriculumEngine(OnCuda(), torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), cfg)
+    assert engine.config.precision == "bf16" and engine._autocast_dtype is torch.bfloat16
+    cpu = CurriculumEngine(nn.Linear(2, 2), torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=0.1), cfg)
+    assert cpu.config.precision == "fp32" and cpu._autocast_dtype is None
+
+
+def test_adam_statistics_in_one_transfer_match_the_per_tensor_sums():
+    from seqwarm.metrics_logger import adam_stats
+    from seqwarm.optim import _fused
+
+    m = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    opt = torch.optim.AdamW(m.parameters())
+    m(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    vs = [s["exp_avg_sq"] for s in opt.state.values()]
+    stats = adam_stats(opt)
+    assert stats["adam_v_l1"] == pytest.approx(float(sum(v.abs().sum() for v in vs)), rel=1e-6)
+    assert stats["adam_v_max"] == float(max(v.max() for v in vs))
+    assert _fused(list(m.parameters())) == {}  # fused AdamW only for CUDA parameters

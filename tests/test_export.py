@@ -70,10 +70,14 @@ def greedy(gpt, ids, n):
     return ids
 
 
-@pytest.mark.parametrize("rotary,bias,arch", [(False, True, "GPT2LMHeadModel"), (False, False, "GPT2LMHeadModel"),
-                                              (True, True, "GPTNeoXForCausalLM")])
-def test_round_trip_logits_generate_and_tokenizer(tmp_path, capsys, bpe_data, rotary, bias, arch):
-    gpt = fake_run(tmp_path / "run", bpe_data, rotary=rotary, bias=bias)
+@pytest.mark.parametrize("rotary,bias,pad,arch", [(False, True, True, "GPT2LMHeadModel"),
+                                                  (False, False, False, "GPT2LMHeadModel"),
+                                                  (True, True, True, "GPTNeoXForCausalLM")])
+def test_round_trip_logits_generate_and_tokenizer(tmp_path, capsys, bpe_data, rotary, bias, pad, arch):
+    # pad: 3 padded rows of the embedding, which the export drops
+    extra = {"vocab_multiple": load_tokenizer(bpe_data).vocab_size + 3} if pad else {}
+    gpt = fake_run(tmp_path / "run", bpe_data, rotary=rotary, bias=bias, **extra)
+    assert (gpt.wte.weight.shape[0] - gpt.config.vocab_size) == (3 if pad else 0)
     code, out, err = export(capsys, tmp_path / "run", tmp_path / "hf")
     assert code == 0, err
     assert arch in out and "step 3" in out

@@ -46,7 +46,9 @@ def test_tiny_preset_and_published_sizes():
     published = {"gpt2-124m": 124_439_808, "gpt2-350m": 354_823_168, "gpt2-774m": 774_030_080,
                  "gpt2-1.5b": 1_557_611_200}
     for name, count in published.items():
-        cfg = GPTConfig.preset(name)
+        padded = GPTConfig.preset(name)  # 50304 rows: 47 padded rows of the embedding more
+        assert padded.num_params() == count + 47 * padded.n_embd, name
+        cfg = GPTConfig.preset(name, vocab_multiple=1)  # the published sizes count 50257 rows
         assert cfg.num_params() == count, name
         with torch.device("meta"):
             assert GPT(cfg).num_params() == count, name
@@ -180,3 +182,16 @@ def test_dropout_only_in_training():
     assert torch.equal(model(ids), model(ids))
     model.train()
     assert not torch.equal(model(ids), model(ids))
+
+
+def test_vocab_padded_to_a_multiple_of_64_gets_no_probability():
+    cfg = GPTConfig.preset("tiny", vocab_size=50257, seq_length=16, n_layer=1, n_embd=64, n_head=2)
+    assert cfg.padded_vocab_size == 50304 and GPTConfig(**{**vars(cfg), "vocab_multiple": 1}).padded_vocab_size == 50257
+    model = GPT(cfg)
+    assert model.wte.weight.shape[0] == 50304 and model.num_params() == cfg.num_params()
+    ids = torch.randint(0, 50257, (2, 16))
+    logits = model(ids)
+    assert logits.shape == (2, 16, 50257)  # generation and evaluation never see the padded rows
+    loss = model(ids, labels=ids)
+    loss.backward()
+    assert model.wte.weight.grad[50257:].abs().sum() == 0  # the padded rows are never trained toward

@@ -21,7 +21,7 @@ TRAIN_FLAGS = [
     ("--data-path", (), "options"), ("--split", "969,30,1", "options"), ("--tokenizer", None, "options"),
     ("--vocab-size", None, "options"), ("--eod-id", None, "options"), ("--model", "tiny", "options"),
     ("--n-layer", None, "options"), ("--n-head", None, "options"), ("--n-embd", None, "options"),  # issue #17
-    ("--rotary", False, "options"), ("--fsdp", False, "options"),
+    ("--rotary", False, "options"), ("--fsdp", False, "options"), ("--compile", False, "options"),
     ("--deepspeed", False, "DeepSpeed"), ("--pipeline-stages", 0, "DeepSpeed"), ("--local-rank", None, "DeepSpeed"),
     ("--train-tokens", None, "budget"), ("--train-iters", None, "budget"), ("--train-samples", None, "budget"),
     ("--lr", None, "learning rate"), ("--min-lr", None, "learning rate"), ("--lr-decay-style", None, "learning rate"),

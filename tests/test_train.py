@@ -346,3 +346,119 @@ def test_a_closed_stdout_stops_the_console_lines_not_the_run(tmp_path, byte_data
     assert err.count("stdout was closed (its reader went away): training goes on") == 1, err
     summary = json.loads((out / "summary.json").read_text())
     assert summary["tokens"] >= 1500 and summary["stop_reason"].startswith("reached the token budget")
+
+
+def _tiny_run(tmp_path, byte_data, name, builder=None, config=None, model=None, **opts):
+    from seqwarm.data import open_prepared
+    from seqwarm.model import GPTConfig
+    from seqwarm.run_folder import prepare_run_dir
+    from seqwarm.train import Run, TrainOptions
+
+    cfg = load_config(config or small_config(tmp_path / "c.json", train_tokens=3000))
+    data = open_prepared(byte_data)
+    model_cfg = GPTConfig.preset("tiny", vocab_size=data.vocab_size, seq_length=64, dropout=0.1,  # uses the RNG
+                                 **(model or {}))
+    options = TrainOptions(**{"out": tmp_path / name, "eval_interval": 0, "eval_iters": 1, "save_interval": 0,
+                              "log_interval": 1, "progress_bar": False, "tensorboard": False, "device": "cpu",
+                              **opts})
+    if not options.resume:
+        prepare_run_dir(options)
+    return Run(cfg, options, data, model_cfg, builder=builder)
+
+
+@pytest.mark.slow
+def test_the_memory_probe_leaves_the_run_bit_identical(tmp_path, byte_data):
+    """The trial full-length step before the first step (an OOM in the first minute) changes no number."""
+    losses = {}
+    for probe in (False, True):
+        run = _tiny_run(tmp_path, byte_data, f"probe-{probe}", memory_probe=probe)
+        calls = []
+        real = run.engine.probe_memory
+        run.engine.probe_memory = lambda batch: (calls.append(batch["input_ids"].shape), real(batch))
+        run.train()
+        assert calls == ([(4, 64)] if probe else [])  # the largest micro-batch at the full length
+        losses[probe] = [r["loss"] for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    assert losses[True] == losses[False] and len(losses[True]) > 3
+
+
+def test_an_oom_on_the_memory_probe_says_what_to_lower(tmp_path, byte_data):
+    import torch
+
+    from seqwarm.errors import UserError
+
+    run = _tiny_run(tmp_path, byte_data, "oom", memory_probe=True)
+
+    def oom(batch):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    run.engine.probe_memory = oom
+    with pytest.raises(UserError, match="full length 64 with micro-batch 4.*lower train_micro_batch_size_per_gpu"):
+        run._probe_memory()
+
+
+@pytest.mark.slow
+def test_a_compiled_run_through_eight_lengths_compiles_at_most_three_graphs(tmp_path, byte_data):
+    """--compile: 8 curriculum lengths and the full-length eval take at most 3 recompiles (Dynamo's limit is
+    8; with dynamic=False a longer curriculum would fall back to eager). Measured on CPU (inject mode):
+    length 8 (static), one dynamic graph for 16..56, 64 (the full length is not cut), and eval."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from seqwarm.builders import TorchEngineBuilder
+
+    torch._dynamo.reset()
+    counters.clear()
+    cfg = small_config(tmp_path / "eight.json", total_step=8, train_tokens=2400, seq=64)  # 8, 16, ..., 64
+    run = _tiny_run(tmp_path, byte_data, "compiled", builder=TorchEngineBuilder(compile=True), config=cfg)
+    run.train()
+    lengths = {r["seqlen"] for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == "train"}
+    compiles = counters["frames"]["ok"]
+    print("lengths", sorted(lengths), "frames compiled", compiles, dict(counters["recompiles"]))
+    assert len(lengths) == 8
+    assert counters["frames"]["ok"] == counters["frames"]["total"]  # nothing fell back to eager
+    assert 1 <= compiles <= 1 + 3, dict(counters["frames"])  # the first compile + at most 3 recompiles
+
+
+@pytest.mark.slow
+def test_a_run_from_before_vocab_padding_resumes_with_its_vocabulary(tmp_path, byte_data):
+    """New runs pad the embedding to a multiple of 64; a checkpoint written before keeps its shapes."""
+    from seqwarm.train import write_resolved_config
+
+    old = _tiny_run(tmp_path, byte_data, "old", model={"vocab_multiple": 1})
+    assert old.data.vocab_size % 64  # the byte vocabulary is not a multiple of 64: padding would show
+    old.resolved["model"].pop("vocab_multiple")  # what a run folder from before the padding records
+    write_resolved_config(old)
+    old.train()
+    new = _tiny_run(tmp_path, byte_data, "old", resume=True)
+    assert new.resume()  # same model (no config change refused), weights of the old shapes loaded
+    assert new.model.wte.weight.shape[0] == new.data.vocab_size
+    fresh = _tiny_run(tmp_path, byte_data, "fresh")
+    assert fresh.model.wte.weight.shape[0] == -(-fresh.data.vocab_size // 64) * 64
+
+
+@pytest.mark.slow
+def test_the_loop_reads_the_loss_only_at_log_rows(tmp_path, byte_data):
+    """One host read per log row (not per step), and the rows' window means are unchanged."""
+    from seqwarm.train import Run
+
+    reads = []
+    real = Run._checked_losses
+
+    def counting(self, pending):
+        reads.append([e[0] for e in pending])
+        return real(self, pending)
+
+    rows = {}
+    for interval in (1, 4):
+        run = _tiny_run(tmp_path, byte_data, f"log{interval}", log_interval=interval)
+        run._checked_losses = counting.__get__(run)
+        reads.clear()
+        run.train()
+        rows[interval] = [r for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == "train"]
+        assert [steps[-1] for steps in reads] == [r["step"] for r in rows[interval]]  # one read per row
+    steps = [r["step"] for r in rows[1]]
+    assert reads[1] == steps[1:4] and len(steps) > 5
+    losses = {r["step"]: r["loss"] for r in rows[1]}
+    for before, row in zip(rows[4], rows[4][1:]):  # a row's loss: the mean over its window of steps
+        window = [losses[s] for s in range(before["step"] + 1, row["step"] + 1)]
+        assert row["loss"] == sum(window) / len(window)

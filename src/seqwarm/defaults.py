@@ -20,18 +20,27 @@ from typing import Any
 DEFAULT_TOKENIZER = "bpe:8192"
 """The tokenizer of the default recipe and of ``seqwarm prepare`` (a byte-level BPE of 8192 tokens)."""
 
+VOCAB_MULTIPLE = 64
+"""A preset's embedding / LM-head rows are the vocabulary rounded up to this (50257 -> 50304): tensor-core
+shapes for the largest matmul of a small GPT. The padded rows get no probability and are not exported."""
+
 PRESETS: dict[str, dict[str, int]] = {
     # CPU demo model (SPEC §7): ~5.3M parameters.
-    "tiny": dict(vocab_size=8192, seq_length=256, n_layer=4, n_head=4, n_embd=256),
+    "tiny": dict(vocab_size=8192, seq_length=256, n_layer=4, n_head=4, n_embd=256, vocab_multiple=VOCAB_MULTIPLE),
     # For science on CPU (sweeps, many seeds): ~0.6M parameters, most of them the embedding, so hundreds
     # of optimizer steps at a large batch fit on 2 cores.
-    "nano": dict(vocab_size=8192, seq_length=256, n_layer=2, n_head=2, n_embd=64),
-    "gpt2-124m": dict(vocab_size=50257, seq_length=1024, n_layer=12, n_head=12, n_embd=768),
-    "gpt2-350m": dict(vocab_size=50257, seq_length=1024, n_layer=24, n_head=16, n_embd=1024),
-    "gpt2-774m": dict(vocab_size=50257, seq_length=1024, n_layer=36, n_head=20, n_embd=1280),
-    "gpt2-1.5b": dict(vocab_size=50257, seq_length=1024, n_layer=48, n_head=25, n_embd=1600),
+    "nano": dict(vocab_size=8192, seq_length=256, n_layer=2, n_head=2, n_embd=64, vocab_multiple=VOCAB_MULTIPLE),
+    "gpt2-124m": dict(vocab_size=50257, seq_length=1024, n_layer=12, n_head=12, n_embd=768,
+                      vocab_multiple=VOCAB_MULTIPLE),
+    "gpt2-350m": dict(vocab_size=50257, seq_length=1024, n_layer=24, n_head=16, n_embd=1024,
+                      vocab_multiple=VOCAB_MULTIPLE),
+    "gpt2-774m": dict(vocab_size=50257, seq_length=1024, n_layer=36, n_head=20, n_embd=1280,
+                      vocab_multiple=VOCAB_MULTIPLE),
+    "gpt2-1.5b": dict(vocab_size=50257, seq_length=1024, n_layer=48, n_head=25, n_embd=1600,
+                      vocab_multiple=VOCAB_MULTIPLE),
 }
-"""GPT sizes by name: vocabulary, full length, layers, heads, width (GPT-2 sizes as in the GPT-2 paper)."""
+"""GPT sizes by name: vocabulary, full length, layers, heads, width (GPT-2 sizes as in the GPT-2 paper),
+and the multiple the vocabulary is padded to."""
 
 _DEFAULT_TRAIN_CONFIG: dict[str, Any] = {
     # Only the global batch: the micro-batch follows from the world size (16 on one process, 8 on two).

@@ -42,6 +42,9 @@ def launched_by_torchrun() -> bool:
 
 def init_distributed(device: str = "auto") -> DistInfo:
     """Join the process group torchrun describes in the environment (a no-op for one process)."""
+    # grow segments instead of caching fixed blocks: a growing sequence length fragments the cache
+    # (set before the first CUDA allocation; the user's own setting wins)
+    os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     if not launched_by_torchrun():
         return DistInfo()
     world = int(os.environ["WORLD_SIZE"])
@@ -76,23 +79,31 @@ def device_for(info: DistInfo, requested: str) -> torch.device:
     return device
 
 
-def wrap_model(model: nn.Module, info: DistInfo, fsdp: bool, device: torch.device) -> nn.Module:
-    """DDP, or FSDP2 with one ``fully_shard`` per transformer block plus the root."""
+def wrap_model(model: nn.Module, info: DistInfo, fsdp: bool, device: torch.device,
+               param_dtype: torch.dtype | None = None) -> nn.Module:
+    """DDP, or FSDP2 with one ``fully_shard`` per transformer block plus the root.
+
+    ``param_dtype`` (FSDP2; the run's autocast dtype): gather parameters in it and reduce gradients in
+    fp32 (a ``MixedPrecisionPolicy``): half the all-gather bytes, full-precision gradient sums.
+    """
     if fsdp:
         try:
-            from torch.distributed.fsdp import fully_shard
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         except ImportError:
             raise UserError("--fsdp needs torch >= 2.6 (torch.distributed.fsdp.fully_shard)") from None
         if not info.enabled:
             raise UserError("--fsdp shards the model across ranks: launch with torchrun --nproc_per_node N (N >= 2)")
+        policy = {} if param_dtype is None else {
+            "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)}
         for block in getattr(model, "blocks", []):
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, **policy)
+        fully_shard(model, **policy)
         return model
     if not info.enabled:
         return model
     ids = [device.index] if device.type == "cuda" else None
-    return nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    # gradients live in the all-reduce buckets: no copy in or out, and one gradient-sized buffer less
+    return nn.parallel.DistributedDataParallel(model, device_ids=ids, gradient_as_bucket_view=True)
 
 
 def barrier(info: DistInfo) -> None:

@@ -27,10 +27,10 @@ import torch
 import torch.nn as nn
 
 from seqwarm.budget import should_stop
-from seqwarm.config import FP16Config
+from seqwarm.config import FP16Config, resolve_precision
 from seqwarm.core import CurriculumCore, as_run_config, check_state_format, set_lr
 
-__all__ = ["CurriculumEngine", "LossScaler"]
+__all__ = ["CurriculumEngine", "LossScaler", "bf16_supported"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,6 +109,16 @@ def _total_norm(grads: list[torch.Tensor]) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
 
 
+def bf16_supported(device_type: str) -> bool:
+    """Whether bf16 autocast is fast on this device type (Ampere or later on CUDA)."""
+    if device_type != "cuda":
+        return True
+    try:
+        return bool(torch.cuda.is_bf16_supported())
+    except (RuntimeError, AssertionError):  # no driver: the device decides nothing
+        return False
+
+
 def _world_size() -> int:
     dist = torch.distributed
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
@@ -133,7 +143,11 @@ class CurriculumEngine:
                  process_group: Any = None, inject_via_kwargs: bool = False):
         self.module = model
         self.optimizer = optimizer
-        self.config = cfg = as_run_config(config, _world_size())
+        param = next(model.parameters(), None)
+        device_type = param.device.type if param is not None else "cpu"
+        # a config that names no precision trains in bf16 on CUDA (the device decides, once, here)
+        self.config = cfg = resolve_precision(as_run_config(config, _world_size()), device_type,
+                                              bf16_supported(device_type))
         forward = _unwrap(model).forward
         self._signature = inspect.signature(forward)
         self.core = CurriculumCore(cfg, forward, process_group=process_group, inject_via_kwargs=inject_via_kwargs)
@@ -145,6 +159,10 @@ class CurriculumEngine:
         self.loss_scaler = LossScaler(cfg.fp16) if cfg.precision == "fp16" else None
         self._autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
         self._device_type: str | None = None
+        # a torch.compile'd model (in place, or some of its blocks) gets the sequence dimension of the
+        # shaped batch marked dynamic: one graph for every curriculum length instead of one per length
+        # (with dynamic=False Dynamo would hit its recompile limit and fall back to eager)
+        self._mark_dynamic = any(getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
 
     # -- setup ------------------------------------------------------------------------------------
     def _autocast(self) -> contextlib.AbstractContextManager:
@@ -161,6 +179,20 @@ class CurriculumEngine:
         if self._autocast_dtype is torch.float16 and self._device_type != "cuda":
             return contextlib.nullcontext()
         return torch.autocast(self._device_type, dtype=self._autocast_dtype)
+
+    def _gradient_sync(self) -> contextlib.AbstractContextManager:
+        """Reduce gradients across ranks only on the boundary micro-batch: one all-reduce per optimizer step.
+
+        DDP decides in its forward whether the coming backward all-reduces (``no_sync`` around the
+        forward is enough); FSDP2 reads ``set_requires_gradient_sync`` in its backward hooks.
+        """
+        boundary = self.is_gradient_accumulation_boundary()
+        set_sync = getattr(self.module, "set_requires_gradient_sync", None)  # FSDP2 (fully_shard)
+        if callable(set_sync):
+            set_sync(boundary)
+        elif not boundary and callable(getattr(self.module, "no_sync", None)):  # DDP
+            return self.module.no_sync()
+        return contextlib.nullcontext()
 
     # -- the DeepSpeed-like surface ---------------------------------------------------------------
     # the clock and the curriculum are the core's
@@ -221,10 +253,33 @@ class CurriculumEngine:
             seqlen = self.core.observe(tokens.shape[0], tokens.shape[1], mask)
             if seqlen is not None:
                 kwargs["curriculum_seqlen"] = seqlen
-        with self._autocast():
+        if self._mark_dynamic:
+            for value in (*args, *kwargs.values()):
+                if isinstance(value, torch.Tensor) and value.dim() >= 2:
+                    torch._dynamo.maybe_mark_dynamic(value, 1)
+        with self._autocast(), self._gradient_sync():
             out = self.module(*args, **kwargs)
         self.core.check_output(out)  # inject mode: the model really ran at the length it was given
         return out
+
+    def probe_memory(self, batch: Mapping[str, torch.Tensor]) -> None:
+        """One forward + backward on ``batch`` as given (no curriculum shaping), then drop the gradients.
+
+        Run before the first step at the full length and the largest micro-batch, so a run that does
+        not fit fails in its first minute, not at the step where the curriculum reaches full length.
+        The clock, the curriculum, the accumulation position and the optimizer are untouched; the
+        caller restores the RNG (dropout draws from it).
+        """
+        set_sync = getattr(self.module, "set_requires_gradient_sync", None)
+        if callable(set_sync):  # FSDP2: reduce now, so no unsharded gradient is left to accumulate
+            set_sync(True)
+        was_training = self.module.training
+        self.module.train()
+        with self._autocast():
+            loss = self.module(**batch)
+        loss.backward()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.module.train(was_training)
 
     def backward(self, loss: torch.Tensor, retain_graph: bool = False) -> torch.Tensor:
         """``loss.backward()`` on ``loss / gradient_accumulation_steps`` (x the fp16 loss scale).

@@ -88,7 +88,8 @@ def gpt2_weights(model: GPT) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
                   resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
                   layer_norm_epsilon=cfg.layer_norm_eps, initializer_range=cfg.init_std,
                   scale_attn_weights=True, tie_word_embeddings=True)
-    out = {"transformer.wte.weight": state["wte.weight"].clone(), "transformer.wpe.weight": state["wpe.weight"].clone()}
+    out = {"transformer.wte.weight": state["wte.weight"][:cfg.vocab_size].clone(),  # padded rows dropped
+           "transformer.wpe.weight": state["wpe.weight"].clone()}
     for i in range(cfg.n_layer):
         src, dst = f"blocks.{i}", f"transformer.h.{i}"
         for name in ("ln_1", "ln_2"):
@@ -111,7 +112,7 @@ def neox_weights(model: GPT) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
                   rotary_pct=1.0, rotary_emb_base=cfg.rotary_base, use_parallel_residual=False,
                   attention_bias=True, layer_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.init_std,
                   attention_dropout=cfg.dropout, hidden_dropout=cfg.dropout, tie_word_embeddings=True)
-    out = {"gpt_neox.embed_in.weight": state["wte.weight"].clone()}
+    out = {"gpt_neox.embed_in.weight": state["wte.weight"][:cfg.vocab_size].clone()}  # padded rows dropped
 
     def per_head(t: torch.Tensor) -> torch.Tensor:  # (3C, ...) q|k|v -> per head [q_h, k_h, v_h]
         return t.reshape(3, h, c // h, *t.shape[1:]).transpose(0, 1).reshape(t.shape).contiguous()

@@ -25,11 +25,18 @@ logger = logging.getLogger(__name__)
 
 def adam_stats(optimizer) -> dict[str, float]:
     """l1 norm and max of Adam's second moment (the stability signal the paper's authors logged)."""
+    import torch
+
     vs = [s["exp_avg_sq"] for s in optimizer.state.values() if "exp_avg_sq" in s]
     if not vs:
         return {}
-    l1 = float(sum(v.abs().sum() for v in vs))
-    top = float(max(v.max() for v in vs))
+    plain = all(type(v) is torch.Tensor and v.device == vs[0].device for v in vs)
+    if plain and hasattr(torch, "_foreach_max"):  # foreach kernels, one host transfer (not one per tensor)
+        l1, top = torch.stack([torch.stack(torch._foreach_norm(vs, 1)).sum(),
+                               torch.stack(torch._foreach_max(vs)).max()]).tolist()
+    else:  # FSDP2 DTensors, mixed devices or torch < 2.6
+        l1 = float(sum(v.abs().sum() for v in vs))
+        top = float(max(v.max() for v in vs))
     return {"adam_v_l1": l1, "adam_v_max": top}
 
 

@@ -48,9 +48,12 @@ class GPTConfig:
     rotary_base: float = 10000.0
     layer_norm_eps: float = 1e-5
     init_std: float = 0.02
+    vocab_multiple: int = 1
+    """Embedding / LM-head rows are ``vocab_size`` rounded up to a multiple of this (the presets: 64).
+    The padded rows never get probability: logits are cut to ``vocab_size``."""
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "seq_length", "n_layer", "n_head", "n_embd"):
+        for name in ("vocab_size", "seq_length", "n_layer", "n_head", "n_embd", "vocab_multiple"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"GPTConfig.{name} must be an int >= 1, got {value!r}")
@@ -73,12 +76,17 @@ class GPTConfig:
             raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
 
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of the token embedding and the LM head (``vocab_size`` rounded up to ``vocab_multiple``)."""
+        return -(-self.vocab_size // self.vocab_multiple) * self.vocab_multiple
+
     def replace(self, **changes: Any) -> GPTConfig:
         return dataclasses.replace(self, **changes)
 
     def num_params(self, non_embedding: bool = False) -> int:
         """Parameter count from the formula (equals ``GPT(self).num_params()``)."""
-        d, v, t, n = self.n_embd, self.vocab_size, self.seq_length, self.n_layer
+        d, v, t, n = self.n_embd, self.padded_vocab_size, self.seq_length, self.n_layer
         ln = 2 * d if self.bias else d
         b = 1 if self.bias else 0
         per_layer = 2 * ln + (3 * d * d + b * 3 * d) + (d * d + b * d)  # two LNs, qkv, out-proj
@@ -161,12 +169,12 @@ class GPT(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.config = cfg
-        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        self.wte = nn.Embedding(cfg.padded_vocab_size, cfg.n_embd)
         self.wpe = None if cfg.rotary else nn.Embedding(cfg.seq_length, cfg.n_embd)
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps, bias=cfg.bias)
-        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.padded_vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # tied
         if cfg.rotary:
             cos, sin = _rotary_tables(cfg)
@@ -261,10 +269,12 @@ class GPT(nn.Module):
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, rope, mask)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, V)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, V padded)
+        if logits.size(-1) != self.config.vocab_size:  # padded rows: no probability, in loss or generation
+            logits = logits[..., :self.config.vocab_size]  # (B, T, V)
         if labels is None:
             return logits
-        flat_logits = logits.float().view(-1, logits.size(-1))
+        flat_logits = logits.float().reshape(-1, logits.size(-1))
         if loss_mask is None:
             return F.cross_entropy(flat_logits, labels.reshape(-1))
         losses = F.cross_entropy(flat_logits, labels.reshape(-1), reduction="none")

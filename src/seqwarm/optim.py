@@ -21,8 +21,15 @@ def build_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optim
         return torch.optim.SGD(groups, lr=lr, momentum=float(opt.params.get("momentum", 0.0)))
     # DeepSpeed's "Adam" is AdamW unless adam_w_mode is false.
     if opt.type == "Adam" and opt.params.get("adam_w_mode", True) is False:
-        return torch.optim.Adam(groups, lr=lr, betas=opt.betas, eps=opt.eps)
+        return torch.optim.Adam(groups, lr=lr, betas=opt.betas, eps=opt.eps, **_fused(decay + no_decay))
     if opt.type not in ("Adam", "AdamW"):
         raise UserError(f"optimizer.type {opt.type!r} runs only under DeepSpeed; seqwarm's own engine builds "
                         "Adam, AdamW or SGD")
-    return torch.optim.AdamW(groups, lr=lr, betas=opt.betas, eps=opt.eps)
+    return torch.optim.AdamW(groups, lr=lr, betas=opt.betas, eps=opt.eps, **_fused(decay + no_decay))
+
+
+def _fused(params: list[torch.Tensor]) -> dict[str, bool]:
+    """``fused=True`` when every parameter is a plain CUDA tensor: one kernel for the whole update
+    (FSDP2's DTensors and CPU parameters keep the default foreach implementation)."""
+    fused = bool(params) and all(type(p) in (torch.Tensor, torch.nn.Parameter) and p.is_cuda for p in params)
+    return {"fused": True} if fused else {}

@@ -85,6 +85,10 @@ class RunSpec:
     """rotary position embeddings instead of learned ones"""
     fsdp: bool = False
     """under torchrun: shard the model with FSDP2 (fully_shard per block) instead of DDP"""
+    compile: bool = False
+    """torch.compile the GPT (in place, before DDP; per block under --fsdp) with the sequence dimension
+    dynamic, so a whole curriculum runs on a few graphs; the numbers are those of eager up to kernel
+    rounding"""
     deepspeed: bool = field(default=False, metadata={"group": "deepspeed"})
     """train on a DeepSpeed engine (under torchrun or the deepspeed launcher); ZeRO stage, offload,
     precision and batch sizes come from --config"""
@@ -305,6 +309,9 @@ def check_spec(spec: RunSpec) -> None:
         size_problems(spec)
     if spec.pipeline_stages and not spec.deepspeed:
         raise UserError("--pipeline-stages needs --deepspeed (the pipeline is DeepSpeed's PipelineEngine)")
+    if spec.compile and (spec.deepspeed or spec.model.startswith("hf:")):
+        raise UserError("--compile compiles seqwarm's own GPT on its own engine: drop --compile, or use "
+                        "DeepSpeed's config key \"compile\" (or Hugging Face's torch_compile) for those")
     if spec.deepspeed and spec.fsdp:
         raise UserError("--deepspeed and --fsdp both shard the model: choose one (ZeRO-3 in the DeepSpeed config "
                         "is the DeepSpeed counterpart of --fsdp)")
@@ -429,7 +436,8 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, opts, info, say) -> TrainRe
     """The run in its locked folder (see :func:`_run`)."""
     from seqwarm.data import open_prepared
     from seqwarm.model import GPTConfig
-    from seqwarm.train import Run, TorchEngineBuilder, finish_lines, format_start, write_resolved_config
+    from seqwarm.builders import TorchEngineBuilder
+    from seqwarm.train import Run, finish_lines, format_start, write_resolved_config
 
     stages = spec.pipeline_stages or 1
     if spec.data_path:
@@ -450,7 +458,7 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, opts, info, say) -> TrainRe
             from seqwarm.integrations.deepspeed_run import DeepSpeedEngineBuilder
             builder = DeepSpeedEngineBuilder(pipeline_stages=stages if stages > 1 else 0)
         else:
-            builder = TorchEngineBuilder(fsdp=spec.fsdp)
+            builder = TorchEngineBuilder(fsdp=spec.fsdp, compile=spec.compile)
     run = Run(cfg, opts, data, model_cfg, dist_info=info, builder=builder)
     resumed = run.resume() if opts.resume else False
     if opts.resume and not resumed:

@@ -1,6 +1,6 @@
 """The pretraining loop: budget by tokens, logging, full-length evaluation, atomic checkpoints, exact resume.
 
-:class:`Run` is the loop. An *engine builder* (:class:`TorchEngineBuilder` here: one device, DDP or
+:class:`Run` is the loop. An *engine builder* (:mod:`seqwarm.builders`: one device, DDP or
 FSDP2; the DeepSpeed one in :mod:`seqwarm.integrations.deepspeed_run`) builds the GPT, its optimizer and
 the engine the loop drives, says how one optimizer step is taken and supplies the checkpointer
 (:mod:`seqwarm.checkpointer`). The loop repeats ``gradient_accumulation_steps`` micro-batches at full
@@ -17,11 +17,10 @@ import logging
 import math
 import platform
 import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,17 +28,16 @@ import torch
 from seqwarm.atomic import write_json
 from seqwarm.budget import stop_reason
 from seqwarm.checkpoint import rng_state, set_rng_state
-from seqwarm.checkpointer import Checkpointer, TorchCheckpointer
-from seqwarm.config import RunConfig
+from seqwarm.builders import EngineBuilder, TorchEngineBuilder, accumulate_step
+from seqwarm.config import RunConfig, resolve_precision
 from seqwarm.config.describe import describe
 from seqwarm.data.indexed import data_fingerprint
-from seqwarm.distributed import DistInfo, device_for, gather_floats, wrap_model
+from seqwarm.distributed import DistInfo, device_for, gather_floats
 from seqwarm.errors import SeqwarmError, UserError
 from seqwarm.evaluator import Evaluator
 from seqwarm.metrics import format_duration, truncate_metrics
 from seqwarm.metrics_logger import MetricsLogger, adam_stats
 from seqwarm.trackers import tracker_config
-from seqwarm.optim import build_optimizer
 from seqwarm.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -82,6 +80,9 @@ class TrainOptions:
     """TensorBoard here instead of RUN/tensorboard (see :func:`seqwarm.trackers.tracker_config`)."""
     wandb_project: str | None = None
     wandb_run_name: str | None = None
+    memory_probe: bool | None = None
+    """One forward + backward at the full length and micro-batch before the first step, so an OOM
+    comes in the first minute (None: on CUDA only). The run's numbers are the same with or without it."""
 
 
 @dataclass
@@ -109,75 +110,6 @@ def jsonable(obj: Any) -> Any:
     return json.loads(json.dumps(obj, default=lambda o: list(o) if isinstance(o, tuple) else str(o)))
 
 
-@dataclass
-class Built:
-    """What an engine builder hands the loop."""
-
-    model: torch.nn.Module
-    """The unwrapped GPT (what checkpoints and ``seqwarm eval`` hold)."""
-    optimizer: Any
-    """The torch optimizer (its Adam moments are logged)."""
-    engine: Any
-    """What the loop drives: ``engine(batch) -> loss``, ``backward``, ``step``, ``progress``, ``state_dict``."""
-    parallelism: str
-    """Recorded in config.json: ``none``, ``ddp``, ``fsdp2``, ``deepspeed-zero2``, ..."""
-    resolved: dict[str, Any] = field(default_factory=dict)
-    """Extra entries of config.json (the DeepSpeed run records its resolved DeepSpeed config)."""
-    train_step: Callable[[Any, Callable[[], dict], int], float] | None = None
-    """``train_step(engine, next_batch, micro_batches) -> mean loss`` of one optimizer step
-    (None: :func:`accumulate_step`)."""
-    label_style: str = "megatron"
-    """The batches the model takes: ``megatron`` (shifted labels) or ``hf`` (labels = inputs; the model shifts)."""
-
-
-class EngineBuilder(Protocol):
-    """A backend: how the model is built, wrapped and stepped, and how it is checkpointed."""
-
-    def data_parallel(self, info: DistInfo) -> tuple[int, int]:
-        """This rank's index among the data-parallel replicas, and their number."""
-
-    def build(self, model_cfg, cfg: RunConfig, info: DistInfo, device: torch.device) -> Built:
-        """The model, optimizer and engine of the run (called once, after seeding)."""
-
-    def checkpointer(self, built: Built, folder: Path, info: DistInfo, keep: int) -> Checkpointer:
-        """The checkpointer of what :meth:`build` returned."""
-
-
-def accumulate_step(engine, next_batch: Callable[[], dict], micro_batches: int) -> float:
-    """One optimizer step of ``micro_batches`` forward/backward passes; this rank's mean loss."""
-    losses = []
-    for _ in range(micro_batches):
-        loss = engine(next_batch())
-        engine.backward(loss)
-        losses.append(loss.detach())
-        engine.step()
-    return float(torch.stack(losses).mean())
-
-
-class TorchEngineBuilder:
-    """The GPT on one device, under DDP, or sharded with FSDP2, driven by a CurriculumEngine."""
-
-    def __init__(self, fsdp: bool = False):
-        self.fsdp = fsdp
-
-    def data_parallel(self, info: DistInfo) -> tuple[int, int]:
-        return info.rank, info.world_size
-
-    def build(self, model_cfg, cfg: RunConfig, info: DistInfo, device: torch.device) -> Built:
-        from seqwarm.engine import CurriculumEngine
-        from seqwarm.model import GPT
-
-        model = GPT(model_cfg).to(device)  # the unwrapped model (sharded in place by FSDP2)
-        wrapped = wrap_model(model, info, self.fsdp, device)
-        optimizer = build_optimizer(model, cfg)  # after sharding: FSDP2 params are DTensors
-        parallelism = "fsdp2" if self.fsdp else ("ddp" if info.enabled else "none")
-        return Built(model, optimizer, CurriculumEngine(wrapped, optimizer, cfg), parallelism)
-
-    def checkpointer(self, built: Built, folder: Path, info: DistInfo, keep: int) -> TorchCheckpointer:
-        return TorchCheckpointer(folder, built.model, built.optimizer, built.engine, info=info, keep=keep,
-                                 fsdp=self.fsdp)
-
-
 class Run:
     """One training run in a folder: the loop, calling its engine, checkpointer, evaluator and logger."""
 
@@ -193,6 +125,10 @@ class Run:
         self.device = device_for(self.info, opts.device)
         self.run_dir = Path(opts.out)
         self.ckpt_dir = self.run_dir / "checkpoints"
+        cfg = self.cfg = self._resolve_precision(cfg)
+        if opts.resume and hasattr(model_cfg, "vocab_multiple") and "vocab_multiple" not in _saved(self.run_dir, "model"):
+            # written before the vocabulary was padded: the resumed run keeps its (unpadded) shapes
+            model_cfg = self.model_cfg = model_cfg.replace(vocab_multiple=1)
         torch.manual_seed(opts.seed)  # same initial weights on every rank
         built = builder.build(model_cfg, cfg, self.info, self.device)
         self.model, self.optimizer, self.engine = built.model, built.optimizer, built.engine
@@ -231,9 +167,30 @@ class Run:
             "world_size": cfg.world_size,
             "parallelism": built.parallelism,
             "device": str(self.device),
+            "precision": self.precision_info,
             "versions": versions(),
             **built.resolved,
         }
+
+    def _resolve_precision(self, cfg: RunConfig) -> RunConfig:
+        """The precision the run trains in: the config's; else the resumed run's (a checkpoint keeps
+        what it was trained in); else the device's default (bf16 on CUDA). TF32 matmuls for fp32 on CUDA."""
+        from seqwarm.engine import bf16_supported
+
+        source = "config"
+        if not cfg.precision_named:
+            saved = _saved(self.run_dir, "run").get("precision") if self.opts.resume else None
+            if saved is not None:
+                cfg, source = cfg.replace(precision=saved, precision_named=True), "resumed run"
+            else:
+                kind = self.device.type
+                cfg, source = resolve_precision(cfg, kind, bf16_supported(kind)), f"default on {kind}"
+        tf32 = self.device.type == "cuda" and cfg.precision == "fp32"
+        if tf32:  # fp32 weights and reductions, TF32 tensor-core matmuls (~8x fp32 on an A100/H100)
+            torch.set_float32_matmul_precision("high")
+        self.precision_info = {"precision": cfg.precision, "source": source, "tf32_matmul": tf32}
+        logger.info("precision %s (%s)%s", cfg.precision, source, ", TF32 matmuls" if tf32 else "")
+        return cfg
 
     def elapsed(self) -> float:
         """Training wall-clock seconds of the run, earlier sessions included."""
@@ -247,9 +204,12 @@ class Run:
             # written before the resolved mode was recorded: the same config resolves to the same mode
             old = {**old, "curriculum": {**old["curriculum"], "mode": new["curriculum"]["mode"]}}
         changed = [k for k in RESUME_KEYS if old.get(k) != new.get(k)]
-        if saved["model"] != self.resolved["model"]:
-            shape = [f"{k} {saved['model'].get(k)!r} -> {v!r}" for k, v in self.resolved["model"].items()
-                     if saved["model"].get(k) != v]
+        old_model = saved["model"]
+        if "vocab_multiple" in self.resolved["model"] and "vocab_multiple" not in old_model:  # before padding
+            old_model = {**old_model, "vocab_multiple": 1}
+        if old_model != self.resolved["model"]:
+            shape = [f"{k} {old_model.get(k)!r} -> {v!r}" for k, v in self.resolved["model"].items()
+                     if old_model.get(k) != v]
             if self.opts.allow_config_change:  # the weights would not fit: no flag can make that work
                 raise UserError(f"{path} holds a different model ({', '.join(shape)}); --allow-config-change "
                                 "covers the recipe, not the model or its sequence length: resume with the "
@@ -334,40 +294,86 @@ class Run:
                            "seqlen": self.evaluator.seq_length, "elapsed_s": self.elapsed()})
         return val
 
+    def _probe_memory(self) -> None:
+        """The engine's :meth:`~seqwarm.engine.CurriculumEngine.probe_memory` on random tokens at the
+        full length; RNG restored, no data drawn, so the run is bit-identical with or without it."""
+        probe = getattr(self.engine, "probe_memory", None)
+        wanted = self.opts.memory_probe
+        if not callable(probe) or not (self.device.type == "cuda" if wanted is None else wanted):
+            return
+        length, micro = self.model_cfg.seq_length, self.cfg.micro_batch_size
+        ids = torch.randint(0, self.data.vocab_size, (micro, length), generator=torch.Generator().manual_seed(0))
+        saved = rng_state()
+        try:
+            probe({"input_ids": ids.to(self.device), "labels": ids.to(self.device)})
+        except torch.cuda.OutOfMemoryError:
+            raise UserError(
+                f"out of GPU memory on a trial step at the full length {length} with micro-batch {micro} "
+                f"(before step {self.engine.global_steps + 1}): lower train_micro_batch_size_per_gpu (raise "
+                "gradient_accumulation_steps to keep the global batch), train in bf16 (--precision bf16), "
+                "shard with --fsdp, or choose a smaller --model") from None
+        finally:
+            set_rng_state(saved)
+        if self.device.type == "cuda":
+            logger.info("trial step at length %d x %d fits: peak %.2f GiB", length, micro,
+                        torch.cuda.max_memory_allocated(self.device) / 2**30)
+
     def _next_batch(self) -> dict:
         return {k: v.to(self.device, non_blocking=True) for k, v in self.batches.next_batch().items()}
 
-    def _mean_over_ranks(self, step_loss: float) -> float:
-        """The step's loss averaged over ranks; every rank must be at the same curriculum length."""
-        per_rank = gather_floats([step_loss, float(self.engine.current_seqlen or 0)], self.info,
+    def _mean_over_ranks(self, losses: list[float], steps: list[int], lengths: list[int]) -> list[float]:
+        """Each step's loss averaged over ranks (one gather for all of them); every rank must have
+        trained each step at the same curriculum length."""
+        n = len(losses)
+        per_rank = gather_floats([*losses, *map(float, lengths)], self.info,
                                  self.device if self.info.backend == "nccl" else torch.device("cpu"))
-        lengths = {int(r[1]) for r in per_rank}
-        if len(lengths) != 1:
-            raise RuntimeError(f"ranks disagree on the curriculum length at step "
-                               f"{self.engine.global_steps}: {sorted(lengths)}")
-        return sum(r[0] for r in per_rank) / len(per_rank)
+        for i, step in enumerate(steps):
+            seen = {int(r[n + i]) for r in per_rank}
+            if len(seen) != 1:
+                raise RuntimeError(f"ranks disagree on the curriculum length at step {step}: {sorted(seen)}")
+        return [sum(r[i] for r in per_rank) / len(per_rank) for i in range(n)]
+
+    def _checked_losses(self, pending: list[tuple]) -> list[float]:
+        """The losses of ``pending`` (step, length, loss) entries: one host transfer, one gather across
+        ranks; TrainingDiverged at the first step whose loss is not finite."""
+        values = [e[2] for e in pending]
+        if all(isinstance(v, torch.Tensor) for v in values):
+            losses = torch.stack([v.detach().float().reshape(()) for v in values]).tolist()
+        else:
+            losses = [float(v) for v in values]
+        if self.info.enabled:
+            losses = self._mean_over_ranks(losses, [e[0] for e in pending], [int(e[1] or 0) for e in pending])
+        for (step, length, _), loss in zip(pending, losses):
+            if not math.isfinite(loss):
+                raise TrainingDiverged(
+                    f"the training loss became {loss} at step {step} (length {length}); {self.last_good()}. "
+                    "Lower the learning rate, raise min_difficulty, or lengthen the curriculum")
+        return losses
+
+    def _log_pending(self, pending: list[tuple]) -> None:
+        """Read the losses of the steps since the last read and add the steps to the log window."""
+        if pending:
+            for (*_, window), loss in zip(pending, self._checked_losses([e[:3] for e in pending])):
+                self.log.step(*window[:2], loss, window[2])
+            pending.clear()
 
     def train(self) -> TrainResult:
         self.t_start = time.perf_counter()
         cfg, opts, engine = self.cfg, self.opts, self.engine
         reason = stop_reason(engine.progress, cfg)
         skips_in_a_row = 0
+        pending: list[tuple] = []  # steps whose loss is not read yet: (step, length, loss, window entry)
         self.log.open(engine.progress.tokens)
         engine.train()
+        self._probe_memory()
         try:
             while reason is None:
                 t0 = time.perf_counter()
                 tokens_before, step_before = engine.progress.tokens, engine.progress.step
                 step_loss = self._step(engine, self._next_batch, cfg.gradient_accumulation_steps)
-                if self.info.enabled:
-                    step_loss = self._mean_over_ranks(step_loss)
                 p = engine.progress
-                if not math.isfinite(step_loss):
-                    raise TrainingDiverged(
-                        f"the training loss became {step_loss} at step {p.step} (length "
-                        f"{engine.current_seqlen}); {self.last_good()}. "
-                        "Lower the learning rate, raise min_difficulty, or lengthen the curriculum")
                 if p.step == step_before:  # fp16 overflow: skipped, nothing advanced; no eval/log/save
+                    self._checked_losses([(p.step, engine.current_seqlen, step_loss)])
                     skips_in_a_row += 1
                     if skips_in_a_row >= MAX_SKIPS_IN_A_ROW:
                         raise TrainingDiverged(
@@ -376,9 +382,14 @@ class Run:
                             "Use bf16, or lower the learning rate")
                     continue
                 skips_in_a_row = 0
-                self.log.step(p.tokens, p.tokens - tokens_before, step_loss, time.perf_counter() - t0)
+                pending.append((p.step, engine.current_seqlen, step_loss,
+                                (p.tokens, p.tokens - tokens_before, time.perf_counter() - t0)))
                 reason = stop_reason(p, cfg)
-                if opts.eval_interval and p.step % opts.eval_interval == 0 and reason is None:
+                evaluate = opts.eval_interval and p.step % opts.eval_interval == 0 and reason is None
+                save = opts.save_interval and p.step % opts.save_interval == 0 and reason is None
+                if evaluate or save or self.log.due(p.step, last=reason is not None):
+                    self._log_pending(pending)  # the step's one host read (and one gather across ranks)
+                if evaluate:
                     self._evaluate()
                 if self.log.due(p.step, last=reason is not None):
                     head = {"step": p.step, "tokens": p.tokens, "samples": p.samples,
@@ -386,7 +397,7 @@ class Run:
                     tail = {"grad_norm": engine.grad_norm, "elapsed_s": self.elapsed(),
                             **adam_stats(self.optimizer)}
                     self.log.train_row(head, tail, self.last_val)
-                if opts.save_interval and p.step % opts.save_interval == 0 and reason is None:
+                if save:
                     self.save()
             final_val = self._evaluate()
             self.save()
@@ -409,6 +420,15 @@ class Run:
         }
 
 
+def _saved(run_dir: Path, section: str) -> dict[str, Any]:
+    """One section (``run``, ``model``) of a run folder's config.json ({} when there is none to read)."""
+    try:
+        out = json.loads((run_dir / "config.json").read_text())[section]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
 def write_resolved_config(run: Run) -> Path:
     """``RUN/config.json``: everything the run was resolved to (written atomically)."""
     return write_json(run.run_dir / "config.json", run.resolved)
@@ -426,7 +446,9 @@ def format_start(run: Run) -> list[str]:
              f"{d['tokenizer'] if isinstance(d['tokenizer'], str) else json.dumps(d['tokenizer'])})",
              f"device:      {run.device}, {torch.get_num_threads()} threads, world size {run.info.world_size}"
              + (f" ({run.resolved['parallelism']})" if run.resolved["parallelism"] != "none" else "")]
-    lines += describe(run.cfg)
+    p = run.precision_info  # the precision line says where the precision came from
+    lines += [f"{line} ({p['source']}{', TF32 matmuls' if p['tf32_matmul'] else ''})"
+              if line.startswith("precision:") else line for line in describe(run.cfg)]
     lines.append(f"resolved config: {run.run_dir / 'config.json'}")
     return lines
 

@@ -21,7 +21,7 @@ curriculum's and the LR schedule's configs and checks live with their owners
 from __future__ import annotations
 
 from seqwarm.config.reader import SEQWARM_KEYS, load_config
-from seqwarm.config.run import PRECISIONS, FP16Config, OptimizerConfig, RunConfig
+from seqwarm.config.run import PRECISIONS, FP16Config, OptimizerConfig, RunConfig, resolve_precision
 from seqwarm.curriculum import CURRICULUM_MODES, CurriculumConfig
 from seqwarm.lr_schedule import DECAY_STYLES, LRConfig
 from seqwarm.problems import ConfigError, Problem
@@ -29,4 +29,5 @@ from seqwarm.problems import ConfigError, Problem
 __all__ = [
     "ConfigError", "Problem", "CurriculumConfig", "FP16Config", "OptimizerConfig", "LRConfig",
     "RunConfig", "load_config", "SEQWARM_KEYS", "CURRICULUM_MODES", "DECAY_STYLES", "PRECISIONS",
+    "resolve_precision",
 ]

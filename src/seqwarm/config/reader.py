@@ -306,7 +306,9 @@ def _adam_overrides(chk: Checker, s: dict[str, tuple[Any, str]], opt: OptimizerC
     return dataclasses.replace(opt, betas=(betas[0], betas[1]), eps=eps)
 
 
-def _precision(chk: Checker, raw: Mapping[str, Any], s: dict[str, tuple[Any, str]]) -> tuple[str, FP16Config]:
+def _precision(chk: Checker, raw: Mapping[str, Any],
+               s: dict[str, tuple[Any, str]]) -> tuple[str, FP16Config, bool]:
+    """The precision, the fp16 block, and whether the config named a precision (else the device decides)."""
     fp16_block = chk.section(raw, "fp16", "fp16") or {}
     bf16_block = chk.section(raw, "bf16", "bf16") or {}
     fp16_on = chk.boolean(fp16_block.get("enabled", False), "fp16.enabled")
@@ -333,7 +335,9 @@ def _precision(chk: Checker, raw: Mapping[str, Any], s: dict[str, tuple[Any, str
         min_loss_scale=chk.number(fp16_block.get("min_loss_scale", d.min_loss_scale), "fp16.min_loss_scale",
                                   strict=True) or d.min_loss_scale,
     )
-    return precision, fp16
+    # a block that says enabled (true or false) names the precision: only silence lets the device choose
+    named = "enabled" in fp16_block or "enabled" in bf16_block or "precision" in s
+    return precision, fp16, named
 
 
 def _ds_scheduler(chk: Checker, raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -445,7 +449,7 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
         if isinstance(mgn, (int, float)) and not isinstance(mgn, bool) and mgn > 0 \
                 and "gradient_clipping" not in raw and "gradient_clipping" not in s:
             clip = float(mgn)
-    precision, fp16 = _precision(chk, raw, s)
+    precision, fp16, named = _precision(chk, raw, s)
     budget = {k: s[k][0] if k in s else None for k in _BUDGET_KEYS}
     s = {**_ds_scheduler(chk, raw), **s}
     lr = _lr(chk, s, opt, budget)
@@ -460,7 +464,8 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
         ds["data_efficiency"].get("data_sampling", {}).pop("curriculum_learning", None)
     return RunConfig(
         train_batch_size=tbs, micro_batch_size=mb, gradient_accumulation_steps=gas, world_size=world_size,
-        seq_length=seq_length, gradient_clipping=clip or 0.0, precision=precision, fp16=fp16, optimizer=opt,
+        seq_length=seq_length, gradient_clipping=clip or 0.0, precision=precision, precision_named=named, fp16=fp16,
+        optimizer=opt,
         lr=lr, curriculum=curriculum, train_tokens=budget["train_tokens"], train_iters=budget["train_iters"],
         train_samples=budget["train_samples"], count_tokens_by=count_by, deepspeed=ds,
         rampup_batch_size=s["rampup_batch_size"][0] if "rampup_batch_size" in s else None,

@@ -119,8 +119,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("adam_eps", "--adam-eps", "float", "Adam's epsilon (default: the config's optimizer eps)",
             "optimizer", metavar="EPS"),
     Setting("precision", "--precision", "choice", "fp32, bf16 (autocast) or fp16 (autocast with dynamic loss "
-            "scaling); default: the config's fp16/bf16 blocks, else fp32", "optimizer", choices=PRECISIONS,
-            switches=(("--fp16", "fp16"), ("--bf16", "bf16"))),
+            "scaling); default: the config's fp16/bf16 blocks, else bf16 on CUDA and fp32 elsewhere", "optimizer",
+            choices=PRECISIONS, switches=(("--fp16", "fp16"), ("--bf16", "bf16"))),
 )
 
 _BY_KEY = {s.key: s for s in SETTINGS}

@@ -34,9 +34,11 @@ __all__ = ["GPTEmbeddingPipe", "GPTBlockPipe", "gpt_pipeline_module", "gpt_pipel
 class GPTEmbeddingPipe(nn.Module):
     """First stage: ``(input_ids, position_ids) -> x (B, T, C)``; its ``wte`` is also the LM head."""
 
-    def __init__(self, wte: nn.Embedding, wpe: nn.Embedding, drop: nn.Module):
+    def __init__(self, wte: nn.Embedding, wpe: nn.Embedding, drop: nn.Module, vocab_size: int | None = None):
         super().__init__()
         self.wte, self.wpe, self.drop = wte, wpe, drop
+        self.vocab_size = vocab_size or wte.num_embeddings
+        """The real vocabulary: rows past it are padding (no probability)."""
 
     def forward(self, inputs: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         input_ids, position_ids = inputs
@@ -45,7 +47,7 @@ class GPTEmbeddingPipe(nn.Module):
 
 def _lm_head(embedding: GPTEmbeddingPipe, x: torch.Tensor) -> torch.Tensor:
     """Last stage: logits (B, T, V) with the tied token-embedding matrix."""
-    return F.linear(x, embedding.wte.weight)
+    return F.linear(x, embedding.wte.weight)[..., :embedding.vocab_size]
 
 
 class GPTBlockPipe(nn.Module):
@@ -82,7 +84,7 @@ def gpt_pipeline_module(gpt: nn.Module, num_stages: int, **pipeline_kwargs: Any)
     if num_stages < 1 or cfg.n_layer < num_stages:
         raise UserError(f"--pipeline-stages {num_stages}: the model has {cfg.n_layer} blocks; use between 1 "
                         f"and {cfg.n_layer} stages")
-    embed = ("embed", GPTEmbeddingPipe, gpt.wte, gpt.wpe, gpt.drop)
+    embed = ("embed", GPTEmbeddingPipe, gpt.wte, gpt.wpe, gpt.drop, cfg.vocab_size)
     layers = [TiedLayerSpec(*embed, tied_weight_attr=["wte.weight"])]
     layers += [GPTBlockPipe(block) for block in gpt.blocks]
     layers += [gpt.ln_f, TiedLayerSpec(*embed, forward_fn=_lm_head, tied_weight_attr=["wte.weight"])]

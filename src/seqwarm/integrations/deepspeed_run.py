@@ -33,7 +33,8 @@ from seqwarm.integrations.deepspeed import (
     require_deepspeed,
     skip_cpu_shm_comm,
 )
-from seqwarm.train import Built, jsonable
+from seqwarm.builders import Built
+from seqwarm.train import jsonable
 
 __all__ = ["DeepSpeedEngineBuilder", "DeepSpeedCheckpointer", "deepspeed_process_group", "pipeline_step",
            "DS_SUBDIR"]

@@ -31,7 +31,7 @@ from seqwarm.distributed import DistInfo, wrap_model
 from seqwarm.errors import UserError
 from seqwarm.integrations.hf import require_transformers
 from seqwarm.optim import build_optimizer
-from seqwarm.train import Built, TorchEngineBuilder
+from seqwarm.builders import Built, TorchEngineBuilder
 
 __all__ = ["HF_PREFIX", "HFEngineBuilder", "HFModelConfig", "CausalLMLoss", "hf_model_path", "hf_seq_length"]
 
