@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from seqwarm.atomic import TMP_MARK
-from seqwarm.checkpoint import latest_checkpoint, list_checkpoints, save_checkpoint
+from seqwarm.checkpoint import list_checkpoints, load_newest, save_checkpoint
 
 
 def test_save_keeps_the_newest_and_removes_leftover_temporaries(tmp_path):
@@ -17,5 +17,5 @@ def test_save_keeps_the_newest_and_removes_leftover_temporaries(tmp_path):
         save_checkpoint(folder, step, {"w": torch.tensor([float(step)])}, keep=2)
     assert [s for s, _ in list_checkpoints(folder)] == [2, 3]
     assert sorted(p.name for p in folder.iterdir()) == ["step_00000002.pt", "step_00000003.pt"]
-    path, state = latest_checkpoint(folder)
+    path, state = load_newest(folder)
     assert path.name == "step_00000003.pt" and state["step"] == 3 and state["w"].item() == 3.0

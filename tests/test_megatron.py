@@ -426,3 +426,14 @@ def test_megatron_data_fingerprint_follows_its_sources():
             "split": "969,30,1", "splits": {"train": {"tokens": 90}}, "vocab_size": 100, "eod_id": 0}
     other = {**meta, "sources": [{**meta["sources"][0], "prefix": "/d/b"}]}
     assert data_fingerprint(meta) == data_fingerprint(dict(meta)) != data_fingerprint(other)
+
+
+def test_blend_weights_are_relative():
+    from seqwarm.data.megatron import blend_choices
+
+    counts = []
+    for weights in ([1, 2], [1 / 3, 2 / 3]):
+        served = [0, 0]
+        blend_choices(weights, 0, 300, served)
+        counts.append(served)
+    assert counts[0] == counts[1] == [100, 200]

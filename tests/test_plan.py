@@ -164,3 +164,21 @@ def test_the_curves_figure_draws_the_schedule_with_the_logged_points(tmp_path, m
     (tmp_path / "config.json").unlink()  # no recipe: the logged values alone, still a figure
     plots.plot_run(tmp_path)
     assert len(figures[1].axes[1].get_lines()) == 1
+
+
+def test_plan_refuses_a_figure_format_it_cannot_write_and_a_world_size_of_0(tmp_path, capsys):
+    assert main(["plan", str(SEED), "--plot", str(tmp_path / "plan.txt")]) == 2
+    assert "cannot write .txt figures" in capsys.readouterr().err and not (tmp_path / "plan.txt").exists()
+    with pytest.raises(SystemExit) as err:
+        main(["plan", str(SEED), "--world-size", "0"])
+    assert err.value.code == 2
+
+
+def test_check_config_warns_what_train_would_refuse(tmp_path, capsys):
+    cfg = json.loads(SEED.read_text())
+    cfg["seqwarm"] = {"rampup_batch_size": [16, 16, 1000]}
+    path = tmp_path / "ramp.json"
+    path.write_text(json.dumps(cfg))
+    assert main(["check-config", str(path)]) == 0
+    err = capsys.readouterr().err
+    assert "`seqwarm train` refuses it: rampup_batch_size" in err and "no budget" not in err

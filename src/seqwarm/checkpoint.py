@@ -2,7 +2,7 @@
 
 A checkpoint is written to a temporary name in the same folder, flushed to disk, then renamed into
 place (:func:`seqwarm.atomic.atomic_path`), so a crash (even SIGKILL) mid-write never leaves a file
-under a checkpoint name that does not load. :func:`latest_checkpoint` skips files that fail to load
+under a checkpoint name that does not load. :func:`load_newest` skips files that fail to load
 and falls back to the previous one.
 
 Loading never runs code from the file: ``torch.load(weights_only=True)`` accepts tensors and plain
@@ -158,14 +158,6 @@ def _newest_loadable(folder: Path) -> tuple[tuple[Path, dict[str, Any]] | None, 
 def _none_loads(folder: Path, failures: list[tuple[Path, str]], fix: str) -> CheckpointError:
     lines = "\n".join(f"  {why}" for _, why in failures)
     return CheckpointError(f"none of the checkpoints in {folder} loads:\n{lines}\n{fix}")
-
-
-def latest_checkpoint(folder: Path) -> tuple[Path, dict[str, Any]] | None:
-    """The newest checkpoint that loads (a damaged newer one is skipped with a warning)."""
-    found, failures = _newest_loadable(folder)
-    for _, why in failures:
-        logger.warning("skipping checkpoint: %s", why)
-    return found
 
 
 def load_newest(folder: Path) -> tuple[Path, dict[str, Any]]:

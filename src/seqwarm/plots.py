@@ -50,9 +50,14 @@ def pyplot():
 def _save(plt, fig, path: Path, dpi: int) -> Path:
     """Write ``fig`` to ``path`` atomically (format from the suffix, PNG when it has none) and close it."""
     path = Path(path)
+    fmt = path.suffix.lstrip(".").lower() or "png"
     try:
+        known = fig.canvas.get_supported_filetypes()
+        if fmt not in known:
+            raise UserError(f"{path}: matplotlib cannot write .{fmt} figures; use one of "
+                            f"{', '.join('.' + k for k in sorted(known))} (e.g. plan.png)")
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, dpi=dpi, format=path.suffix.lstrip(".") or "png")
+            fig.savefig(tmp, dpi=dpi, format=fmt)
     finally:
         plt.close(fig)
     return path

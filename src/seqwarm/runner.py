@@ -236,6 +236,9 @@ def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
         seq = cfg.full_length or _model_seq_length(spec.model)
         cfg = load_config(source, overrides={**overrides, "seq_length": seq}, world_size=world_size)
     problems = spec_problems(spec) + policy_problems(cfg)
+    if spec.model.startswith("hf:") and cfg.count_tokens_by == "loss_mask":
+        problems.append(Problem("count_tokens_by", "loss_mask", "an hf: model takes HF-style batches, which carry "
+                                "no loss_mask to count", "count by shape (drop --count-tokens-by loss_mask)"))
     if problems:
         raise ConfigError(problems, str(spec.config) if spec.config else "the built-in recipe")
     for message in cfg.warnings:

@@ -6,8 +6,10 @@ import argparse
 import json
 import sys
 
+from seqwarm.commands.common import positive_int
 from seqwarm.config import load_config
 from seqwarm.config.describe import describe
+from seqwarm.runner import policy_problems
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        description="Check a DeepSpeed JSON config (legacy curriculum_learning or "
                        "data_efficiency form). Exit 0 with a summary, or 2 listing every problem.")
     p.add_argument("config", metavar="FILE")
-    p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks, for the batch-size rule")
+    p.add_argument("--world-size", type=positive_int, default=1, help="data-parallel ranks, for the batch-size rule")
     p.add_argument("--json", action="store_true", help="print the resolved config as JSON")
     p.set_defaults(func=run)
 
@@ -30,4 +32,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"  {line}")
     for message in cfg.warnings:
         print(f"  warning: {message}", file=sys.stderr)
+    for problem in policy_problems(cfg):  # a valid config that `seqwarm train`'s loop still cannot run
+        if problem.path != "train_tokens":  # no budget is fine here: plan and train take --train-tokens
+            print(f"  warning: `seqwarm train` refuses it: {problem}", file=sys.stderr)
     return 0

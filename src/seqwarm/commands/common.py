@@ -26,6 +26,14 @@ def count(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def positive_int(text: str) -> int:
+    """argparse type for a count that must be at least 1 (--world-size)."""
+    value = count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from seqwarm.commands.common import add_setting_flags, overrides_from_args
+from seqwarm.commands.common import add_setting_flags, overrides_from_args, positive_int
 from seqwarm.config import load_config
 from seqwarm.config.describe import describe
 from seqwarm.plan import Plan, make_plan
@@ -23,7 +23,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "used by the end of the curriculum and the end of LR warmup.")
     p.add_argument("config", metavar="CONFIG", help="DeepSpeed JSON config (seqwarm/DeepSpeed format)")
     add_setting_flags(p, exclude=("precision", "weight_decay", "gradient_clipping"))
-    p.add_argument("--world-size", type=int, default=1, help="data-parallel ranks")
+    p.add_argument("--world-size", type=positive_int, default=1, help="data-parallel ranks")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--plot", metavar="FILE.png", help="draw length and LR against steps and tokens")
     p.set_defaults(func=run)

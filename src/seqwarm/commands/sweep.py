@@ -52,8 +52,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    metavar="C,...", help="gradient clipping norms, 0 = off, cfg = the config's (e.g. 1,0)")
     g.add_argument("--lr-warmup-iters", dest="sweep_warmup", type=_list(int, allow_cfg=True), default=(None,),
                    metavar="N,...", help="LR warmup lengths in steps at batch scale 1 (cfg = the config's)")
-    g.add_argument("--pos", type=_list(str), default=("learned",), metavar="P,...",
-                   help="position embeddings: learned, rotary or learned,rotary (default learned)")
+    g.add_argument("--pos", type=_list(str), default=None, metavar="P,...",
+                   help="position embeddings: learned, rotary or learned,rotary (default: rotary with "
+                   "--rotary, else learned)")
     g.add_argument("--seeds", type=int, default=1, metavar="N", help="seeds per cell and arm (default 1)")
     g.add_argument("--spike-threshold", type=float, default=DEFAULT_SPIKE_THRESHOLD, metavar="R",
                    help=f"a spike is a smoothed loss-ratio excursion above R (default {DEFAULT_SPIKE_THRESHOLD})")
@@ -65,7 +66,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def sweep_inputs(args: argparse.Namespace) -> tuple[RunSpec, SweepOptions]:
     """The runs' shared spec and the grid from the parsed ``seqwarm sweep`` flags."""
     options = SweepOptions(out=args.out, lr=args.sweep_lr, scale_batch=args.scale_batch, clip_grad=args.sweep_clip,
-                           lr_warmup_iters=args.sweep_warmup, pos=args.pos, seeds=args.seeds,
+                           lr_warmup_iters=args.sweep_warmup, pos=args.pos or (("rotary",) if args.rotary else ("learned",)), seeds=args.seeds,
                            spike_threshold=args.spike_threshold, smooth_steps=args.smooth_steps,
                            eval_interval=args.eval_interval, eval_iters=args.eval_iters,
                            log_interval=args.log_interval)

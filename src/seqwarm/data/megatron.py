@@ -239,8 +239,12 @@ class ConcatWindows:
 
 def blend_choices(weights: Sequence[float], start: int, count: int, served: Sequence[int]) -> np.ndarray:
     """Sources of global samples ``start .. start+count-1``: each goes to the source whose count lags
-    ``weight x samples`` the most (ties: the lower index); ``served`` is updated in place."""
+    ``weight x samples`` the most (ties: the lower index); ``served`` is updated in place. The weights
+    are relative (normalised here, as Megatron does): ``[1, 2]`` means one third and two thirds."""
     w = np.asarray(weights, dtype=np.float64)
+    if w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
+        raise ValueError(f"blend weights must be finite, >= 0 and not all 0, got {list(weights)}")
+    w = w / w.sum()
     out = np.empty(count, dtype=np.int64)
     for j in range(count):
         k = int(np.argmax(w * (start + j + 1) - np.asarray(served)))
