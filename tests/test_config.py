@@ -402,3 +402,19 @@ def test_unnamed_precision_is_bf16_on_cuda_and_fp32_elsewhere():
         named = load_config({**plain, **extra})
         assert named.precision_named and resolve_precision(named, "cuda").precision == want
     assert load_config(plain, overrides={"precision": "fp16"}).precision_named
+
+
+def test_the_deepspeed_view_strips_seqwarm_blocks_without_touching_the_input():
+    """One function for every backend; the user's dict (nested data_efficiency included) is not changed."""
+    from seqwarm.config.reader import without_seqwarm_blocks
+    from seqwarm.integrations.hf import trainer_deepspeed_config
+
+    raw = {"train_batch_size": 8, "seqwarm": {"train_tokens": 10}, "curriculum_learning": {"enabled": True},
+           "scheduler": {"type": "WarmupLR"}, "zero_optimization": {"stage": 2},
+           "data_efficiency": {"enabled": True, "data_sampling": {"enabled": True, "curriculum_learning": {}}}}
+    before = json.dumps(raw, sort_keys=True)
+    ds = without_seqwarm_blocks(raw)
+    assert sorted(ds) == ["data_efficiency", "scheduler", "train_batch_size", "zero_optimization"]
+    assert ds["data_efficiency"]["data_sampling"] == {"enabled": True}
+    assert "scheduler" not in trainer_deepspeed_config(raw)
+    assert json.dumps(raw, sort_keys=True) == before

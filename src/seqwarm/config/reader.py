@@ -377,6 +377,18 @@ def _lr(chk: Checker, s: dict[str, tuple[Any, str]], opt: OptimizerConfig, budge
     return lr_config_from(chk, given, default_lr=opt.lr, budget=budget, label=lambda name: flag_for(_LR_KEYS[name]))
 
 
+def without_seqwarm_blocks(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of a DeepSpeed config (``raw`` is not changed) without the blocks seqwarm reads itself: the
+    legacy ``curriculum_learning`` block (DeepSpeed 0.19 refuses it), the ``seqwarm`` block and the
+    curriculum of ``data_efficiency``. Each backend drops what else it owns on top of this."""
+    ds = {k: copy.deepcopy(v) for k, v in raw.items() if k not in ("curriculum_learning", "seqwarm")}
+    efficiency = ds.get("data_efficiency")
+    sampling = efficiency.get("data_sampling") if isinstance(efficiency, dict) else None
+    if isinstance(sampling, dict):
+        sampling.pop("curriculum_learning", None)
+    return ds
+
+
 def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, world_size: int = 1) -> RunConfig:
     """Read and check a DeepSpeed JSON config (path or dict) plus seqwarm settings.
 
@@ -458,10 +470,7 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
                  "and keep train_iters only as a safety cap")
     raise_if_problems(chk, name)
     tbs, mb, gas = batch
-    ds = {k: v for k, v in raw.items() if k not in ("curriculum_learning", "seqwarm")}
-    if "data_efficiency" in ds and isinstance(ds["data_efficiency"], dict):
-        ds["data_efficiency"] = copy.deepcopy(ds["data_efficiency"])
-        ds["data_efficiency"].get("data_sampling", {}).pop("curriculum_learning", None)
+    ds = without_seqwarm_blocks(raw)
     return RunConfig(
         train_batch_size=tbs, micro_batch_size=mb, gradient_accumulation_steps=gas, world_size=world_size,
         seq_length=seq_length, gradient_clipping=clip or 0.0, precision=precision, precision_named=named, fp16=fp16,

@@ -100,7 +100,6 @@ def deepspeed_config(cfg: RunConfig, *, pipeline: bool = False) -> dict[str, Any
     ds = copy.deepcopy(dict(cfg.deepspeed))
     for key in _OWNED_KEYS:
         ds.pop(key, None)
-    ds.pop("curriculum_learning", None)
     for key in TRACKER_BLOCKS:  # seqwarm's trackers log them (with Megatron's tags), not DeepSpeed's monitor
         ds.pop(key, None)
     ds["train_batch_size"] = cfg.train_batch_size

@@ -42,6 +42,7 @@ import torch
 
 from seqwarm.budget import Progress, should_stop
 from seqwarm.config import LRConfig, RunConfig, load_config
+from seqwarm.config.reader import without_seqwarm_blocks
 from seqwarm.core import CurriculumCore, as_run_config
 from seqwarm.data.dataset import TokenWindows
 from seqwarm.errors import MissingDependencyError, UserError
@@ -55,10 +56,6 @@ logger = logging.getLogger(__name__)
 CurriculumTrainer: type  # built by the module's __getattr__ on first access (it imports transformers)
 
 STATE_FORMAT = "seqwarm.hf_scheduler/1"
-# Keys of a DeepSpeed config that seqwarm handles itself and DeepSpeed must not see: the curriculum
-# (DeepSpeed 0.19 refuses the legacy block), seqwarm's block, and the LR scheduler (seqwarm's clock
-# sets the LR; a DeepSpeed scheduler would fight it).
-_SEQWARM_DS_KEYS = ("curriculum_learning", "seqwarm", "scheduler")
 
 
 def require_transformers(purpose: str = "seqwarm's Hugging Face integration"):
@@ -154,11 +151,8 @@ def trainer_deepspeed_config(source: Any) -> dict[str, Any]:
     """The DeepSpeed config for ``TrainingArguments(deepspeed=...)``: the user's (dict or JSON path)
     without the keys seqwarm handles (``curriculum_learning``, the ``seqwarm`` block, the curriculum
     of ``data_efficiency``, the ``scheduler``); ``"auto"`` values stay, for the Trainer to fill."""
-    ds = {k: v for k, v in _read(source).items() if k not in _SEQWARM_DS_KEYS}
-    efficiency = ds.get("data_efficiency")
-    sampling = efficiency.get("data_sampling") if isinstance(efficiency, dict) else None
-    if isinstance(sampling, dict):
-        sampling.pop("curriculum_learning", None)
+    ds = without_seqwarm_blocks(_read(source))
+    ds.pop("scheduler", None)  # seqwarm's clock sets the LR; a DeepSpeed scheduler would fight it
     return ds
 
 
