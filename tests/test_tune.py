@@ -173,7 +173,9 @@ def test_tiny_real_search(tmp_path, byte_data, capsys):
     out = tmp_path / "tune"
     args = ["tune", *FAST, "--config", str(cfg), "--data", str(byte_data), "--out", str(out),
             "--probe-steps", "4", "--probe-evals", "2", "--lo", "2", "--hi", "8", "--resolution", "3",
-            "--fluctuation", "1000"]
+            # every probe passes: this tests the search on real probe runs, not a tiny model's stability
+            # (4 steps at lr 2e-3 can swing the full-length val ppl tenfold, depending on the init)
+            "--fluctuation", "1000000"]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "probe T=     8: pass" in printed and "chosen total_curriculum_step = 8" in printed
