@@ -19,6 +19,17 @@ WORDS = ("the curriculum grows the sequence length while the model learns short 
          "long context later so that large batches and learning rates stay stable").split()
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: one thread is as fast and does not fight other work for the cores (restored after)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def make_corpus(folder: Path, docs: int = 40, words_per_doc: int = 700, seed: int = 0) -> Path:
     rng = random.Random(seed)
     folder.mkdir(parents=True, exist_ok=True)

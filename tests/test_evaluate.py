@@ -16,6 +16,7 @@ from seqwarm.cli import main
 from seqwarm.data.tokenizer import ByteTokenizer
 from seqwarm.errors import UserError
 from seqwarm.evaluation import (
+
     check_eval_files,
     count_original_words,
     evaluate_lambada,
@@ -28,6 +29,8 @@ from seqwarm.evaluation import (
     wikitext_detokenize,
     wikitext_windows,
 )
+
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread (conftest)
 
 BYTE = ByteTokenizer()
 
@@ -292,15 +295,6 @@ def test_read_lambada_errors(tmp_path):
 
 # ------------------------------------------------------------------------------------------------
 # seqwarm eval on a real (tiny) run folder
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one thread is as fast and does not fight other work for the cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -18,16 +18,9 @@ from seqwarm.model import GPT, GPTConfig
 
 from conftest import make_corpus, small_config
 
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread (conftest)
+
 transformers = pytest.importorskip("transformers", reason="transformers (the hf extra) is not installed")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one thread is as fast and does not fight other work for the cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")
