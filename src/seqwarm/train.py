@@ -126,7 +126,8 @@ class Run:
         self.run_dir = Path(opts.out)
         self.ckpt_dir = self.run_dir / "checkpoints"
         cfg = self.cfg = self._resolve_precision(cfg)
-        if opts.resume and hasattr(model_cfg, "vocab_multiple") and "vocab_multiple" not in _saved(self.run_dir, "model"):
+        saved_model = _saved(self.run_dir, "model") if opts.resume else {}
+        if saved_model and hasattr(model_cfg, "vocab_multiple") and "vocab_multiple" not in saved_model:
             # written before the vocabulary was padded: the resumed run keeps its (unpadded) shapes
             model_cfg = self.model_cfg = model_cfg.replace(vocab_multiple=1)
         torch.manual_seed(opts.seed)  # same initial weights on every rank
