@@ -111,7 +111,8 @@ def arm_numbers(report: dict, name: str) -> dict:
     cur = config["run"].get("curriculum")
     rows = eval_rows(read_metrics(Path(r["run_dir"]) / "metrics.jsonl"))
     return {"global_batch_size": r["global_batch_size"], "lr": r["lr"],
-            "micro_batch_size": config["run"].get("train_micro_batch_size_per_gpu"),
+            "micro_batch_size": config["run"]["micro_batch_size"],
+            "gradient_accumulation_steps": config["run"]["gradient_accumulation_steps"],
             "total_curriculum_step": r["total_curriculum_step"],
             "min_difficulty": cur["min_difficulty"] if cur else None,
             "max_difficulty": cur["max_difficulty"] if cur else None,
