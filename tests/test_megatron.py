@@ -249,9 +249,17 @@ def test_local_rank_must_agree_with_the_launcher(tmp_path, monkeypatch, capsys):
     assert "LOCAL_RANK=1" in capsys.readouterr().err
 
 
-def test_tokenizer_flags_need_data_path(tmp_path, capsys):
-    assert main(["train", *FAST, "--tokenizer", "gpt2", "--out", str(tmp_path / "r")]) == 2
-    assert "only apply to --data-path" in capsys.readouterr().err
+@pytest.mark.parametrize("command", ["train", "compare", "tune"])
+def test_data_path_flags_without_data_path_exit_2_before_any_work(tmp_path, capsys, command):
+    # each names a property of Megatron indexed files; without --data-path it would be silently ignored
+    argv = [command, *FAST, "--split", "1,1,1", "--tokenizer", "gpt2", "--vocab-size", "300", "--eod-id", "0",
+            "--out", str(tmp_path / "r")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    for flag in ("--split", "--tokenizer", "--vocab-size", "--eod-id"):
+        assert f"{flag} = " in err, (flag, err)
+    assert "only applies with --data-path" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()  # refused before the experiment wrote its folder
 
 
 # --------------------------------------------------------------------------------------------------

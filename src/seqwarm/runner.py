@@ -217,6 +217,14 @@ def spec_problems(spec: RunSpec) -> list[Problem]:
     if not isinstance(spec.device, str) or not _DEVICE.match(spec.device):
         problems.append(Problem("--device", spec.device, "seqwarm trains on auto, cpu, cuda or cuda:N",
                                 "give --device auto (cuda when available, else cpu)"))
+    if not spec.data_path:  # these describe Megatron indexed files; a prepared folder carries its own
+        for name in ("split", "tokenizer", "vocab_size", "eod_id"):
+            value = getattr(spec, name)
+            if value != getattr(RunSpec, name):
+                flag = "--" + name.replace("_", "-")
+                problems.append(Problem(flag, value, "only applies with --data-path (Megatron indexed files); a "
+                                        "prepared folder (--data) carries its own tokenizer and split",
+                                        f"drop {flag}, or give --data-path PREFIX"))
     return problems
 
 
@@ -321,14 +329,6 @@ def check_spec(spec: RunSpec) -> None:
     if spec.data and spec.data_path:
         raise UserError("--data (a seqwarm prepared folder) and --data-path (Megatron indexed files) both name "
                         "the training data: give one")
-    if not spec.data_path:
-        given = [flag for name, flag in (("tokenizer", "--tokenizer"), ("vocab_size", "--vocab-size"),
-                                         ("eod_id", "--eod-id")) if getattr(spec, name) is not None]
-        if spec.split != RunSpec.split:
-            given.append("--split")
-        if given:
-            raise UserError(f"{', '.join(given)} only apply to --data-path (a prepared folder carries its own "
-                            "tokenizer and split)")
     env_rank = os.environ.get("LOCAL_RANK")
     if spec.local_rank is not None and env_rank is not None and int(env_rank) != spec.local_rank:
         raise UserError(f"--local_rank={spec.local_rank} but the launcher set LOCAL_RANK={env_rank}: launch with "
