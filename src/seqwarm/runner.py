@@ -41,7 +41,8 @@ from seqwarm.problems import ConfigError, Problem
 if TYPE_CHECKING:  # seqwarm.train imports torch: only when a run starts
     from seqwarm.train import TrainResult
 
-__all__ = ["RunSpec", "run_training", "resolve_config", "policy_problems", "spec_problems", "with_changes"]
+__all__ = ["RunSpec", "run_training", "resolve_config", "recipe_config", "policy_problems", "spec_problems",
+           "with_changes"]
 
 logger = logging.getLogger(__name__)
 
@@ -233,12 +234,7 @@ def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
     ConfigError listing every run-policy problem."""
 
     overrides = dict(spec.settings)
-    if spec.config:
-        source: Any = str(spec.config)
-    else:  # the built-in recipe follows the user's length (an explicit config is checked strictly)
-        source = default_train_config(overrides.get("seq_length") or _recipe_length(spec.model),
-                                      train_tokens=overrides.get("train_tokens"),
-                                      train_batch_size=overrides.get("train_batch_size"))
+    source: Any = str(spec.config) if spec.config else recipe_config(spec)
     cfg = load_config(source, overrides=overrides, world_size=world_size)
     if cfg.seq_length is None:
         seq = cfg.full_length or _model_seq_length(spec.model)
@@ -252,6 +248,14 @@ def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
     for message in cfg.warnings:
         logger.warning("warning: %s", message)
     return cfg
+
+
+def recipe_config(spec: RunSpec) -> dict[str, Any]:
+    """The built-in recipe a run without ``--config`` trains (a fresh dict): it follows the user's length
+    (``--seq-length``, else the model's), budget and global batch (an explicit config is checked strictly)."""
+    return default_train_config(spec.settings.get("seq_length") or _recipe_length(spec.model),
+                                train_tokens=spec.settings.get("train_tokens"),
+                                train_batch_size=spec.settings.get("train_batch_size"))
 
 
 def _recipe_length(model: str) -> int | None:
