@@ -437,3 +437,21 @@ def test_train_flags_keep_their_help_groups_in_experiments(command):
              if opt not in own and opt in experiment and experiment[opt] != title}
     assert not moved, moved
     assert train["--lr-warmup-iters"] == "learning rate (warmup in iters/samples, decay in tokens)"
+
+
+@pytest.mark.parametrize("extra", [[], ["--train-tokens", "50000", "--global-batch-size", "8"]])
+def test_without_config_the_compared_recipe_follows_seq_length_as_train_does(tmp_path, extra):
+    from seqwarm.defaults import default_train_config
+
+    plan = plan_compare(*_compare_args(tmp_path, "--seq-length", "128", *extra))
+    args = build_parser().parse_args(["train", "--seq-length", "128", *extra])
+    from seqwarm.commands.spec_flags import spec_from_args
+
+    trained = resolve_config(spec_from_args(args)).curriculum  # what `seqwarm train` would run
+    assert trained.max_difficulty == 128
+    recipe = default_train_config(128, **({"train_tokens": 50_000, "train_batch_size": 8} if extra else {}))
+    for name in ("baseline", "curriculum"):  # scale 1: both written configs are train's recipe
+        written = json.loads(Path(plan.runs[name].config).read_text())
+        assert written["curriculum_learning"] == recipe["curriculum_learning"], name
+        assert written["curriculum_learning"]["schedule_config"]["total_curriculum_step"] == trained.total_curriculum_step
+    assert resolve_config(plan.runs["curriculum"]).curriculum == trained

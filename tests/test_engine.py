@@ -517,3 +517,54 @@ def test_adam_statistics_in_one_transfer_match_the_per_tensor_sums():
     assert stats["adam_v_l1"] == pytest.approx(float(sum(v.abs().sum() for v in vs)), rel=1e-6)
     assert stats["adam_v_max"] == float(max(v.max() for v in vs))
     assert _fused(list(m.parameters())) == {}  # fused AdamW only for CUDA parameters
+
+
+def _inputs_by_binding(signature, args, kwargs):
+    """What the engine found before the binding was cached: a fresh bind_partial of every call."""
+    import contextlib
+    import inspect
+
+    named = dict(kwargs)
+    with contextlib.suppress(TypeError):
+        params = signature.parameters
+        for name, value in signature.bind_partial(*args, **kwargs).arguments.items():
+            if params[name].kind is inspect.Parameter.VAR_KEYWORD:
+                named.update(value)
+            elif params[name].kind is not inspect.Parameter.VAR_POSITIONAL:
+                named[name] = value
+    return named.get("input_ids"), named.get("loss_mask")
+
+
+class PositionalOnly(Recorder):
+    def forward(self, input_ids, /, labels=None, loss_mask=None, *rest, curriculum_seqlen=None, **extra):
+        return super().forward(input_ids, labels, loss_mask, None, curriculum_seqlen)
+
+
+class MaskFirst(Recorder):
+    def forward(self, loss_mask, input_ids, labels=None, curriculum_seqlen=None):
+        return super().forward(input_ids, labels, loss_mask, None, curriculum_seqlen)
+
+
+@pytest.mark.parametrize("model_cls", [Recorder, PositionalOnly, MaskFirst])
+def test_inputs_are_found_as_a_fresh_binding_finds_them_and_bound_once_per_call_shape(model_cls, monkeypatch):
+    import inspect
+
+    engine = make(model_cls(), config(LINEAR))
+    b = data(0)
+    t, y, m = b["input_ids"], b["labels"], b["loss_mask"]
+    calls = [((t,), {}), ((t, y), {}), ((t, y, m), {}), ((), {"input_ids": t, "loss_mask": m}),
+             ((t,), {"loss_mask": m}), ((m, t), {}), ((t,), {"input_ids": y}),  # bound twice: TypeError
+             ((t, y, m, y, y), {}), ((t,), {"unknown": m, "input_ids": t}), ((t,), {"loss_mask": m, "other": y})]
+    binds = []
+    real_bind = inspect.Signature.bind_partial
+    monkeypatch.setattr(inspect.Signature, "bind_partial", lambda self, *a, **k: binds.append(1) or real_bind(
+        self, *a, **k))
+    for args, kwargs in calls:
+        expected = _inputs_by_binding(engine._signature, args, kwargs)
+        expected = (expected[0] if isinstance(expected[0], torch.Tensor) and expected[0].dim() == 2 else t,
+                    expected[1] if isinstance(expected[1], torch.Tensor) else None)
+        for _ in range(3):  # micro-batches of the same shape
+            tokens, mask = engine._inputs(args, kwargs)
+            assert tokens is expected[0] and mask is expected[1], (model_cls.__name__, len(args), list(kwargs))
+    shapes = {(len(args), tuple(kwargs)) for args, kwargs in calls}  # (t, y) and (m, t) are one shape
+    assert len(binds) == len(calls) + len(shapes)  # the reference once per call, the engine once per shape

@@ -237,6 +237,58 @@ def test_nan_weights_are_never_saved(tmp_path, byte_data, capsys, monkeypatch):
     assert str(run / "checkpoints" / "step_00000002.pt") in err
 
 
+def _adam_model():
+    """Two layers and an Adam that has stepped once (so it holds exp_avg, exp_avg_sq and step)."""
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.ones(2, 3)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+@pytest.fixture
+def host_reads(monkeypatch):
+    """Counts the ways a tensor's value comes back to Python (each one a host sync on a GPU)."""
+    reads = []
+    for method in ("__bool__", "item", "tolist"):
+        real = getattr(torch.Tensor, method)
+
+        def counted(self, *args, _real=real, _method=method):
+            reads.append(_method)
+            return _real(self, *args)
+
+        monkeypatch.setattr(torch.Tensor, method, counted)
+    return reads
+
+
+@pytest.mark.parametrize("poison", [float("nan"), float("inf"), -float("inf")])
+def test_a_nonfinite_weight_or_optimizer_state_is_found_in_one_host_read(poison, host_reads):
+    from seqwarm.train import first_nonfinite
+
+    model, optimizer = _adam_model()
+    host_reads.clear()  # Adam's own step reads its step count
+    assert first_nonfinite(model, optimizer) is None and len(host_reads) == 1
+    with torch.no_grad():
+        model[1].bias[0] = poison
+        model[0].weight[2, 1] = poison  # the first parameter in named_parameters order is the one named
+    assert first_nonfinite(model, optimizer) == "parameter 0.weight"
+
+    model, optimizer = _adam_model()
+    optimizer.state[model[1].weight]["exp_avg_sq"][0, 0] = poison
+    host_reads.clear()
+    assert first_nonfinite(model, optimizer) == "optimizer state exp_avg_sq" and len(host_reads) == 1
+
+
+def test_empty_and_non_tensor_state_are_not_checked():
+    from seqwarm.train import first_nonfinite
+
+    model, optimizer = _adam_model()
+    optimizer.state[model[0].weight]["note"] = float("nan")  # not a tensor: not the model's state
+    optimizer.state[model[0].weight]["empty"] = torch.empty(0)
+    assert first_nonfinite(model, optimizer) is None
+    assert first_nonfinite(model, object()) is None  # an optimizer seqwarm cannot read the state of
+
+
 # -- 5. every OS failure is an exit 2 -------------------------------------------------------------------
 
 def _limited(args, limit_bytes, timeout=240):

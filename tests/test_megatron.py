@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
+import socket
 import struct
 import subprocess
 import sys
@@ -249,9 +251,17 @@ def test_local_rank_must_agree_with_the_launcher(tmp_path, monkeypatch, capsys):
     assert "LOCAL_RANK=1" in capsys.readouterr().err
 
 
-def test_tokenizer_flags_need_data_path(tmp_path, capsys):
-    assert main(["train", *FAST, "--tokenizer", "gpt2", "--out", str(tmp_path / "r")]) == 2
-    assert "only apply to --data-path" in capsys.readouterr().err
+@pytest.mark.parametrize("command", ["train", "compare", "tune"])
+def test_data_path_flags_without_data_path_exit_2_before_any_work(tmp_path, capsys, command):
+    # each names a property of Megatron indexed files; without --data-path it would be silently ignored
+    argv = [command, *FAST, "--split", "1,1,1", "--tokenizer", "gpt2", "--vocab-size", "300", "--eod-id", "0",
+            "--out", str(tmp_path / "r")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    for flag in ("--split", "--tokenizer", "--vocab-size", "--eod-id"):
+        assert f"{flag} = " in err, (flag, err)
+    assert "only applies with --data-path" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()  # refused before the experiment wrote its folder
 
 
 # --------------------------------------------------------------------------------------------------
@@ -367,11 +377,13 @@ def test_the_tiny_migrating_command_runs_on_deepspeed(tmp_path, byte_data):
     if launcher.exists():  # the real launcher: it runs `python -u -m seqwarm --local_rank=0 train ...`
         assert argv[1:3] == ["--local_rank=0", "train"]
         env.pop("LOCAL_RANK")
-        cmd = [str(launcher), "--num_gpus", "1", "--master_port", str(_free_port()), "--module", "seqwarm",
-               *argv[2:]]
+        proc = run_on_a_free_port(lambda port: [str(launcher), "--num_gpus", "1", "--master_port", str(port),
+                                                "--module", "seqwarm", *argv[2:]],
+                                  cwd=tmp_path, env=env, timeout=600, before_retry=lambda: shutil.rmtree(
+                                      tmp_path / "runs", ignore_errors=True))
     else:
-        cmd = [sys.executable, "-m", "seqwarm", *argv[1:]]
-    proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run([sys.executable, "-m", "seqwarm", *argv[1:]], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     if launcher.exists():
         assert "'-m', 'seqwarm', '--local_rank=0', 'train'" in proc.stdout + proc.stderr
@@ -411,11 +423,49 @@ def test_files_from_megatron_cores_own_builder(tmp_path, dtype):
 
 
 def _free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+PORT_TAKEN = "address already in use"
+"""How the launched process's TCPStore (or a plain bind) says another process holds the port (any case)."""
+
+
+def run_on_a_free_port(make_cmd, *, ports=None, attempts=4, before_retry=lambda: None, **run_kwargs):
+    """``subprocess.run(make_cmd(port))`` on a port that was free when picked. A picked port is let go
+    before the launched process binds it, so another process may take it in between (torchrun's
+    ``--standalone``, which the other distributed tests use, binds port 0 itself; the deepspeed launcher
+    needs a number): a failure that says the address is in use is run again on a new port."""
+    ports = iter(ports) if ports is not None else iter(_free_port, None)
+    for attempt in range(attempts):
+        proc = subprocess.run(make_cmd(next(ports)), capture_output=True, text=True, **run_kwargs)
+        if proc.returncode == 0 or PORT_TAKEN not in (proc.stdout + proc.stderr).lower():
+            return proc
+        if attempt + 1 < attempts:
+            before_retry()
+    return proc
+
+
+@pytest.mark.slow
+def test_a_port_taken_before_the_launch_is_retried_on_another():
+    with socket.socket() as held:  # another process took the picked port first
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        tried = []
+
+        def store_on(port):
+            tried.append(port)
+            return [sys.executable, "-c", f"import torch.distributed as d; d.TCPStore('127.0.0.1', {port}, 1, True)"]
+
+        proc = run_on_a_free_port(store_on, ports=[taken, _free_port()], timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert tried[0] == taken and len(tried) == 2
+    tried.clear()
+    proc = run_on_a_free_port(lambda port: tried.append(port) or [sys.executable, "-c", "raise SystemExit('other')"],
+                              timeout=60)
+    assert proc.returncode == 1 and "other" in proc.stderr and len(tried) == 1  # not about the port: not retried
 
 
 def test_megatron_data_fingerprint_follows_its_sources():

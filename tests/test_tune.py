@@ -211,3 +211,14 @@ def test_missing_out_and_untunable_config_exit_2(tmp_path, capsys):
     (tmp_path / "d.json").write_text(json.dumps(cfg))
     assert main(["tune", *FAST, "--config", str(tmp_path / "d.json"), "--out", str(tmp_path / "t")]) == 2
     assert "only fixed_linear and fixed_root" in capsys.readouterr().err
+
+
+def test_without_config_the_tuned_recipe_follows_seq_length_as_train_does(tmp_path):
+    from seqwarm.defaults import default_train_config
+    from seqwarm.experiments.tune import setup_tune
+
+    setup = setup_tune(*_tune_args(tmp_path, "--seq-length", "128"))
+    recipe = default_train_config(128)  # what `seqwarm train --seq-length 128` trains
+    assert setup.raw_config["curriculum_learning"] == recipe["curriculum_learning"]
+    assert setup.raw_config["curriculum_learning"]["max_difficulty"] == 128
+    assert setup.current == recipe["curriculum_learning"]["schedule_config"]["total_curriculum_step"]

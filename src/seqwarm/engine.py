@@ -150,6 +150,7 @@ class CurriculumEngine:
                                               bf16_supported(device_type))
         forward = _unwrap(model).forward
         self._signature = inspect.signature(forward)
+        self._input_places: dict[tuple, dict[str, int | str]] = {}  # call shape -> where the tokens are
         self.core = CurriculumCore(cfg, forward, process_group=process_group, inject_via_kwargs=inject_via_kwargs)
         self.scheduler = self.core.scheduler
         self.mode = self.core.mode
@@ -331,14 +332,14 @@ class CurriculumEngine:
     # -- internals --------------------------------------------------------------------------------
     def _inputs(self, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The token tensor (B, S) and the loss mask (or None) among the forward's arguments."""
-        named = dict(kwargs)
-        with contextlib.suppress(TypeError):  # arguments the signature rejects fail in the model
-            params = self._signature.parameters
-            for name, value in self._signature.bind_partial(*args, **kwargs).arguments.items():
-                if params[name].kind is inspect.Parameter.VAR_KEYWORD:
-                    named.update(value)
-                elif params[name].kind is not inspect.Parameter.VAR_POSITIONAL:
-                    named[name] = value
+        shape = (len(args), tuple(kwargs))
+        where = self._input_places.get(shape)
+        if where is None:
+            where = self._places(*shape)
+            if len(self._input_places) < 64:  # a loop calls the forward the same way every micro-batch
+                self._input_places[shape] = where
+        named = {name: args[place] if isinstance(place, int) else kwargs[place]
+                 for name, place in where.items()}
         tokens = named.get("input_ids")
         if not isinstance(tokens, torch.Tensor):
             tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.dim() == 2]
@@ -348,6 +349,21 @@ class CurriculumEngine:
                              "as input_ids (or as the first tensor argument)")
         mask = named.get("loss_mask")
         return tokens, mask if isinstance(mask, torch.Tensor) else None
+
+    def _places(self, n_args: int, keys: tuple) -> dict[str, int | str]:
+        """Where ``input_ids`` and ``loss_mask`` are in a call with ``n_args`` positional arguments and these
+        keyword names: a positional index or a keyword name. The signature binds positions to names
+        alike for every call of one shape, so this is worked out once per shape, on stand-ins."""
+        named: dict[str, int | str] = {key: key for key in keys}
+        with contextlib.suppress(TypeError):  # arguments the signature rejects fail in the model
+            params = self._signature.parameters
+            bound = self._signature.bind_partial(*range(n_args), **{key: key for key in keys})
+            for name, value in bound.arguments.items():
+                if params[name].kind is inspect.Parameter.VAR_KEYWORD:
+                    named.update(value)
+                elif params[name].kind is not inspect.Parameter.VAR_POSITIONAL:
+                    named[name] = value
+        return {name: named[name] for name in ("input_ids", "loss_mask") if name in named}
 
     # -- checkpointing ----------------------------------------------------------------------------
     def state_dict(self, include_optimizer: bool = True) -> dict[str, Any]:

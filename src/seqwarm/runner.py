@@ -41,7 +41,8 @@ from seqwarm.problems import ConfigError, Problem
 if TYPE_CHECKING:  # seqwarm.train imports torch: only when a run starts
     from seqwarm.train import TrainResult
 
-__all__ = ["RunSpec", "run_training", "resolve_config", "policy_problems", "spec_problems", "with_changes"]
+__all__ = ["RunSpec", "run_training", "resolve_config", "recipe_config", "policy_problems", "spec_problems",
+           "with_changes"]
 
 logger = logging.getLogger(__name__)
 
@@ -217,6 +218,14 @@ def spec_problems(spec: RunSpec) -> list[Problem]:
     if not isinstance(spec.device, str) or not _DEVICE.match(spec.device):
         problems.append(Problem("--device", spec.device, "seqwarm trains on auto, cpu, cuda or cuda:N",
                                 "give --device auto (cuda when available, else cpu)"))
+    if not spec.data_path:  # these describe Megatron indexed files; a prepared folder carries its own
+        for name in ("split", "tokenizer", "vocab_size", "eod_id"):
+            value = getattr(spec, name)
+            if value != getattr(RunSpec, name):
+                flag = "--" + name.replace("_", "-")
+                problems.append(Problem(flag, value, "only applies with --data-path (Megatron indexed files); a "
+                                        "prepared folder (--data) carries its own tokenizer and split",
+                                        f"drop {flag}, or give --data-path PREFIX"))
     return problems
 
 
@@ -225,12 +234,7 @@ def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
     ConfigError listing every run-policy problem."""
 
     overrides = dict(spec.settings)
-    if spec.config:
-        source: Any = str(spec.config)
-    else:  # the built-in recipe follows the user's length (an explicit config is checked strictly)
-        source = default_train_config(overrides.get("seq_length") or _recipe_length(spec.model),
-                                      train_tokens=overrides.get("train_tokens"),
-                                      train_batch_size=overrides.get("train_batch_size"))
+    source: Any = str(spec.config) if spec.config else recipe_config(spec)
     cfg = load_config(source, overrides=overrides, world_size=world_size)
     if cfg.seq_length is None:
         seq = cfg.full_length or _model_seq_length(spec.model)
@@ -244,6 +248,14 @@ def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
     for message in cfg.warnings:
         logger.warning("warning: %s", message)
     return cfg
+
+
+def recipe_config(spec: RunSpec) -> dict[str, Any]:
+    """The built-in recipe a run without ``--config`` trains (a fresh dict): it follows the user's length
+    (``--seq-length``, else the model's), budget and global batch (an explicit config is checked strictly)."""
+    return default_train_config(spec.settings.get("seq_length") or _recipe_length(spec.model),
+                                train_tokens=spec.settings.get("train_tokens"),
+                                train_batch_size=spec.settings.get("train_batch_size"))
 
 
 def _recipe_length(model: str) -> int | None:
@@ -321,14 +333,6 @@ def check_spec(spec: RunSpec) -> None:
     if spec.data and spec.data_path:
         raise UserError("--data (a seqwarm prepared folder) and --data-path (Megatron indexed files) both name "
                         "the training data: give one")
-    if not spec.data_path:
-        given = [flag for name, flag in (("tokenizer", "--tokenizer"), ("vocab_size", "--vocab-size"),
-                                         ("eod_id", "--eod-id")) if getattr(spec, name) is not None]
-        if spec.split != RunSpec.split:
-            given.append("--split")
-        if given:
-            raise UserError(f"{', '.join(given)} only apply to --data-path (a prepared folder carries its own "
-                            "tokenizer and split)")
     env_rank = os.environ.get("LOCAL_RANK")
     if spec.local_rank is not None and env_rank is not None and int(env_rank) != spec.local_rank:
         raise UserError(f"--local_rank={spec.local_rank} but the launcher set LOCAL_RANK={env_rank}: launch with "

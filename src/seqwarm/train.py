@@ -51,6 +51,40 @@ MAX_SKIPS_IN_A_ROW = 50
 2**16 in 16 halvings, 32 with DeepSpeed's default hysteresis of 2)."""
 
 
+def first_nonfinite(model: torch.nn.Module, optimizer: Any) -> str | None:
+    """This rank's first model parameter (in ``named_parameters`` order), then optimizer state tensor, that
+    holds a NaN or inf, as ``"parameter NAME"`` / ``"optimizer state KEY"``; None when all are finite.
+
+    The checks of all tensors on one device are stacked there and read back at once: one host read per
+    device (the old loop synced once per tensor at every save). Not ``torch._foreach_norm``: the norm of a
+    large but finite fp16 tensor overflows to inf. FSDP2's sharded tensors are checked in this rank's part.
+    """
+    names: list[str] = []
+    tensors: list[torch.Tensor] = []
+    for name, param in model.named_parameters():
+        names.append(f"parameter {name}")
+        tensors.append(param.to_local() if hasattr(param, "to_local") else param)
+    optim_state = optimizer.state if isinstance(optimizer, torch.optim.Optimizer) else {}
+    for state in optim_state.values():
+        for key, value in (state.items() if isinstance(state, dict) else ()):
+            local = value.to_local() if hasattr(value, "to_local") else value
+            if isinstance(local, torch.Tensor):
+                names.append(f"optimizer state {key}")
+                tensors.append(local)
+    on_device: dict[torch.device, list[int]] = {}
+    for i, tensor in enumerate(tensors):
+        if tensor.numel():
+            on_device.setdefault(tensor.device, []).append(i)
+    first = None
+    with torch.no_grad():
+        for indices in on_device.values():
+            finite = torch.stack([torch.isfinite(tensors[i]).all() for i in indices]).tolist()  # the one read
+            hit = next((i for i, ok in zip(indices, finite) if not ok), None)
+            if hit is not None and (first is None or hit < first):
+                first = hit
+    return None if first is None else names[first]
+
+
 class TrainingDiverged(SeqwarmError):
     """The loss became NaN or infinite."""
 
@@ -229,22 +263,7 @@ class Run:
 
     def _nonfinite_state(self) -> str | None:
         """The first model parameter or optimizer state holding NaN/inf on any rank, else None."""
-        bad = None
-        for name, param in self.model.named_parameters():
-            local = param.to_local() if hasattr(param, "to_local") else param  # FSDP2 shards: this rank's part
-            if local.numel() and not torch.isfinite(local.detach()).all():
-                bad = f"parameter {name}"
-                break
-        if bad is None:
-            optim_state = self.optimizer.state if isinstance(self.optimizer, torch.optim.Optimizer) else {}
-            for state in optim_state.values():
-                for key, value in (state.items() if isinstance(state, dict) else ()):
-                    local = value.to_local() if hasattr(value, "to_local") else value
-                    if isinstance(local, torch.Tensor) and local.numel() and not torch.isfinite(local).all():
-                        bad = f"optimizer state {key}"
-                        break
-                if bad:
-                    break
+        bad = first_nonfinite(self.model, self.optimizer)
         if self.info.enabled:  # every rank must agree, or the save (a collective) would hang
             device = self.device if self.info.backend == "nccl" else torch.device("cpu")
             flags = gather_floats([1.0 if bad else 0.0], self.info, device)

@@ -125,7 +125,7 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
             raise UserError(f"{flag} is not a compare flag: compare runs the baseline with --no-curriculum "
                             "itself and resumes or reuses runs found in --out")
     out = Path(options.out)
-    raw = read_raw_config(base.config)
+    raw = read_raw_config(base)
     cfg = resolve_config(replace(base, out=out / "baseline"))
     if cfg.curriculum is None:
         raise UserError("the config has no enabled sequence-length curriculum, so there is nothing to compare "

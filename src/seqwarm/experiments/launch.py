@@ -17,10 +17,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from seqwarm.defaults import PRESETS, default_train_config
+from seqwarm.defaults import PRESETS
 from seqwarm.errors import UserError
 from seqwarm.runlock import LOCK_FILE, run_lock
-from seqwarm.runner import RunSpec, model_size, resolve_config, run_training
+from seqwarm.runner import RunSpec, model_size, recipe_config, resolve_config, run_training
 
 # Files `seqwarm train` writes into a run folder (a folder holding only these, with no checkpoint and
 # no summary, is a run that died before its first checkpoint and can be started again).
@@ -31,11 +31,13 @@ RUN_FILES = ("config.json", "metrics.jsonl", "tensorboard", "checkpoints", "curv
 # configs
 
 
-def read_raw_config(path: str | None) -> dict[str, Any]:
-    """The DeepSpeed JSON of ``--config`` (or the built-in default recipe), as a dict."""
+def read_raw_config(spec: RunSpec) -> dict[str, Any]:
+    """The DeepSpeed JSON of the spec's ``--config``, as a dict; without one, the built-in recipe as
+    ``seqwarm train`` builds it for this spec (following --seq-length, the budget and the batch)."""
 
-    if not path:
-        return default_train_config()
+    if not spec.config:
+        return recipe_config(spec)
+    path = spec.config
     p = Path(path)
     if not p.is_file():
         raise UserError(f"--config {path}: no such file")

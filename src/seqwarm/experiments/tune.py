@@ -351,7 +351,7 @@ def setup_tune(base: RunSpec, args: TuneOptions) -> TuneSetup:
     if args.probe_evals < 2:
         raise UserError(f"--probe-evals {args.probe_evals}: a fluctuation needs at least 2 evaluations")
     folder = Path(args.out)
-    raw = read_raw_config(base.config)
+    raw = read_raw_config(base)
     current = total_curriculum_step_of(raw)
     cfg = resolve_config(replace(base, out=folder / "probes" / "check"))
     plan = make_plan(cfg)
