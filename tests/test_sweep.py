@@ -84,3 +84,48 @@ def test_sweep_2x1_grid_of_tiny_runs_continues(tmp_path, byte_data, capsys):
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert printed.count("reusing the finished run") == 3
+
+
+def _run(tokens, losses, diverged=False):
+    return {"tokens": tokens, "val_loss": losses, "final_val_loss": losses[-1], "diverged": diverged,
+            "non_finite": False}
+
+
+def _cell_of(name, k, seeds, base_median):
+    return {"name": name, "lr": 1e-3, "scale_batch": k, "seeds": seeds,
+            "baseline": {"final_val_loss": {"median": base_median}, "diverged": 0}}
+
+
+def test_cells_are_measured_against_the_best_stable_baseline():
+    from seqwarm.experiments.sweep import _render_best, against_best_baseline
+
+    xs = [100, 200, 300, 400]
+    good = [{"seed": 1, "baseline": _run(xs, [6, 5, 4.5, 4.0]), "curriculum": _run(xs, [5, 4.4, 4.0, 3.9])},
+            {"seed": 2, "baseline": _run(xs, [6, 5, 4.6, 4.2]), "curriculum": _run(xs, [6, 5, 4.8, 4.6])}]
+    worse = [{"seed": 1, "baseline": _run(xs, [6, 5.5, 5, 4.9]), "curriculum": _run(xs, [5, 4.5, 4.25, 4.0])},
+             {"seed": 2, "baseline": _run(xs, [6, 5.5, 5, 4.9]), "curriculum": _run(xs, [5, 4.5, 4.3, 4.1])}]
+    unstable = _cell_of("lr-big", 1, worse, 3.0)
+    unstable["baseline"]["diverged"] = 1  # lowest loss, but it diverged on a seed: never the reference
+    cells = [_cell_of("lr-a", 1, good, 4.1), _cell_of("lr-b", 1, worse, 4.9), unstable,
+             _cell_of("lr-c_bs-8", 8, worse, 2.0)]  # a larger batch scale is never the reference either
+    best = against_best_baseline(cells)
+    assert best["cell"] == "lr-a" and [t["target"] for t in best["targets"]] == [4.0, 4.2]
+    assert [t["tokens"] for t in best["targets"]] == [400, 400]
+    rows = {(r["cell"], r["arm"]): r for r in best["rows"]}
+    assert rows[("lr-a", "baseline")]["per_seed"] == [1.0, 1.0]
+    # seed 1 reaches 4.0 at 300 tokens (0.75); seed 2 never reaches 4.2
+    assert rows[("lr-a", "curriculum")]["per_seed"] == [0.75, None] and rows[("lr-a", "curriculum")]["reached"] == 1
+    # seed 1: 4.25 at 300, 4.0 at 400 -> 400; seed 2: 4.3 at 300, 4.1 at 400 -> 4.2 at 350
+    assert rows[("lr-b", "curriculum")]["per_seed"] == pytest.approx([1.0, 0.875])
+    assert rows[("lr-b", "curriculum")]["tokens_ratio"]["median"] == pytest.approx(0.9375)
+    assert rows[("lr-b", "baseline")]["reached"] == 0
+    md = "\n".join(_render_best(best))
+    assert "`lr-a`" in md and "| lr-b | curriculum | 0.94 (0.87–1.00) | 2/2 |" in md
+
+
+def test_no_stable_baseline_means_no_reference():
+    from seqwarm.experiments.sweep import against_best_baseline
+
+    cell = _cell_of("lr-x", 1, [], 4.0)
+    cell["baseline"]["diverged"] = 2
+    assert against_best_baseline([cell]) is None and against_best_baseline([]) is None

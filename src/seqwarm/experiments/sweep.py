@@ -157,7 +157,8 @@ def run_sweep(base: RunSpec, options: SweepOptions, *, echo=print) -> dict[str, 
                                         "clip_grad": list(options.clip_grad),
                                         "lr_warmup_iters": list(options.lr_warmup_iters), "pos": list(options.pos),
                                         "seeds": options.seeds},
-              "cells": results, "definitions": {"spread": spread.SPREAD_DEFINITION}}
+              "cells": results, "against_best_baseline": against_best_baseline(results),
+              "definitions": {"spread": spread.SPREAD_DEFINITION, "against_best_baseline": BEST_DEFINITION}}
     write_json(out / "sweep.json", report)
     plot_sweep(results, out / "sweep.png")
     write_text(out / "sweep.md", render_sweep(report))
@@ -171,6 +172,45 @@ def _tokens_to_target(row: dict[str, Any]) -> dict[str, Any]:
         return {"target": None, "baseline": None, "curriculum": None, "speedup": None}
     res = curves.speedup_to_target(base["tokens"], base["val_loss"], cur["tokens"], cur["val_loss"])
     return {"target": res.target, "baseline": res.baseline, "curriculum": res.curriculum, "speedup": res.speedup}
+
+
+BEST_DEFINITION = (
+    "the best baseline = the cell, at the grid's smallest batch scale, whose baseline has the lowest median "
+    "final val loss among those that diverged on no seed; its final loss on each seed is that seed's target; "
+    "tokens ratio = a run's tokens to reach the target / the best baseline's own tokens to it (same seed; "
+    "below 1: fewer tokens than the best baseline).")
+
+
+def against_best_baseline(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Every cell and arm against the baseline at its best (see :data:`BEST_DEFINITION`); None when no
+    baseline at the smallest batch scale trained without diverging."""
+    if not cells:
+        return None
+    smallest = min(c["scale_batch"] for c in cells)
+    stable = [c for c in cells if c["scale_batch"] == smallest and not c["baseline"]["diverged"]
+              and c["baseline"]["final_val_loss"]["median"] is not None]
+    if not stable:
+        return None
+    best = min(stable, key=lambda c: c["baseline"]["final_val_loss"]["median"])
+    targets = {}
+    for s in best["seeds"]:
+        run, final = s["baseline"], s["baseline"]["final_val_loss"]
+        if isinstance(final, (int, float)) and math.isfinite(final):
+            own = curves.first_crossing(run["tokens"], run["val_loss"], final)
+            targets[s["seed"]] = {"seed": s["seed"], "target": final, "tokens": own}
+    rows = []
+    for c in cells:
+        for arm in RUNS:
+            ratios = []
+            for s in c["seeds"]:
+                t, run = targets.get(s["seed"]), s[arm]
+                x = curves.first_crossing(run["tokens"], run["val_loss"], t["target"]) if t else None
+                ratios.append(x / t["tokens"] if x is not None and t["tokens"] else None)
+            rows.append({"cell": c["name"], "arm": arm, "tokens_ratio": spread.spread(ratios),
+                         "reached": sum(r is not None for r in ratios), "seeds": len(c["seeds"]),
+                         "per_seed": ratios})
+    return {"cell": best["name"], "lr": best["lr"], "scale_batch": best["scale_batch"],
+            "targets": list(targets.values()), "rows": rows}
 
 
 def _arm_spread(per_seed: list[dict[str, Any]], arm: str) -> dict[str, Any]:
@@ -201,8 +241,25 @@ def render_sweep(report: dict[str, Any]) -> str:
     lines += ["", "diverged = a non-finite loss or a smoothed loss-ratio spike; target = the baseline's final "
               "loss (same cell and seed); tokens to target = the curriculum's tokens to reach it; speedup_tokens "
               "= the baseline's tokens to it / the curriculum's.",
-              "", f"_{report['definitions']['spread']}_", "", "![final loss against LR](sweep.png)", ""]
+              "", f"_{report['definitions']['spread']}_", ""]
+    lines += _render_best(report.get("against_best_baseline"))
+    lines += ["![final loss against LR](sweep.png)", ""]
     return "\n".join(lines)
+
+
+def _render_best(best: dict[str, Any] | None) -> list[str]:
+    """sweep.md's section: every cell and arm in tokens to the best baseline's final loss."""
+    if not best:
+        return ["No baseline at the smallest batch scale trained without diverging: no best baseline to "
+                "measure the cells against.", ""]
+    targets = spread.spread(t["target"] for t in best["targets"])
+    lines = ["## Against the best baseline", "",
+             f"The best baseline is `{best['cell']}` (final val loss {_cell(targets, '.4f')}). "
+             "Tokens ratio = tokens to reach that seed's best-baseline final loss / the best baseline's own.",
+             "", "| cell | arm | tokens ratio | reached |", "|---|---|---:|---:|"]
+    for r in best["rows"]:
+        lines.append(f"| {r['cell']} | {r['arm']} | {_cell(r['tokens_ratio'], '.2f')} | {r['reached']}/{r['seeds']} |")
+    return lines + ["", "_" + BEST_DEFINITION[0].upper() + BEST_DEFINITION[1:] + "_", ""]
 
 
 def _cell(s: dict[str, Any], fmt: str) -> str:
