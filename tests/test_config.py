@@ -418,3 +418,32 @@ def test_the_deepspeed_view_strips_seqwarm_blocks_without_touching_the_input():
     assert ds["data_efficiency"]["data_sampling"] == {"enabled": True}
     assert "scheduler" not in trainer_deepspeed_config(raw)
     assert json.dumps(raw, sort_keys=True) == before
+
+
+def test_compile_is_a_config_key_the_flags_override(tmp_path, capsys):
+    """``"seqwarm": {"compile": true}`` turns torch.compile on; --compile / --no-compile win over the file."""
+    from seqwarm.cli import build_parser
+    from seqwarm.commands.common import overrides_from_args
+    from seqwarm.run_command import settings_argv
+
+    base = {"train_batch_size": 8}
+    assert load_config(base).compile is False
+    on = {**base, "seqwarm": {"compile": True}}
+    assert load_config(on).compile is True
+    parser = build_parser()
+    for argv, want in (([], None), (["--compile"], True), (["--no-compile"], False)):
+        overrides = overrides_from_args(parser.parse_args(["train", *argv]))
+        assert overrides.get("compile") is want, argv
+        assert settings_argv(overrides) == argv  # the command an experiment writes out says the same
+    assert load_config(on, overrides={"compile": False}).compile is False
+    assert load_config(base, overrides={"compile": True}).compile is True
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(on))
+    assert main(["check-config", str(path)]) == 0
+    assert "compile:     torch.compile" in capsys.readouterr().out
+    path.write_text(json.dumps({**base, "seqwarm": {"compile": "yes"}}))
+    assert main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "seqwarm.compile" in err and "true or false" in err and "Traceback" not in err
+    with pytest.raises(ConfigError, match="--compile"):
+        load_config(base, overrides={"compile": 1})

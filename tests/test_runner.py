@@ -21,7 +21,7 @@ TRAIN_FLAGS = [
     ("--data-path", (), "options"), ("--split", "969,30,1", "options"), ("--tokenizer", None, "options"),
     ("--vocab-size", None, "options"), ("--eod-id", None, "options"), ("--model", "tiny", "options"),
     ("--n-layer", None, "options"), ("--n-head", None, "options"), ("--n-embd", None, "options"),  # issue #17
-    ("--rotary", False, "options"), ("--fsdp", False, "options"), ("--compile", False, "options"),
+    ("--rotary", False, "options"), ("--fsdp", False, "options"),
     ("--deepspeed", False, "DeepSpeed"), ("--pipeline-stages", 0, "DeepSpeed"), ("--local-rank", None, "DeepSpeed"),
     ("--train-tokens", None, "budget"), ("--train-iters", None, "budget"), ("--train-samples", None, "budget"),
     ("--lr", None, "learning rate"), ("--min-lr", None, "learning rate"), ("--lr-decay-style", None, "learning rate"),
@@ -34,6 +34,7 @@ TRAIN_FLAGS = [
     ("--weight-decay", None, "optimizer"), ("--clip-grad", None, "optimizer"), ("--adam-beta1", None, "optimizer"),
     ("--adam-beta2", None, "optimizer"), ("--adam-eps", None, "optimizer"), ("--precision", None, "optimizer"),
     ("--fp16", False, "optimizer"), ("--bf16", False, "optimizer"),
+    ("--compile", False, "performance"), ("--no-compile", False, "performance"),  # a config key too since #14
     ("--out", None, "run"), ("--resume", False, "run"), ("--allow-config-change", False, "run"),
     ("--seed", 1234, "run"), ("--device", "auto", "run"), ("--eval-interval", 50, "run"), ("--eval-iters", 8, "run"),
     ("--save-interval", 100, "run"), ("--keep-checkpoints", 3, "run"), ("--log-interval", 10, "run"),
@@ -137,3 +138,17 @@ def test_only_the_cli_layer_imports_argparse_or_commands():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             for name in names:
                 assert name != "argparse" and not name.startswith("seqwarm.commands"), f"{rel} imports {name}"
+
+
+def test_compile_from_the_config_is_refused_for_deepspeed_and_hf_models(tmp_path, byte_data):
+    from seqwarm.runner import resolve_config
+
+    raw = json.loads(small_config(tmp_path / "c.json").read_text())
+    raw["seqwarm"]["compile"] = True
+    (tmp_path / "c.json").write_text(json.dumps(raw))
+    spec = RunSpec(config=tmp_path / "c.json", data=byte_data)
+    assert resolve_config(spec).compile is True
+    assert resolve_config(with_changes(spec, compile=False)).compile is False  # --no-compile
+    with pytest.raises(ConfigError, match="own GPT") as err:
+        resolve_config(replace(spec, deepspeed=True))
+    assert "--no-compile" in str(err.value)

@@ -35,7 +35,7 @@ import inspect
 import logging
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -129,6 +129,15 @@ def output_length(output: Any, rows: int) -> int | None:
     return None
 
 
+def _no_seam_inside(rows: int, full: int, seqlen: int) -> bool:
+    """Whether reshaping ``rows x full`` into rows of ``seqlen`` puts no sample boundary inside a kept row
+    (then reshape's restarted ``arange`` positions are ``arange`` per new row)."""
+    if seqlen >= full:
+        return True
+    kept = rows * full // seqlen * seqlen
+    return all((k * full) % seqlen == 0 for k in range(1, rows) if k * full < kept)
+
+
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     """Every param group gets ``lr * group.get("lr_scale", 1.0)`` (seqwarm owns the learning rate)."""
     for group in optimizer.param_groups:
@@ -178,24 +187,76 @@ class CurriculumCore:
         self._checked_length = False
         self._warned_unchecked = False
         self._injected: tuple[int, int] | None = None  # (rows, length) of the last injected micro-batch
+        self._full: int | None = None  # the data's full length, when batches come cut ahead (feed_plan)
 
     # -- per micro-batch --------------------------------------------------------------------------
     def seqlen(self, full: int) -> int | None:
         """This optimizer step's length (None without a curriculum), latched at its first micro-batch;
-        ``full`` is the batch's sequence length (checked once against ``max_difficulty``)."""
+        ``full`` is the batch's sequence length (checked once against ``max_difficulty``, unless
+        :meth:`expect_full_length` named the data's)."""
         if self.scheduler is None:
             return None
         if self._step_seqlen is None:  # first micro-batch of optimizer step progress.step + 1
             self._step_seqlen = self.scheduler.update_difficulty(self.progress.step + 1)
         if not self._checked_length:
-            self._checked_length = True
-            top = self.scheduler.block["max_difficulty"]
-            if top != full:
-                warnings.warn(
-                    f"curriculum max_difficulty {top} != the batch's sequence length {full}: the "
-                    f"curriculum {'never reaches' if top < full else 'stops growing at'} the full "
-                    "length; set max_difficulty to the model's sequence length", stacklevel=5)
+            self._check_top(full, stacklevel=6)
+        if self._full is not None and full < min(self._step_seqlen, self._full):
+            raise RuntimeError(f"a micro-batch of step {self.progress.step + 1} came cut to {full} columns, "
+                               f"fewer than the step's length {self._step_seqlen}: it was cut ahead for "
+                               "another step (each optimizer step must take gradient_accumulation_steps batches)")
         return self._step_seqlen
+
+    def _check_top(self, full: int, stacklevel: int) -> None:
+        self._checked_length = True
+        top = self.scheduler.block["max_difficulty"] if self.scheduler else full
+        if top != full:
+            warnings.warn(
+                f"curriculum max_difficulty {top} != the batch's sequence length {full}: the "
+                f"curriculum {'never reaches' if top < full else 'stops growing at'} the full "
+                "length; set max_difficulty to the model's sequence length", stacklevel=stacklevel)
+
+    # -- ahead of the micro-batches: what the device needs of them --------------------------------
+    def expect_full_length(self, full: int) -> None:
+        """The data's full length, for a loop that hands the core micro-batches already cut to
+        :meth:`feed_plan`'s columns: checked against ``max_difficulty`` now (not against the cut
+        batches), and a batch cut shorter than its step's length is an error from now on."""
+        self._full = int(full)
+        if self.scheduler is not None and not self._checked_length:
+            self._check_top(self._full, stacklevel=3)
+
+    def lengths_at(self, steps: Sequence[int]) -> list[int] | None:
+        """The lengths optimizer steps ``steps`` (ascending, from the next one on) would train at, from
+        the scheduler's current value; nothing changes. None without a curriculum, or for a custom
+        schedule (its function is not called ahead of its step)."""
+        if self.scheduler is None or self.scheduler.config.schedule_type == "custom":
+            return None
+        top, current, out = self.scheduler.block["max_difficulty"], self.scheduler.get_current_difficulty(), []
+        for step in steps:  # update_difficulty's rule: the value moves only while below max_difficulty
+            if current < top:
+                current = self.scheduler.get_difficulty(step)
+            out.append(current)
+        return out
+
+    def feed_plan(self, rows: int, full: int, steps: Sequence[int]) -> tuple[int, frozenset[str]]:
+        """What :meth:`shape` needs of a full-length ``rows x full`` micro-batch of one of ``steps``
+        (candidates: the loop may not know yet whether a step is retried after an fp16 skip).
+
+        Returns its first ``columns`` columns (truncate and inject cut a prefix: the longest of the
+        steps' lengths suffices, the result is the same; reshape re-chunks the whole row, and without
+        a curriculum every column trains), and the keys that may be left out of it when trivial:
+        ``loss_mask`` (all ones) unless tokens are counted by it, and ``position_ids`` (``arange``
+        rows) unless reshape would rewrite them into something else — it restarts them at the seam
+        between two samples, which the model's default ``arange`` per row does not when that seam
+        falls inside a row.
+        """
+        droppable = set() if self.config.count_tokens_by == "loss_mask" else {"loss_mask"}
+        lengths = self.lengths_at(steps) if self.mode is not None else None
+        columns = full
+        if lengths and self.mode in ("truncate", "inject"):
+            columns = min(full, max(lengths))
+        if self.mode != "reshape" or (lengths and all(_no_seam_inside(rows, full, n) for n in lengths)):
+            droppable.add("position_ids")
+        return columns, frozenset(droppable)
 
     def observe(self, rows: int, seq: int, loss_mask: torch.Tensor | None = None) -> int | None:
         """A training micro-batch of ``rows x seq`` that is not cut here (inject mode, or no

@@ -229,7 +229,8 @@ class GPT(nn.Module):
         attention_mask: torch.Tensor | None = None,
         curriculum_seqlen: int | None = None,
     ) -> torch.Tensor:
-        """Loss (mean over ``loss_mask``; plain mean over labels != -100 without one) or logits.
+        """Loss (mean over ``loss_mask``; mean over labels != -100 without one, bit for bit the loss of an
+        all-ones mask, so a loop may leave a trivial mask out) or logits.
 
         ``curriculum_seqlen`` < S cuts every input to its first positions with
         :func:`seqwarm.batch.truncate_batch`, so the loss equals the loss on a truncated batch.
@@ -275,8 +276,8 @@ class GPT(nn.Module):
         if labels is None:
             return logits
         flat_logits = logits.float().reshape(-1, logits.size(-1))
-        if loss_mask is None:
-            return F.cross_entropy(flat_logits, labels.reshape(-1))
-        losses = F.cross_entropy(flat_logits, labels.reshape(-1), reduction="none")
+        losses = F.cross_entropy(flat_logits, labels.reshape(-1), reduction="none")  # 0 where labels are -100
+        if loss_mask is None:  # the arithmetic of an all-ones loss_mask, bit for bit (the loop leaves one out)
+            return losses.sum() / (labels != -100).sum().to(losses.dtype).clamp(min=1.0)
         mask = loss_mask.reshape(-1).to(losses.dtype)
         return (losses * mask).sum() / mask.sum().clamp(min=1.0)

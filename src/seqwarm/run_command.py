@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import Field, fields
 from typing import Any
 
-from seqwarm.config.settings import GROUPS, SETTINGS
+from seqwarm.config.settings import GROUPS, SETTINGS, negative_flag
 
 __all__ = ["flag_of", "settings_argv", "train_argv", "command_line"]
 
@@ -38,6 +38,8 @@ def settings_argv(settings: Mapping[str, Any]) -> list[str]:
             if s.kind == "off":
                 if value is False:
                     argv.append(s.flag)
+            elif s.kind == "on":
+                argv.append(s.flag if value else negative_flag(s.key))
             elif isinstance(value, (list, tuple)):
                 argv += [s.flag, *map(str, value)]
             else:

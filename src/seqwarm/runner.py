@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from seqwarm.config import RunConfig, load_config
-from seqwarm.config.settings import SETTING_KEYS, flag_for
+from seqwarm.config.settings import SETTING_KEYS, flag_for, negative_flag
 from seqwarm.defaults import PRESETS, default_train_config
 from seqwarm.errors import UserError
 from seqwarm.metrics import format_results
@@ -86,10 +86,6 @@ class RunSpec:
     """rotary position embeddings instead of learned ones"""
     fsdp: bool = False
     """under torchrun: shard the model with FSDP2 (fully_shard per block) instead of DDP"""
-    compile: bool = False
-    """torch.compile the GPT (in place, before DDP; per block under --fsdp) with the sequence dimension
-    dynamic, so a whole curriculum runs on a few graphs; the numbers are those of eager up to kernel
-    rounding"""
     deepspeed: bool = field(default=False, metadata={"group": "deepspeed"})
     """train on a DeepSpeed engine (under torchrun or the deepspeed launcher); ZeRO stage, offload,
     precision and batch sizes come from --config"""
@@ -243,6 +239,11 @@ def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
     if spec.model.startswith("hf:") and cfg.count_tokens_by == "loss_mask":
         problems.append(Problem("count_tokens_by", "loss_mask", "an hf: model takes HF-style batches, which carry "
                                 "no loss_mask to count", "count by shape (drop --count-tokens-by loss_mask)"))
+    if cfg.compile and (spec.deepspeed or spec.model.startswith("hf:")):
+        problems.append(Problem(f"compile ({flag_for('compile')})", True, "compiles seqwarm's own GPT on its own "
+                                "engine, not a DeepSpeed engine or an hf: model",
+                                f"drop it ({negative_flag('compile')} over a config's seqwarm.compile), or use "
+                                "DeepSpeed's config key \"compile\" (or Hugging Face's torch_compile) for those"))
     if problems:
         raise ConfigError(problems, str(spec.config) if spec.config else "the built-in recipe")
     for message in cfg.warnings:
@@ -324,9 +325,6 @@ def check_spec(spec: RunSpec) -> None:
         size_problems(spec)
     if spec.pipeline_stages and not spec.deepspeed:
         raise UserError("--pipeline-stages needs --deepspeed (the pipeline is DeepSpeed's PipelineEngine)")
-    if spec.compile and (spec.deepspeed or spec.model.startswith("hf:")):
-        raise UserError("--compile compiles seqwarm's own GPT on its own engine: drop --compile, or use "
-                        "DeepSpeed's config key \"compile\" (or Hugging Face's torch_compile) for those")
     if spec.deepspeed and spec.fsdp:
         raise UserError("--deepspeed and --fsdp both shard the model: choose one (ZeRO-3 in the DeepSpeed config "
                         "is the DeepSpeed counterpart of --fsdp)")
@@ -465,7 +463,7 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, opts, info, say) -> TrainRe
             from seqwarm.integrations.deepspeed_run import DeepSpeedEngineBuilder
             builder = DeepSpeedEngineBuilder(pipeline_stages=stages if stages > 1 else 0)
         else:
-            builder = TorchEngineBuilder(fsdp=spec.fsdp, compile=spec.compile)
+            builder = TorchEngineBuilder(fsdp=spec.fsdp, compile=cfg.compile)
     run = Run(cfg, opts, data, model_cfg, dist_info=info, builder=builder)
     resumed = run.resume() if opts.resume else False
     if opts.resume and not resumed:

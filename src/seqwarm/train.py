@@ -32,6 +32,7 @@ from seqwarm.builders import EngineBuilder, TorchEngineBuilder, accumulate_step
 from seqwarm.config import RunConfig, resolve_precision
 from seqwarm.config.describe import describe
 from seqwarm.data.indexed import data_fingerprint
+from seqwarm.data.prefetch import DeviceFeed
 from seqwarm.distributed import DistInfo, device_for, gather_floats
 from seqwarm.errors import SeqwarmError, UserError
 from seqwarm.evaluator import Evaluator
@@ -184,6 +185,10 @@ class Run:
                                                          wandb_run_name=opts.wandb_run_name))
         self.batches = data.train_batches(model_cfg.seq_length, cfg.micro_batch_size, seed=opts.seed,
                                           rank=dp_rank, world_size=dp_world, label_style=built.label_style)
+        self.core = _core_of(self.engine)
+        self._drop_trivial = built.label_style == "megatron"  # seqwarm's GPT: a trivial mask / positions are its defaults
+        self.feed = DeviceFeed(self.batches, self.device, plan=self._feed_plan)
+        """The batches on the device: cut to the step's length before the copy, one ahead on CUDA."""
         self.elapsed_before = 0.0
         self.t_start = time.perf_counter()
         self.last_val: float | None = None
@@ -278,7 +283,7 @@ class Run:
                 f"the {bad} became NaN or infinite by step {self.engine.global_steps} (the loss was still finite); "
                 f"not saving it: {self.last_good()}. Lower the learning rate, raise min_difficulty, or "
                 "lengthen the curriculum")
-        loop_state = {"data": self.batches.state_dict(), "rng": rng_state(), "config": self.resolved,
+        loop_state = {"data": self.feed.state_dict(), "rng": rng_state(), "config": self.resolved,
                       "elapsed_s": self.elapsed(), "last_val": self.last_val}
         path = self.checkpointer.save(self.engine.global_steps, loop_state)
         if path is not None:
@@ -294,7 +299,7 @@ class Run:
             return False
         path, state = found
         self.last_saved = Path(path)
-        self.batches.load_state_dict(state["data"])
+        self.feed.load_state_dict(state["data"])
         set_rng_state(state["rng"])
         self.elapsed_before = float(state.get("elapsed_s", 0.0))
         self.last_val = state.get("last_val")
@@ -338,8 +343,20 @@ class Run:
             logger.info("trial step at length %d x %d fits: peak %.2f GiB", length, micro,
                         torch.cuda.max_memory_allocated(self.device) / 2**30)
 
+    def _feed_plan(self, index: int, ahead: bool) -> tuple[int | None, frozenset[str]]:
+        """The feed's plan of micro-batch ``index`` (counted from the start of :meth:`train`, a step
+        boundary; every step, fp16-skipped ones too, takes gradient_accumulation_steps of them): the
+        core's :meth:`~seqwarm.core.CurriculumCore.feed_plan` for the step it belongs to — asked ahead at
+        a step's first micro-batch, the next step or, after an fp16 skip, the same one again."""
+        if self.core is None:
+            return None, frozenset()
+        step = self.engine.progress.step + 1  # the step of the batch handed out last (or of this one)
+        steps = [step, step + 1] if ahead and index % self.cfg.gradient_accumulation_steps == 0 else [step]
+        columns, droppable = self.core.feed_plan(self.cfg.micro_batch_size, self.model_cfg.seq_length, steps)
+        return columns, droppable if self._drop_trivial else frozenset()
+
     def _next_batch(self) -> dict:
-        return {k: v.to(self.device, non_blocking=True) for k, v in self.batches.next_batch().items()}
+        return self.feed.next_batch()
 
     def _mean_over_ranks(self, losses: list[float], steps: list[int], lengths: list[int]) -> list[float]:
         """Each step's loss averaged over ranks (one gather for all of them); every rank must have
@@ -386,6 +403,8 @@ class Run:
         self.log.open(engine.progress.tokens)
         engine.train()
         self._probe_memory()
+        if self.core is not None:  # the feed hands the core batches cut ahead: it checks the data's length
+            self.core.expect_full_length(self.model_cfg.seq_length)
         try:
             while reason is None:
                 t0 = time.perf_counter()
@@ -422,6 +441,7 @@ class Run:
             final_val = self._evaluate()
             self.save()
         finally:
+            self.feed.close()
             self.log.close()
         self.checkpointer.finish(engine.progress, self.resolved, self.last_val)
         summary = self._summary(final_val, reason)
@@ -438,6 +458,15 @@ class Run:
             "curriculum": self.resolved["run"]["curriculum"], "skipped_steps": self.engine.skipped_steps,
             "num_params": self.model_cfg.num_params(),
         }
+
+
+def _core_of(engine) -> Any:
+    """The :class:`~seqwarm.core.CurriculumCore` behind an engine (CurriculumEngine, the DeepSpeed adapters),
+    None for an engine without one (its batches are then moved as they are)."""
+    core = getattr(engine, "core", None)
+    if core is None:
+        core = getattr(getattr(engine, "curriculum", None), "core", None)
+    return core if callable(getattr(core, "feed_plan", None)) else None
 
 
 def _saved(run_dir: Path, section: str) -> dict[str, Any]:

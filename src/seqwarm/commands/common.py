@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
-from seqwarm.config.settings import GROUPS, SETTINGS, Setting
+from seqwarm.config.settings import GROUPS, SETTINGS, Setting, negative_flag
 from seqwarm.units import parse_count
 
 logger = logging.getLogger(__name__)
@@ -64,6 +64,11 @@ def add_setting_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ..
                     exclusive[s.exclusive] = group.add_mutually_exclusive_group()
                 target = exclusive[s.exclusive]
             kwargs: dict[str, Any] = {"dest": _dest(s), "help": s.help}
+            if s.kind == "on":  # None when neither flag is given: the config decides
+                target.add_argument(s.flag, *s.aliases, action="store_const", const=True, **kwargs)
+                target.add_argument(negative_flag(s.key), dest=_dest(s), action="store_const", const=False,
+                                    help=f"not {s.flag}, whatever the config says")
+                continue
             if s.kind == "off":
                 kwargs["action"] = "store_true"
             elif s.kind == "choice":
@@ -86,6 +91,9 @@ def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
         if s.kind == "off":
             if value:
                 out[s.key] = False
+        elif s.kind == "on":
+            if value is not None:
+                out[s.key] = bool(value)
         elif value is not None:
             out[s.key] = value
     return out

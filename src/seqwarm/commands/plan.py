@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                        "training: where the length changes, how many steps reach --train-tokens, the tokens "
                        "used by the end of the curriculum and the end of LR warmup.")
     p.add_argument("config", metavar="CONFIG", help="DeepSpeed JSON config (seqwarm/DeepSpeed format)")
-    add_setting_flags(p, exclude=("precision", "weight_decay", "gradient_clipping"))
+    add_setting_flags(p, exclude=("precision", "weight_decay", "gradient_clipping", "compile"))
     p.add_argument("--world-size", type=positive_int, default=1, help="data-parallel ranks")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--plot", metavar="FILE.png", help="draw length and LR against steps and tokens")

@@ -44,6 +44,8 @@ def describe(cfg: RunConfig) -> list[str]:
     lines.append(f"optimizer:   {cfg.optimizer.type} betas {cfg.optimizer.betas}, weight decay "
                  f"{cfg.optimizer.weight_decay:g}, clipping {cfg.gradient_clipping or 'off'}")
     lines.append(f"precision:   {cfg.precision}")
+    if cfg.compile:
+        lines.append("compile:     torch.compile of seqwarm's GPT, the sequence dimension dynamic")
     budget = [f"{human_count(v)} {k}" for k, v in (("tokens", cfg.train_tokens), ("iters", cfg.train_iters),
                                                    ("samples", cfg.train_samples)) if v]
     lines.append(f"budget:      {', '.join(budget) if budget else 'none set (give --train-tokens to train or plan)'}")

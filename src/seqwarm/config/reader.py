@@ -433,6 +433,7 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
         count_by = chk.choice(s["count_tokens_by"][0], s["count_tokens_by"][1], COUNT_TOKENS_BY,
                               "token counting") or "shape"
 
+    compiled = chk.boolean(*s["compile"]) if "compile" in s else False
     batch = _batch_sizes(chk, raw, s, world_size)
     seq_length = s["seq_length"][0] if "seq_length" in s else None
     if curriculum and seq_length is not None:
@@ -476,7 +477,7 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
         seq_length=seq_length, gradient_clipping=clip or 0.0, precision=precision, precision_named=named, fp16=fp16,
         optimizer=opt,
         lr=lr, curriculum=curriculum, train_tokens=budget["train_tokens"], train_iters=budget["train_iters"],
-        train_samples=budget["train_samples"], count_tokens_by=count_by, deepspeed=ds,
+        train_samples=budget["train_samples"], count_tokens_by=count_by, compile=bool(compiled), deepspeed=ds,
         rampup_batch_size=s["rampup_batch_size"][0] if "rampup_batch_size" in s else None,
         warnings=tuple(chk.warnings), source=name,
     )

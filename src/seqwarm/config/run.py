@@ -95,6 +95,9 @@ class RunConfig:
     """Cap on samples (full-length sequences drawn)."""
     count_tokens_by: str = "shape"
     """Count trained tokens by the shaped batch's shape or by its loss_mask (:data:`COUNT_TOKENS_BY`)."""
+    compile: bool = False
+    """torch.compile seqwarm's GPT (``seqwarm.compile`` / ``--compile``); the numbers stay eager's up to kernel
+    rounding."""
     rampup_batch_size: Any = None
     """Megatron's batch-size ramp, kept only to refuse it next to a curriculum (SPEC §4)."""
     deepspeed: Mapping[str, Any] = field(default_factory=dict, compare=False)

@@ -19,7 +19,7 @@ from seqwarm.config.run import COUNT_TOKENS_BY, PRECISIONS
 from seqwarm.curriculum import CURRICULUM_MODES
 from seqwarm.lr_schedule import DECAY_STYLES
 
-__all__ = ["Setting", "SETTINGS", "SETTING_KEYS", "GROUPS", "setting", "flag_for", "keys_of_kind",
+__all__ = ["Setting", "SETTINGS", "SETTING_KEYS", "GROUPS", "setting", "flag_for", "negative_flag", "keys_of_kind",
            "keys_in_group", "exclusive_groups"]
 
 GROUPS = {
@@ -27,6 +27,7 @@ GROUPS = {
     "lr": "learning rate (warmup in iters/samples, decay in tokens)",
     "batch": "batch and length",
     "optimizer": "optimizer, clipping and precision",
+    "performance": "performance (the numbers stay those of eager PyTorch, up to kernel rounding)",
 }
 """Flag group name -> the title ``--help`` shows above its flags (in this order)."""
 
@@ -41,7 +42,8 @@ class Setting:
     """Its command-line flag, e.g. ``--train-tokens``."""
     kind: str
     """``count`` (a whole number: 1000000, 1e6, 1M), ``float`` (>= 0), ``choice``, ``list`` (one or more
-    values) or ``off`` (a switch that sets the key to False, like ``--no-curriculum``)."""
+    values), ``off`` (a switch that sets the key to False, like ``--no-curriculum``) or ``on`` (a boolean
+    key: its flag sets it to True and ``--no-`` + the flag to False, both over the config's value)."""
     help: str
     """The ``--help`` text."""
     group: str
@@ -121,6 +123,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("precision", "--precision", "choice", "fp32, bf16 (autocast) or fp16 (autocast with dynamic loss "
             "scaling); default: the config's fp16/bf16 blocks, else bf16 on CUDA and fp32 elsewhere", "optimizer",
             choices=PRECISIONS, switches=(("--fp16", "fp16"), ("--bf16", "bf16"))),
+    # performance
+    Setting("compile", "--compile", "on", "torch.compile seqwarm's GPT (in place, before DDP; per block under "
+            "--fsdp) with the sequence dimension dynamic, so a whole curriculum runs on a few graphs (default: "
+            "the config's seqwarm.compile, else off)", "performance"),
 )
 
 _BY_KEY = {s.key: s for s in SETTINGS}
@@ -139,6 +145,11 @@ def setting(key: str) -> Setting:
 def flag_for(key: str) -> str:
     """The command-line flag of setting ``key`` (``train_micro_batch_size_per_gpu`` -> ``--micro-batch-size``)."""
     return setting(key).flag
+
+
+def negative_flag(key: str) -> str:
+    """The flag that sets an ``on`` setting to False (``compile`` -> ``--no-compile``)."""
+    return "--no-" + setting(key).flag.removeprefix("--")
 
 
 def keys_of_kind(kind: str) -> tuple[str, ...]:

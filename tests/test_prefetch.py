@@ -1,0 +1,302 @@
+"""Batches to the device (issue #14): cut to the step's length before the copy, trivial keys left out,
+one batch ahead on a thread on CUDA — and not one number changes."""
+
+import shutil
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from seqwarm.batch import reshape_batch, truncate_batch
+from seqwarm.config import load_config
+from seqwarm.core import CurriculumCore
+from seqwarm.data.dataset import TokenWindows, TrainBatches, build_batch
+from seqwarm.data.prefetch import DeviceFeed, is_trivial, lean_batch
+from seqwarm.metrics import read_metrics
+from seqwarm.model import GPT, GPTConfig
+
+from conftest import small_config
+
+
+def _threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "seqwarm-prefetch"]
+
+
+def _source(micro=3, seq=16, **opts) -> TrainBatches:
+    tokens = np.random.default_rng(0).integers(0, 50, 2000).astype(np.int64)
+    tokens[::37] = 0  # EOD
+    return TrainBatches(TokenWindows(tokens, seq, eod_id=0, **opts), micro, seed=5)
+
+
+def _core(tmp_path, **extra) -> CurriculumCore:
+    cfg = load_config(small_config(tmp_path / "c.json", **extra))
+    return CurriculumCore(cfg, GPT(GPTConfig.preset("tiny", vocab_size=50, seq_length=64)).forward)
+
+
+# -- the model: a left-out key is its default, bit for bit --------------------------------------------
+
+@pytest.mark.parametrize("rotary", [False, True])
+def test_leaving_out_a_trivial_mask_and_positions_changes_no_bit(rotary, one_thread):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", vocab_size=50, seq_length=16, rotary=rotary))
+    full = build_batch(np.random.default_rng(1).integers(0, 50, (4, 17)))
+    for cut in (lambda b: b, lambda b: truncate_batch(b, 8), lambda b: reshape_batch(b, 8)):
+        batch = cut(full)
+        lean = lean_batch(batch, None, ("loss_mask", "position_ids"))
+        assert set(lean) == {"input_ids", "labels"}
+        losses, grads = [], []
+        for b in (batch, lean):
+            model.zero_grad()
+            loss = model(**b)
+            loss.backward()
+            losses.append(loss)
+            grads.append([p.grad.clone() for p in model.parameters()])
+        assert torch.equal(losses[0], losses[1])
+        assert all(torch.equal(a, b) for a, b in zip(*grads))
+
+
+def test_lean_batch_cuts_a_prefix_and_keeps_what_is_not_trivial():
+    batch = build_batch(np.arange(40).reshape(4, 10) % 7, eod_id=0, eod_mask_loss=True, reset_position_ids=True)
+    out = lean_batch(batch, 5, ("loss_mask", "position_ids"))
+    assert set(out) == set(batch) and all(v.shape == (4, 5) for v in out.values())  # EOD resets: kept
+    assert all(torch.equal(out[k], batch[k][:, :5]) for k in batch)
+    plain = build_batch(np.arange(40).reshape(4, 10) % 7)
+    assert is_trivial("loss_mask", plain["loss_mask"]) and is_trivial("position_ids", plain["position_ids"])
+    assert is_trivial("position_ids", torch.arange(6)[None]) and not is_trivial("input_ids", plain["input_ids"])
+    assert set(lean_batch(plain, 3, ("loss_mask",))) == {"input_ids", "labels", "position_ids"}
+    assert lean_batch(plain, 99, ()) == plain  # wider than the batch: as it is
+
+
+# -- the core's plan --------------------------------------------------------------------------------
+
+def test_lengths_at_are_the_lengths_the_steps_train_at(tmp_path):
+    core = _core(tmp_path, total_step=9)
+    for step in range(1, 14):
+        ahead = core.lengths_at([step, step + 1])
+        assert core.seqlen(64) == ahead[0]  # latched at the step's first micro-batch
+        core.commit(*core.end_step())
+        assert core.lengths_at([step + 1]) == ahead[1:]
+
+
+def test_feed_plan_cuts_truncate_and_inject_and_never_reshape(tmp_path):
+    for mode in ("truncate", "inject"):
+        core = _core(tmp_path, total_step=6, curriculum_mode=mode)
+        lengths = core.lengths_at([1, 2])
+        assert core.feed_plan(4, 64, [1]) == (lengths[0], frozenset({"loss_mask", "position_ids"}))
+        assert core.feed_plan(4, 64, [1, 2])[0] == max(lengths) < 64
+    core = _core(tmp_path, total_step=6, curriculum_mode="reshape")
+    assert core.feed_plan(4, 64, [1])[0] == 64
+    # reshape restarts positions at the seam between two samples: kept unless no seam falls inside a row
+    assert core.lengths_at([2, 3]) == [24, 32] and core.feed_plan(4, 64, [2])[1] == {"loss_mask"}
+    assert core.feed_plan(1, 64, [2])[1] == {"loss_mask", "position_ids"}  # one sample: no seam
+    assert "position_ids" in core.feed_plan(4, 64, [3])[1] and core.feed_plan(4, 64, [2, 3])[1] == {"loss_mask"}
+    counted = _core(tmp_path, count_tokens_by="loss_mask")
+    assert "loss_mask" not in counted.feed_plan(4, 64, [1])[1]
+    off = CurriculumCore(load_config({"train_batch_size": 4}))
+    assert off.feed_plan(4, 64, [1]) == (64, frozenset({"loss_mask", "position_ids"}))
+
+
+def test_the_reshape_seam_rule_is_what_reshape_batch_does():
+    from seqwarm.core import _no_seam_inside
+
+    for rows in (1, 2, 3, 4):
+        for full in (10, 12, 16):
+            batch = build_batch(np.zeros((rows, full + 1), dtype=np.int64))
+            for seqlen in range(1, full + 2):
+                pos = reshape_batch(batch, seqlen)["position_ids"]
+                plain = bool(torch.equal(pos, torch.arange(pos.shape[1]).expand_as(pos)))
+                assert _no_seam_inside(rows, full, seqlen) == plain, (rows, full, seqlen)
+
+
+def test_a_batch_cut_shorter_than_its_step_is_an_error(tmp_path):
+    core = _core(tmp_path, total_step=6, curriculum_mode="truncate")
+    core.expect_full_length(64)
+    length = core.lengths_at([1])[0]
+    batch = build_batch(np.zeros((4, 65), dtype=np.int64))
+    assert core.shape(truncate_batch(batch, length))["input_ids"].shape == (4, length)
+    core.commit(*core.end_step())
+    longer = core.lengths_at([2])[0]
+    assert longer > length
+    with pytest.raises(RuntimeError, match=f"cut to {length} columns, fewer than the step's length {longer}"):
+        core.shape(truncate_batch(batch, length))
+
+
+# -- the feed -----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_the_feed_hands_out_the_source_batches_in_order_cut_by_the_plan(threaded):
+    reference = _source()
+    asked = []
+
+    def plan(index, ahead):
+        asked.append((index, ahead))
+        return 4 + index, ("loss_mask", "position_ids")
+
+    with DeviceFeed(_source(), "cpu", plan=plan, threaded=threaded) as feed:
+        for i in range(7):
+            got, want = feed.next_batch(), reference.next_batch()
+            assert set(got) == {"input_ids", "labels"}
+            assert all(torch.equal(got[k], want[k][:, :4 + i]) for k in got), i
+        assert (feed.state_dict()["sample_index"] == reference.state_dict()["sample_index"])  # one fetched ahead
+        assert bool(_threads()) == threaded
+    assert not _threads()
+    assert asked[:2] == ([(0, False), (1, True)] if threaded else [(0, False), (1, False)])
+    assert feed.batches.state_dict() == reference.state_dict()  # the batch fetched ahead was given back
+
+
+def test_the_feed_moves_only_the_planned_columns(monkeypatch):
+    moved = []
+    real = DeviceFeed._move
+
+    def record(self, batch):
+        moved.append({k: tuple(v.shape) for k, v in batch.items()})
+        return real(self, batch)
+
+    monkeypatch.setattr(DeviceFeed, "_move", record)
+    feed = DeviceFeed(_source(micro=2, seq=32), "cpu", plan=lambda i, a: (8, ("loss_mask", "position_ids")),
+                      threaded=True)
+    feed.next_batch()
+    feed.next_batch()
+    feed.close()
+    assert moved == [{"input_ids": (2, 8), "labels": (2, 8)}] * 3  # the third was fetched ahead
+
+
+def test_the_state_of_a_feed_is_the_position_before_the_next_batch_it_hands_out():
+    feed, reference = DeviceFeed(_source(), "cpu", threaded=True), _source()
+    for _ in range(3):
+        feed.next_batch()
+        reference.next_batch()
+    state = feed.state_dict()
+    assert state == reference.state_dict()  # the batch fetched ahead (maybe still being read) not counted
+    expected = reference.next_batch()
+    resumed = DeviceFeed(_source(), "cpu", threaded=True)
+    resumed.load_state_dict(state)
+    for got in (resumed.next_batch(), (feed.load_state_dict(state), feed.next_batch())[1]):  # drops the one in flight
+        assert all(torch.equal(got[k], v) for k, v in expected.items())
+    feed.close()
+    resumed.close()
+    assert not _threads()
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_an_error_in_the_source_is_raised_by_next_batch_and_leaves_no_thread(threaded):
+    source = _source()
+    real, calls = source.next_batch, []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 3:
+            raise OSError("disk went away")
+        return real()
+
+    source.next_batch = flaky
+    feed = DeviceFeed(source, "cpu", threaded=threaded)
+    feed.next_batch()
+    feed.next_batch()
+    with pytest.raises(OSError, match="disk went away"):
+        feed.next_batch()
+    assert not _threads()
+    feed.close()  # closing again is fine
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_the_feed_copies_pinned_batches_ahead_on_a_side_stream():
+    reference = _source()
+    with DeviceFeed(_source(), "cuda", plan=lambda i, a: (5, ("loss_mask", "position_ids"))) as feed:
+        assert feed.threaded
+        for _ in range(5):
+            got, want = feed.next_batch(), reference.next_batch()
+            assert got["input_ids"].is_cuda and set(got) == {"input_ids", "labels"}
+            assert all(torch.equal(got[k].cpu(), want[k][:, :5]) for k in got)
+    assert not _threads()
+
+
+# -- a whole run: the same numbers with the feed as without --------------------------------------------
+
+def _run(tmp_path, byte_data, name, mode, *, feed="off", **opts):
+    from seqwarm.data import open_prepared
+    from seqwarm.run_folder import prepare_run_dir
+    from seqwarm.train import Run, TrainOptions
+
+    cfg = load_config(small_config(tmp_path / f"{name}.json", train_tokens=4000, total_step=7,
+                                   **({"curriculum_mode": mode} if mode else {})))
+    data = open_prepared(byte_data)
+    model_cfg = GPTConfig.preset("tiny", vocab_size=data.vocab_size, seq_length=64, dropout=0.1)
+    options = TrainOptions(**{"out": tmp_path / name, "eval_interval": 0, "eval_iters": 1, "save_interval": 0,
+                              "log_interval": 1, "progress_bar": False, "tensorboard": False, "device": "cpu",
+                              **opts})
+    if not options.resume:
+        prepare_run_dir(options)
+    run = Run(cfg, options, data, model_cfg)
+    if feed == "off":  # the path before #14's item 6: every batch moved whole
+        run.feed.plan = None
+    run.feed.threaded = feed == "threaded"
+    return run
+
+
+def _train_losses(run):
+    return [r["loss"] for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == "train"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [None, "truncate", "reshape"])  # None: auto, which injects into the GPT
+def test_a_run_trains_the_same_numbers_with_the_feed(tmp_path, byte_data, one_thread, monkeypatch, mode):
+    moved = []
+    real = DeviceFeed._move
+    monkeypatch.setattr(DeviceFeed, "_move", lambda self, b: (moved.append(b), real(self, b))[1])
+    out = {}
+    for feed in ("off", "cpu", "threaded"):
+        moved.clear()
+        run = _run(tmp_path, byte_data, f"{mode}-{feed}", mode, feed=feed)
+        result = run.train()
+        out[feed] = (_train_losses(run), result.final_val_loss, [p.detach().clone() for p in run.model.parameters()])
+        assert not _threads()
+        lengths = [r["seqlen"] for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == "train"]
+        if feed == "off":
+            assert {b["input_ids"].shape[1] for b in moved} == {64} and "loss_mask" in moved[0]
+            continue
+        widths = [b["input_ids"].shape[1] for b in moved][:2 * len(lengths)]  # 2 micro-batches a step
+        expected = [64] * len(widths) if mode == "reshape" else [n for n in lengths for _ in (0, 1)]
+        assert widths == expected, feed
+        assert "loss_mask" not in moved[0]
+        assert ("position_ids" in moved[0]) == (mode == "reshape" and 64 % lengths[0] != 0)
+    assert len(out["off"][0]) > 4 and len(set(lengths)) > 3
+    for feed in ("cpu", "threaded"):
+        assert out[feed][0] == out["off"][0] and out[feed][1] == out["off"][1], feed
+        assert all(torch.equal(a, b) for a, b in zip(out[feed][2], out["off"][2])), feed
+
+
+@pytest.mark.slow
+def test_a_threaded_run_resumes_exactly_from_a_checkpoint_saved_with_a_batch_in_flight(tmp_path, byte_data, one_thread):
+    whole = _run(tmp_path, byte_data, "whole", "truncate", feed="threaded", save_interval=2, keep_checkpoints=0)
+    whole.train()
+    expected = _train_losses(whole)
+    cut = tmp_path / "cut"
+    shutil.copytree(whole.run_dir, cut)
+    for path in (cut / "checkpoints").glob("step_*.pt"):
+        if int(path.stem.split("_")[1]) > 4:
+            path.unlink()
+    resumed = _run(tmp_path, byte_data, "cut", "truncate", feed="threaded", save_interval=2, keep_checkpoints=0,
+                   resume=True)
+    assert resumed.resume() and resumed.engine.global_steps == 4
+    resumed.train()
+    assert _train_losses(resumed) == expected and len(expected) > 6
+
+
+@pytest.mark.slow
+def test_a_run_whose_data_fails_raises_and_leaves_no_thread(tmp_path, byte_data, one_thread):
+    run = _run(tmp_path, byte_data, "fails", None, feed="threaded")
+    real, calls = run.batches.next_batch, []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 5:
+            raise OSError("disk went away")
+        return real()
+
+    run.batches.next_batch = flaky
+    with pytest.raises(OSError, match="disk went away"):
+        run.train()
+    assert not _threads()
