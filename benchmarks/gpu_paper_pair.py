@@ -215,7 +215,8 @@ def run_pair(args, s: dict, out: Path) -> dict:
     config = out / "configs" / "pair_base.json"
     placeholder = 1  # T is set after the search; the budget is set after the throughput run
     write_json(config, base_config(s, 10**12, MIN_WARMUP, placeholder))
-    base = RunSpec(config=config, data=data, model=s["model"], device=device, seed=args.seed, compile=args.compile,
+    base = RunSpec(config=config, data=data, model=s["model"], device=device, seed=args.seed,
+                   settings={"compile": True} if args.compile else {},
                    save_interval=0, keep_checkpoints=1, progress_bar=False, tensorboard=False)
     throughput = measure_throughput(base, out / "throughput", s["throughput_steps"])
     floor = MIN_BASE_STEPS * s["batch"] * s["seq_length"]  # binds only on a slow (loaded) CPU
