@@ -35,6 +35,7 @@ TRAIN_FLAGS = [
     ("--adam-beta2", None, "optimizer"), ("--adam-eps", None, "optimizer"), ("--precision", None, "optimizer"),
     ("--fp16", False, "optimizer"), ("--bf16", False, "optimizer"),
     ("--compile", False, "performance"), ("--no-compile", False, "performance"),  # a config key too since #14
+    ("--length-bucket", None, "performance"),
     ("--out", None, "run"), ("--resume", False, "run"), ("--allow-config-change", False, "run"),
     ("--seed", 1234, "run"), ("--device", "auto", "run"), ("--eval-interval", 50, "run"), ("--eval-iters", 8, "run"),
     ("--save-interval", 100, "run"), ("--keep-checkpoints", 3, "run"), ("--log-interval", 10, "run"),

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["truncate_batch", "reshape_batch", "count_tokens", "batch_shape"]
+__all__ = ["truncate_batch", "reshape_batch", "bucket_batch", "bucket_length", "count_tokens", "batch_shape"]
 
 PER_TOKEN_KEYS = ("input_ids", "labels", "loss_mask", "position_ids")
 MASK_KEY = "attention_mask"
@@ -112,6 +112,46 @@ def truncate_batch(batch: Mapping[str, Any], seqlen: int) -> dict[str, Any]:
             out[key] = t[:, :, :seqlen, :seqlen]
         elif _is_per_token(key, t, b, s):
             out[key] = t[:, :seqlen]
+    return out
+
+
+def bucket_length(seqlen: int, multiple: int, full: int) -> int:
+    """The columns :func:`bucket_batch` keeps: ``seqlen`` rounded up to a multiple of ``multiple``, at most
+    ``full`` (a length at or past ``full`` keeps every column)."""
+    return min(full, -(-seqlen // multiple) * multiple)
+
+
+def bucket_batch(batch: Mapping[str, Any], seqlen: int, multiple: int) -> dict[str, Any]:
+    """:func:`truncate_batch` to ``seqlen``, but keep ``seqlen`` rounded up to a multiple of ``multiple``
+    columns (at most ``S``) and take the columns past ``seqlen`` out of the loss: ``labels`` there become
+    -100 and ``loss_mask`` 0 (new tensors; the input is not changed).
+
+    A causal model's outputs at positions ``< seqlen`` do not depend on later positions, so the loss and
+    its gradients are those of the batch truncated to ``seqlen`` (up to the rounding of matmuls of
+    another shape; dropout draws its masks over more columns, so its random numbers differ). The shapes
+    a whole curriculum trains at are then at most ``S / multiple`` (static shapes for
+    ``torch.compile(dynamic=False)`` or CUDA graphs), at the cost of computing the masked columns.
+    Both label layouts work: labels aligned with the inputs (Megatron) and labels equal to the inputs
+    (Hugging Face models shift them: the target of position ``seqlen - 1`` is then masked, as a cut
+    at ``seqlen`` has none). Needs a ``labels`` tensor.
+    """
+    _, _, s = _check_length(seqlen, batch)
+    ok = isinstance(multiple, numbers.Integral) and not isinstance(multiple, bool) and multiple >= 1
+    if not ok:
+        raise ValueError(f"the bucket multiple must be an int >= 1, got {multiple!r}")
+    labels = batch.get("labels")
+    if not isinstance(labels, torch.Tensor):
+        raise ValueError(f"bucket_batch masks the loss past the length through the labels: the batch has no "
+                         f"'labels' tensor (keys {sorted(map(str, batch))}); use truncate_batch")
+    columns = bucket_length(seqlen, multiple, s)
+    out = truncate_batch(batch, columns)
+    if columns <= seqlen:
+        return out
+    past = torch.arange(columns, device=labels.device) >= seqlen  # (columns,), broadcast over the rows
+    out["labels"] = out["labels"].masked_fill(past, -100)
+    mask = out.get("loss_mask")
+    if isinstance(mask, torch.Tensor):
+        out["loss_mask"] = mask.masked_fill(past.to(mask.device), 0)
     return out
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from seqwarm.batch import batch_shape, reshape_batch, truncate_batch
+from seqwarm.batch import batch_shape, bucket_batch, bucket_length, reshape_batch, truncate_batch
 from seqwarm.budget import Progress, advance, micro_batch_shape
 from seqwarm.config import RunConfig, load_config
 from seqwarm.curriculum import CurriculumScheduler
@@ -159,7 +159,8 @@ class CurriculumCore:
     ``process_group``: where loss-mask token counts are summed (None: the default group); give the
     data-parallel group when the default group also spans pipeline or tensor-parallel ranks.
     ``inject_via_kwargs``: let inject mode pass the length to a forward that reads it from
-    ``**kwargs`` (see :func:`resolve_mode`).
+    ``**kwargs`` (see :func:`resolve_mode`). With the config's ``length_bucket`` the mode is truncate
+    (auto picks it; another mode is a ValueError) and batches are cut into buckets.
     """
 
     def __init__(self, config: RunConfig, forward: Callable | None = None, *, mode: str | None = None,
@@ -170,8 +171,13 @@ class CurriculumCore:
         cur = config.curriculum
         self.scheduler = CurriculumScheduler(cur) if cur is not None and cur.enabled else None
         chosen = mode if mode is not None else (cur.mode if cur is not None else None)
+        self.bucket: int | None = config.length_bucket if self.scheduler else None
+        if self.bucket is not None and chosen in (None, "auto"):
+            chosen = "truncate"  # the cut is made on the data, into buckets; never injected
         self.mode = (resolve_mode(chosen, forward, pipeline=pipeline, inject_via_kwargs=inject_via_kwargs)
                      if self.scheduler else None)
+        if self.bucket is not None and self.mode != "truncate":
+            raise ValueError(f"length_bucket works only in curriculum mode truncate, not {self.mode}")
         self.model_name = _forward_name(forward).removesuffix(".forward") if forward is not None else "the model"
         # a forward that names curriculum_seqlen declares it reads it; one reached via **kwargs does not
         self._declares_seqlen = forward is not None and "curriculum_seqlen" in inspect.signature(forward).parameters
@@ -242,8 +248,8 @@ class CurriculumCore:
         (candidates: the loop may not know yet whether a step is retried after an fp16 skip).
 
         Returns its first ``columns`` columns (truncate and inject cut a prefix: the longest of the
-        steps' lengths suffices, the result is the same; reshape re-chunks the whole row, and without
-        a curriculum every column trains), and the keys that may be left out of it when trivial:
+        steps' lengths suffices, rounded up to the ``length_bucket``, and the result is the same;
+        reshape re-chunks the whole row, and without a curriculum every column trains), and the keys that may be left out of it when trivial:
         ``loss_mask`` (all ones) unless tokens are counted by it, and ``position_ids`` (``arange``
         rows) unless reshape would rewrite them into something else — it restarts them at the seam
         between two samples, which the model's default ``arange`` per row does not when that seam
@@ -253,7 +259,7 @@ class CurriculumCore:
         lengths = self.lengths_at(steps) if self.mode is not None else None
         columns = full
         if lengths and self.mode in ("truncate", "inject"):
-            columns = min(full, max(lengths))
+            columns = bucket_length(max(lengths), self.bucket or 1, full)
         if self.mode != "reshape" or (lengths and all(_no_seam_inside(rows, full, n) for n in lengths)):
             droppable.add("position_ids")
         return columns, frozenset(droppable)
@@ -298,8 +304,9 @@ class CurriculumCore:
                 "Use curriculum mode 'truncate' or 'reshape' (seqwarm cuts the batch itself)")
 
     def shape(self, batch: Mapping[str, Any]) -> dict[str, Any]:
-        """A dict micro-batch at this step's length: cut (truncate / reshape) or with
-        ``curriculum_seqlen`` added (inject); unchanged without a curriculum. Counts it."""
+        """A dict micro-batch at this step's length: cut (truncate / reshape; with a ``length_bucket``, cut
+        to the bucket and the loss masked past the length: :func:`~seqwarm.batch.bucket_batch`) or with
+        ``curriculum_seqlen`` added (inject); unchanged without a curriculum. Counts it at the length."""
         batch = dict(batch)
         _, b, s = batch_shape(batch)
         mask = batch.get("loss_mask")
@@ -308,9 +315,14 @@ class CurriculumCore:
             seqlen = self.observe(b, s, mask)
             return batch if seqlen is None else {**batch, "curriculum_seqlen": seqlen}
         seqlen = self.seqlen(s)
-        out = (truncate_batch if self.mode == "truncate" else reshape_batch)(batch, seqlen)
+        if self.bucket is not None:
+            out = bucket_batch(batch, seqlen, self.bucket)
+        else:
+            out = (truncate_batch if self.mode == "truncate" else reshape_batch)(batch, seqlen)
         rows, length = micro_batch_shape(b, s, seqlen, self.mode)
         self._count(b, rows, length, out.get("loss_mask") if mask is not None else None)
+        if self.bucket is not None:  # counted at the length; the batch the model sees is the bucket's
+            self.micro_shape = (rows, bucket_length(seqlen, self.bucket, s))
         self.current_seqlen = seqlen
         return out
 

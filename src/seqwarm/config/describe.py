@@ -32,7 +32,10 @@ def describe(cfg: RunConfig) -> list[str]:
             how = f"{stages}, then {sc['difficulty'][-1]}"
         else:
             how = f"custom function, {cur.min_difficulty} -> {cur.max_difficulty}"
-        mode = cur.mode or "inject curriculum_seqlen if the model takes it, else truncate"
+        mode = cur.mode or ("truncate" if cfg.length_bucket else
+                            "inject curriculum_seqlen if the model takes it, else truncate")
+        if cfg.length_bucket:
+            mode += f", cut to multiples of {cfg.length_bucket} with the loss masked past the length"
         lines.append(f"curriculum:  seqlen {how} ({cur.source} block; mode: {mode})")
     lr = cfg.lr
     warm = f"warmup {lr.warmup_iters or lr.warmup_samples or lr.warmup_tokens:,} {lr.warmup_unit}" \

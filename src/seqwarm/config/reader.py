@@ -434,6 +434,10 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
                               "token counting") or "shape"
 
     compiled = chk.boolean(*s["compile"]) if "compile" in s else False
+    bucket = s["length_bucket"][0] if "length_bucket" in s else None  # a whole number >= 1 (checked above)
+    if bucket is not None and curriculum and curriculum.mode not in (None, "truncate"):
+        chk.add(s["length_bucket"][1], bucket, f"works only in curriculum mode truncate, not {curriculum.mode}",
+                "drop the length bucket, or use curriculum mode truncate")
     batch = _batch_sizes(chk, raw, s, world_size)
     seq_length = s["seq_length"][0] if "seq_length" in s else None
     if curriculum and seq_length is not None:
@@ -478,6 +482,7 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
         optimizer=opt,
         lr=lr, curriculum=curriculum, train_tokens=budget["train_tokens"], train_iters=budget["train_iters"],
         train_samples=budget["train_samples"], count_tokens_by=count_by, compile=bool(compiled), deepspeed=ds,
+        length_bucket=bucket,
         rampup_batch_size=s["rampup_batch_size"][0] if "rampup_batch_size" in s else None,
         warnings=tuple(chk.warnings), source=name,
     )

@@ -108,8 +108,8 @@ def to_pipe_batch(batch: Mapping[str, torch.Tensor]) -> tuple[tuple[torch.Tensor
     elif pos.shape[0] != ids.shape[0]:
         pos = pos.expand_as(ids)
     mask = batch.get("loss_mask")
-    if mask is None:
-        mask = torch.ones(ids.shape, dtype=torch.float32, device=ids.device)
+    if mask is None:  # every position with a target (a length bucket's masked columns have labels -100)
+        mask = (batch["labels"] != -100).to(torch.float32)
     return (ids, pos.contiguous()), (batch["labels"], mask)
 
 
