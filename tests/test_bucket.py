@@ -141,3 +141,15 @@ def test_a_run_with_length_buckets_trains_the_numbers_of_the_plain_cut(tmp_path,
     assert len({r["seqlen"] for r in cut}) > 3
     assert np.allclose([r["loss"] for r in cut], [r["loss"] for r in bucket], rtol=1e-4)
     assert bucket_val == pytest.approx(cut_val, rel=1e-4)
+
+
+def test_the_pipeline_loss_of_a_bucket_is_the_loss_of_the_plain_cut(one_thread):
+    from seqwarm.integrations.deepspeed_pipeline import gpt_pipeline_loss, to_pipe_batch
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.preset("tiny", vocab_size=50, seq_length=32, dropout=0.0))
+    full = {k: v for k, v in _batch(rows=2, seq=32).items() if k != "loss_mask"}  # the loop leaves a trivial one out
+    (ids, pos), targets = to_pipe_batch(bucket_batch(full, 9, 16))
+    assert ids.shape == (2, 16) and not targets[1][:, 9:].any() and bool(targets[1][:, :9].all())
+    logits = model(input_ids=ids, position_ids=pos)
+    assert torch.allclose(gpt_pipeline_loss(logits, targets), model(**truncate_batch(full, 9)), rtol=1e-6)
