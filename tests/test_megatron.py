@@ -264,6 +264,16 @@ def test_data_path_flags_without_data_path_exit_2_before_any_work(tmp_path, caps
     assert not (tmp_path / "r").exists()  # refused before the experiment wrote its folder
 
 
+@pytest.mark.parametrize("command", ["train", "compare", "tune", "sweep"])
+def test_data_and_data_path_together_exit_2_before_any_work(tmp_path, capsys, command):
+    argv = [command, *FAST, "--data", str(tmp_path / "prepared"), "--data-path", str(tmp_path / "megatron"),
+            "--out", str(tmp_path / "r")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--data (a seqwarm prepared folder) and --data-path (Megatron indexed files) both name" in err
+    assert "Traceback" not in err and not (tmp_path / "r").exists()
+
+
 # --------------------------------------------------------------------------------------------------
 # end to end (tiny CPU runs)
 

@@ -214,6 +214,10 @@ def spec_problems(spec: RunSpec) -> list[Problem]:
     if not isinstance(spec.device, str) or not _DEVICE.match(spec.device):
         problems.append(Problem("--device", spec.device, "seqwarm trains on auto, cpu, cuda or cuda:N",
                                 "give --device auto (cuda when available, else cpu)"))
+    if spec.data and spec.data_path:
+        problems.append(Problem("--data-path", " ".join(map(str, spec.data_path)), "--data (a seqwarm prepared "
+                                "folder) and --data-path (Megatron indexed files) both name the training data",
+                                "give one of them"))
     if not spec.data_path:  # these describe Megatron indexed files; a prepared folder carries its own
         for name in ("split", "tokenizer", "vocab_size", "eod_id"):
             value = getattr(spec, name)
@@ -328,9 +332,6 @@ def check_spec(spec: RunSpec) -> None:
     if spec.deepspeed and spec.fsdp:
         raise UserError("--deepspeed and --fsdp both shard the model: choose one (ZeRO-3 in the DeepSpeed config "
                         "is the DeepSpeed counterpart of --fsdp)")
-    if spec.data and spec.data_path:
-        raise UserError("--data (a seqwarm prepared folder) and --data-path (Megatron indexed files) both name "
-                        "the training data: give one")
     env_rank = os.environ.get("LOCAL_RANK")
     if spec.local_rank is not None and env_rank is not None and int(env_rank) != spec.local_rank:
         raise UserError(f"--local_rank={spec.local_rank} but the launcher set LOCAL_RANK={env_rank}: launch with "
