@@ -175,3 +175,22 @@ def test_wandb_offline_run_holds_the_numbers(tmp_path, monkeypatch):
     assert summary["train/loss"] == 4.5 and summary["val/loss"] == 4.9
     assert summary["lm-loss-validation/lm loss validation"] == 4.9
     assert summary["final_val_loss"] == 4.9 and summary["tokens"] == 1536 and "curriculum" not in summary
+
+
+def test_a_resumed_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="W&B is an optional extra: pip install 'seqwarm[wandb]'")
+    from seqwarm.trackers import WANDB_ID_FILE
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    ids = []
+    for run_dir in (tmp_path / "a", tmp_path / "a", tmp_path / "b"):  # started, resumed; another run
+        run_dir.mkdir(exist_ok=True)
+        writer = MetricsWriter(run_dir, trackers=tracker_config({"wandb": {"enabled": True}}, run_dir,
+                                                                tensorboard=False))
+        writer.write(TRAIN)
+        writer.close(None)
+        ids.append((run_dir / WANDB_ID_FILE).read_text().strip())
+    assert ids[0] == ids[1] != ids[2] and len(ids[0]) == 12
+    offline = sorted(p.name for p in (tmp_path / "a" / "wandb").glob("offline-run-*"))
+    assert len(offline) == 2 and all(f"-{ids[0]}" in name for name in offline)  # `wandb sync` joins them

@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import logging
 import math
+import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from seqwarm.atomic import write_text
 from seqwarm.config.reader import TRACKER_DS_KEYS
 
 logger = logging.getLogger(__name__)
@@ -135,11 +137,30 @@ class _TensorBoard:
         self.writer.close()
 
 
+WANDB_ID_FILE = "wandb_run_id"
+"""The run folder's file that holds its W&B run id, so a resumed run logs into the same W&B run."""
+
+
+def wandb_run_id(run_dir: str | Path | None) -> str | None:
+    """The W&B run id of the run folder: the one recorded in ``RUN/wandb_run_id``, else a new one, recorded
+    there (None without a folder: W&B picks one)."""
+    if run_dir is None:
+        return None
+    path = Path(run_dir) / WANDB_ID_FILE
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    run_id = uuid.uuid4().hex[:12]
+    write_text(path, run_id + "\n")
+    return run_id
+
+
 class _Wandb:
     def __init__(self, init: Mapping[str, Any]):
         import wandb
 
-        self.run = wandb.init(**{k: v for k, v in init.items() if v is not None})
+        # one W&B run per run folder: a resumed run (or one started again in the same folder) continues it
+        args = {"id": wandb_run_id(init.get("dir")), "resume": "allow", **init}
+        self.run = wandb.init(**{k: v for k, v in args.items() if v is not None})
         for key in ("samples", "tokens"):  # the "TAG vs samples" / "vs tokens" curves use their own x axis
             for tag in MEGATRON_TAGS.values():
                 self.run.define_metric(f"{tag} vs {key}", step_metric=f"progress/{key}")
