@@ -264,3 +264,31 @@ def test_seqwarm_train_with_an_hf_config_runs_the_whole_recipe_and_resumes_exact
     assert main([*common, "--out", str(cut), "--save-interval", "3", "--resume", "--allow-config-change"]) == 0
     assert [r["loss"] for r in _metrics(cut)] == [r["loss"] for r in rows]
     assert main([*common, "--out", str(tmp_path / "x"), "--rotary"]) == 2  # the config sets the architecture
+
+
+def test_a_run_of_an_hf_model_evaluates_and_exports_as_that_model(tmp_path, byte_data, monkeypatch):
+    from conftest import small_config
+
+    from seqwarm.cli import main
+    from seqwarm.evaluation import load_run, run_paper_evals
+
+    transformers.GPT2Config(vocab_size=260, n_positions=64, n_embd=16, n_layer=1, n_head=2, bos_token_id=256,
+                            eos_token_id=256).save_pretrained(tmp_path / "gpt")
+    cfg = small_config(tmp_path / "c.json", train_tokens=800, seq=64, batch=4, micro=2)
+    monkeypatch.chdir(tmp_path)  # the model path is recorded as given: relative
+    assert main(["train", "--config", str(cfg), "--data", str(byte_data), "--model", "hf:gpt", "--device", "cpu",
+                 "--eval-iters", "1", "--no-progress", "--no-tensorboard", "--save-interval", "2",
+                 "--out", "run"]) == 0
+    monkeypatch.chdir(tmp_path / "run")  # elsewhere: the path is found beside the run folder
+    loaded = load_run(tmp_path / "run")
+    assert loaded.is_hf and type(loaded.model).__name__ == "GPT2LMHeadModel" and loaded.seq_length == 64
+    val = run_paper_evals(tmp_path / "run", val=True, val_windows=4, progress=False, write=False)["val"]
+    assert val["seq_length"] == 64 and val["num_windows"] == 4 and 0 < val["loss"] < 10
+    assert main(["export", str(tmp_path / "run"), "--hf", str(tmp_path / "out")]) == 0
+    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    ids = torch.arange(20)[None] % 256
+    with torch.no_grad():
+        assert torch.equal(exported(ids).logits, loaded.model.eval()(ids).logits)
+    # the model's config.json gone: a clear error, not a traceback
+    (tmp_path / "gpt" / "config.json").unlink()
+    assert main(["eval", str(tmp_path / "run"), "--val"]) == 2

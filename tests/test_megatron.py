@@ -321,6 +321,16 @@ def test_data_path_trains_like_the_prepared_folder(tmp_path, byte_data, monkeypa
         assert wb["curriculum/seqlen"] == 128 and wb["progress/tokens"] == got[-1]["tokens"]
         assert wb["train/loss"] == pytest.approx(got[-1]["loss"]) and wb["final_val_loss"] == summary["final_val_loss"]
         assert wb["val/loss"] == pytest.approx(summary["final_val_loss"])
+    # eval and export read the run's Megatron sources again (they hold no meta.json): the same val loss as
+    # the same model on the prepared folder
+    from seqwarm.evaluation import run_paper_evals
+
+    vals = [run_paper_evals(tmp_path / name, val=True, val_windows=6, write=False, progress=False)["val"]
+            for name in ("prepared", "megatron")]
+    assert vals[0] == vals[1] and vals[0]["num_windows"] == 6
+    if _has("transformers"):
+        assert main(["export", str(tmp_path / "megatron"), "--hf", str(tmp_path / "hf")]) == 0
+        assert (tmp_path / "hf" / "model.safetensors").is_file()  # the byte tokenizer has no Hugging Face form
 
 
 def _has(module):

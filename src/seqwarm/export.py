@@ -53,12 +53,14 @@ class ExportResult:
     """Step of the exported checkpoint."""
     files: tuple[str, ...]
     """Names of the files in ``out``."""
-    max_logit_diff: float
-    """Largest |logit difference| between seqwarm's model and the export on the check input."""
+    max_logit_diff: float | None
+    """Largest |logit difference| between seqwarm's model and the export on the check input (None: the
+    run trained the Transformers model itself, ``--model hf:PATH``, so nothing was converted)."""
 
     def summary(self) -> str:
-        return (f"wrote {self.out}: {self.architecture} from step {self.step} (logits match to "
-                f"{self.max_logit_diff:.1e}); files: {', '.join(self.files)}")
+        how = ("the run's own Transformers model" if self.max_logit_diff is None else
+               f"logits match to {self.max_logit_diff:.1e}")
+        return f"wrote {self.out}: {self.architecture} from step {self.step} ({how}); files: {', '.join(self.files)}"
 
 
 def _transformers() -> Any:
@@ -175,16 +177,21 @@ def max_logit_diff(model: GPT, hf: Any, length: int = 16) -> float:
     return float((ours - theirs).abs().max())
 
 
-def _tokenizer_files(data_dir: Path, tmp: Path, seq_length: int) -> list[str]:
-    """Copy the prepared folder's tokenizer files; add a tokenizer_config.json when it has none."""
-    info = read_meta(data_dir).get("tokenizer", {})
+def _tokenizer_files(data_dir: Path, tmp: Path, seq_length: int, tokenizer: Any = None) -> list[str]:
+    """Copy the prepared folder's tokenizer files (or, for a --data-path run, whose sources hold none,
+    write ``tokenizer``'s); add a tokenizer_config.json when there is none."""
+    prepared = (data_dir / "meta.json").is_file()
+    info = read_meta(data_dir).get("tokenizer", {}) if prepared else tokenizer.describe()
     names = [str(n) for n in info.get("files", [])]
     if not names:
         logger.warning("the %s tokenizer has no Hugging Face form; the export holds the model only",
                        info.get("name"))
         return []
-    for name in names:
-        shutil.copy2(data_dir / name, tmp / name)
+    if prepared:
+        for name in names:
+            shutil.copy2(data_dir / name, tmp / name)
+    else:
+        names = tokenizer.save(tmp)
     if "tokenizer_config.json" not in names:
         eod = info.get("eod_token")
         config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eod, "bos_token": eod,
@@ -205,10 +212,12 @@ def export_hf(run_dir: str | Path, out: str | Path, *, checkpoint: int | None = 
     if out.is_dir() and any(out.iterdir()) and not force:
         raise UserError(f"--hf {str(out)!r} already exists and is not empty; pass --force to replace it")
     loaded = load_run(run_dir, checkpoint=checkpoint, device="cpu", data=data)
-    model: GPT = loaded.model
-    hf = build_hf_model(model, loaded.tokenizer.eod_id)
-    diff = max_logit_diff(model, hf)
-    if not diff <= TOLERANCE:
+    if loaded.is_hf:  # a --model hf:PATH run trained the Transformers model itself: nothing to convert
+        hf, diff = loaded.model.eval(), None
+    else:
+        hf = build_hf_model(loaded.model, loaded.tokenizer.eod_id)
+        diff = max_logit_diff(loaded.model, hf)
+    if diff is not None and not diff <= TOLERANCE:
         raise SeqwarmError(f"export of {run_dir}: the {type(hf).__name__} logits differ from seqwarm's by "
                            f"{diff:.2e} (> {TOLERANCE}); nothing written, please report it")
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -216,7 +225,7 @@ def export_hf(run_dir: str | Path, out: str | Path, *, checkpoint: int | None = 
     tmp.mkdir()
     try:
         hf.save_pretrained(str(tmp), safe_serialization=True)
-        _tokenizer_files(loaded.data_dir, tmp, model.config.seq_length)
+        _tokenizer_files(loaded.data_dir, tmp, loaded.seq_length, loaded.tokenizer)
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -39,10 +39,60 @@ class LoadedRun:
     step: int
     checkpoint: Path
     model: torch.nn.Module
+    """seqwarm's GPT, or the Hugging Face model of a ``--model hf:PATH`` run."""
     tokenizer: Any
     data_dir: Path
+    """The prepared folder (holding the tokenizer files), or the folder of a --data-path run's first source."""
     tokens: int | None
     device: torch.device
+    seq_length: int = 0
+    """The run's full length (what it is evaluated at)."""
+    data: Any = None
+    """The run's Megatron data (:class:`~seqwarm.data.megatron.MegatronData`) for a --data-path run, else
+    None (the prepared folder ``data_dir`` is opened when needed)."""
+
+    @property
+    def is_hf(self) -> bool:
+        """Whether the model is a Hugging Face model (a ``--model hf:PATH`` run), not seqwarm's GPT."""
+        return not isinstance(self.model, GPT)
+
+    def val_data(self) -> Any:
+        """The data whose val split the run was validated on."""
+        return self.data if self.data is not None else open_prepared(self.data_dir)
+
+
+def _reopen_megatron(info: dict[str, Any]) -> Any:
+    """The Megatron --data-path sources a run recorded (its config.json "data" section), opened again."""
+    from seqwarm.data.megatron import open_megatron
+
+    megatron = info["megatron"]
+    items = [x for s in megatron["sources"] for x in (repr(float(s["weight"])), str(s["prefix"]))]
+    name = (info.get("tokenizer") or {}).get("name")
+    data = open_megatron(items, split=megatron["split"], tokenizer=name, vocab_size=info.get("vocab_size"),
+                         eod_id=megatron["eod_id"])
+    if name is None:
+        raise UserError("this run read --data-path data with --vocab-size/--eod-id and no --tokenizer: evaluating "
+                        "and exporting need the tokenizer; pass --data DIR, a prepared folder made with it")
+    return data
+
+
+def _hf_model(section: dict[str, Any], run: Path, path: Path) -> tuple[torch.nn.Module, int]:
+    """The Hugging Face model of a ``--model hf:PATH`` run, built from the config.json it recorded."""
+    from seqwarm.integrations.hf_run import HFModelConfig
+
+    known = {f.name for f in fields(HFModelConfig)}
+    try:
+        cfg = HFModelConfig(**{k: v for k, v in section.items() if k in known})
+    except TypeError as err:
+        raise UserError(f"{path}: the run's model section is unusable ({err})") from None
+    where = Path(cfg.path)
+    if not where.exists() and not where.is_absolute() and (run.parent / where).exists():
+        where = run.parent / where  # recorded relative to where the run was started: often beside it
+    if not where.exists():
+        raise UserError(f"the run trained the Hugging Face model of {cfg.path!r}, which is not there any more "
+                        "(relative paths are read from here and from the run folder's parent): put that "
+                        "config.json back to rebuild the model")
+    return HFModelConfig(**{**{k: getattr(cfg, k) for k in known}, "path": str(where)}).build(), cfg.seq_length
 
 
 def load_run(run_dir: str | Path, *, checkpoint: int | None = None, device: str = "auto",
@@ -72,21 +122,34 @@ def load_run(run_dir: str | Path, *, checkpoint: int | None = None, device: str 
             resolved = json.loads((run / "config.json").read_text())
         except (OSError, ValueError) as err:
             raise UserError(f"{path} has no config and {run / 'config.json'} is unreadable ({err})") from None
-    names = {f.name for f in GPTConfig.__dataclass_fields__.values()}
-    try:
-        model_cfg = GPTConfig(**{k: v for k, v in resolved["model"].items() if k in names})
-    except (KeyError, TypeError, ValueError) as err:
-        raise UserError(f"{path}: the run's model section is unusable ({err})") from None
-    data_dir = Path(data) if data is not None else Path(resolved.get("data", {}).get("folder", ""))
-    if not str(data_dir) or not (data_dir / "meta.json").is_file():
-        raise UserError(f"the run's prepared data folder {str(data_dir)!r} (it holds the tokenizer) is missing; "
-                        "pass --data DIR to point at it")
-    tokenizer = load_tokenizer(data_dir)
-    if tokenizer.vocab_size > model_cfg.vocab_size:
-        raise UserError(f"the tokenizer in {data_dir} has {tokenizer.vocab_size} tokens but the model only "
-                        f"{model_cfg.vocab_size}: not the data this run was trained on")
+    section = resolved.get("model")
+    if not isinstance(section, dict):
+        raise UserError(f"{path}: the run records no model section")
+    if str(section.get("preset", "")).startswith("hf:"):
+        model, seq_length = _hf_model(section, run, path)
+        vocab = int(section.get("vocab_size") or 0)
+    else:
+        names = {f.name for f in GPTConfig.__dataclass_fields__.values()}
+        try:
+            model_cfg = GPTConfig(**{k: v for k, v in section.items() if k in names})
+        except (KeyError, TypeError, ValueError) as err:
+            raise UserError(f"{path}: the run's model section is unusable ({err})") from None
+        model, seq_length, vocab = GPT(model_cfg), model_cfg.seq_length, model_cfg.vocab_size
+    info = resolved.get("data") or {}
+    megatron = None
+    if data is None and isinstance(info.get("megatron"), dict):  # a --data-path run: its sources hold no tokenizer
+        megatron = _reopen_megatron(info)
+        tokenizer, data_dir = megatron.tokenizer, Path(megatron.folder)
+    else:
+        data_dir = Path(data) if data is not None else Path(info.get("folder", ""))
+        if not str(data_dir) or not (data_dir / "meta.json").is_file():
+            raise UserError(f"the run's prepared data folder {str(data_dir)!r} (it holds the tokenizer) is missing; "
+                            "pass --data DIR to point at it")
+        tokenizer = load_tokenizer(data_dir)
+    if tokenizer.vocab_size > vocab:
+        raise UserError(f"the tokenizer of {data_dir} has {tokenizer.vocab_size} tokens but the model only "
+                        f"{vocab}: not the data this run was trained on")
     dev = device_for(DistInfo(), device)
-    model = GPT(model_cfg)
     try:
         model.load_state_dict(state["model"])
     except (RuntimeError, KeyError, ValueError, TypeError) as err:
@@ -94,7 +157,8 @@ def load_run(run_dir: str | Path, *, checkpoint: int | None = None, device: str 
         raise UserError(f"checkpoint {path}: its weights do not fit the model it records ({first})") from None
     model.to(dev).eval()
     tokens = (state.get("engine") or {}).get("progress", {}).get("tokens")
-    return LoadedRun(run, int(state.get("step", 0)), path, model, tokenizer, data_dir, tokens, dev)
+    return LoadedRun(run, int(state.get("step", 0)), path, model, tokenizer, data_dir, tokens, dev,
+                     seq_length=int(seq_length), data=megatron)
 
 
 def _read_eval_file(path: Path) -> dict[str, Any]:
@@ -141,8 +205,8 @@ def run_paper_evals(run_dir: str | Path, wikitext: str | Path | None = None, lam
     if write:
         _read_eval_file(Path(run_dir) / EVAL_FILE)  # a broken eval.json fails now, not after the work
     loaded = load_run(run_dir, checkpoint=checkpoint, device=device, data=data)
-    seq = loaded.model.config.seq_length
-    common = dict(batch_size=batch_size, device=loaded.device, progress=progress)
+    seq = loaded.seq_length
+    common = dict(batch_size=batch_size, device=loaded.device, progress=progress, seq_length=seq)
     results: dict[str, Any] = {}
     if raw is not None:
         try:
@@ -154,8 +218,7 @@ def run_paper_evals(run_dir: str | Path, wikitext: str | Path | None = None, lam
         res = evaluate_lambada(loaded.model, loaded.tokenizer, texts, strict=strict, source=str(lambada), **common)
         results["lambada"] = {"file": str(lambada), **res}
     if val:
-        prepared = open_prepared(loaded.data_dir)
-        results["val"] = evaluate_val(loaded.model, prepared, num_windows=val_windows, **common)
+        results["val"] = evaluate_val(loaded.model, loaded.val_data(), num_windows=val_windows, **common)
     if write:
         record_results(loaded.run_dir, loaded.step, {"tokens": loaded.tokens, **results})
     return {"step": loaded.step, "tokens": loaded.tokens, "checkpoint": str(loaded.checkpoint),
