@@ -153,3 +153,9 @@ def test_the_pipeline_loss_of_a_bucket_is_the_loss_of_the_plain_cut(one_thread):
     assert ids.shape == (2, 16) and not targets[1][:, 9:].any() and bool(targets[1][:, :9].all())
     logits = model(input_ids=ids, position_ids=pos)
     assert torch.allclose(gpt_pipeline_loss(logits, targets), model(**truncate_batch(full, 9)), rtol=1e-6)
+
+
+def test_a_length_bucket_without_a_curriculum_is_said_to_do_nothing(tmp_path):
+    cfg = load_config(small_config(tmp_path / "c.json", length_bucket=16), overrides={"curriculum": False})
+    assert any("length_bucket 16 has no effect without a curriculum" in w for w in cfg.warnings)
+    assert CurriculumCore(cfg).bucket is None

@@ -275,20 +275,30 @@ def test_a_run_of_an_hf_model_evaluates_and_exports_as_that_model(tmp_path, byte
     transformers.GPT2Config(vocab_size=260, n_positions=64, n_embd=16, n_layer=1, n_head=2, bos_token_id=256,
                             eos_token_id=256).save_pretrained(tmp_path / "gpt")
     cfg = small_config(tmp_path / "c.json", train_tokens=800, seq=64, batch=4, micro=2)
-    monkeypatch.chdir(tmp_path)  # the model path is recorded as given: relative
-    assert main(["train", "--config", str(cfg), "--data", str(byte_data), "--model", "hf:gpt", "--device", "cpu",
+    lambada = tmp_path / "lambada_test.jsonl"
+    lambada.write_text("".join(json.dumps({"text": f"the model learns short context first number {i}"}) + "\n"
+                               for i in range(4)))
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")  # the model path is recorded as given: relative to here
+    assert main(["train", "--config", str(cfg), "--data", str(byte_data), "--model", "hf:../gpt", "--device", "cpu",
                  "--eval-iters", "1", "--no-progress", "--no-tensorboard", "--save-interval", "2",
-                 "--out", "run"]) == 0
-    monkeypatch.chdir(tmp_path / "run")  # elsewhere: the path is found beside the run folder
-    loaded = load_run(tmp_path / "run")
+                 "--eval-lambada", str(lambada), "--out", "runs/run"]) == 0
+    run = tmp_path / "work" / "runs" / "run"
+    recorded = json.loads((run / "eval.json").read_text())
+    assert [v["lambada"]["num_examples"] for v in recorded.values()] == [4]  # the paper eval after training
+    (tmp_path / "elsewhere" / "here").mkdir(parents=True)
+    transformers.GPT2Config(vocab_size=260, n_positions=64, n_embd=8, n_layer=1, n_head=2).save_pretrained(
+        tmp_path / "elsewhere" / "gpt")  # another ../gpt, seen from here: not the run's
+    monkeypatch.chdir(tmp_path / "elsewhere" / "here")  # the run's ../gpt: from the folder it was started in
+    loaded = load_run(run)
     assert loaded.is_hf and type(loaded.model).__name__ == "GPT2LMHeadModel" and loaded.seq_length == 64
-    val = run_paper_evals(tmp_path / "run", val=True, val_windows=4, progress=False, write=False)["val"]
+    val = run_paper_evals(run, val=True, val_windows=4, progress=False, write=False)["val"]
     assert val["seq_length"] == 64 and val["num_windows"] == 4 and 0 < val["loss"] < 10
-    assert main(["export", str(tmp_path / "run"), "--hf", str(tmp_path / "out")]) == 0
+    assert main(["export", str(run), "--hf", str(tmp_path / "out")]) == 0
     exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
     ids = torch.arange(20)[None] % 256
     with torch.no_grad():
         assert torch.equal(exported(ids).logits, loaded.model.eval()(ids).logits)
     # the model's config.json gone: a clear error, not a traceback
     (tmp_path / "gpt" / "config.json").unlink()
-    assert main(["eval", str(tmp_path / "run"), "--val"]) == 2
+    assert main(["eval", str(run), "--val"]) == 2

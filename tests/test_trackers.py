@@ -194,3 +194,23 @@ def test_a_resumed_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):
     assert ids[0] == ids[1] != ids[2] and len(ids[0]) == 12
     offline = sorted(p.name for p in (tmp_path / "a" / "wandb").glob("offline-run-*"))
     assert len(offline) == 2 and all(f"-{ids[0]}" in name for name in offline)  # `wandb sync` joins them
+    # a run that starts again from step 1 forgets its id; an id the user sets (WANDB_RUN_ID) wins
+    from seqwarm.trackers import forget_wandb_run, wandb_run_id
+
+    forget_wandb_run(tmp_path / "a")
+    assert wandb_run_id(tmp_path / "a") not in ids
+    import wandb
+
+    class FakeRun:
+        def define_metric(self, *a, **k):
+            pass
+
+    calls = []
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: calls.append(kwargs) or FakeRun())
+    monkeypatch.setenv("WANDB_RUN_ID", "mine12345678")  # read by wandb itself
+    (tmp_path / "c").mkdir()
+    open_trackers(tracker_config({"wandb": {"enabled": True}}, tmp_path / "c", tensorboard=False))
+    assert "id" not in calls[0] and "resume" not in calls[0] and not (tmp_path / "c" / WANDB_ID_FILE).exists()
+    monkeypatch.delenv("WANDB_RUN_ID")
+    open_trackers(tracker_config({"wandb": {"enabled": True}}, tmp_path / "c", tensorboard=False))
+    assert calls[1]["id"] == (tmp_path / "c" / WANDB_ID_FILE).read_text().strip() and calls[1]["resume"] == "allow"

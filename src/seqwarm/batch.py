@@ -129,7 +129,7 @@ def bucket_batch(batch: Mapping[str, Any], seqlen: int, multiple: int) -> dict[s
     A causal model's outputs at positions ``< seqlen`` do not depend on later positions, so the loss and
     its gradients are those of the batch truncated to ``seqlen`` (up to the rounding of matmuls of
     another shape; dropout draws its masks over more columns, so its random numbers differ). The shapes
-    a whole curriculum trains at are then at most ``S / multiple`` (static shapes for
+    a whole curriculum trains at are then at most ``ceil(S / multiple)`` (static shapes for
     ``torch.compile(dynamic=False)`` or CUDA graphs), at the cost of computing the masked columns.
     Both label layouts work: labels aligned with the inputs (Megatron) and labels equal to the inputs
     (Hugging Face models shift them: the target of position ``seqlen - 1`` is then masked, as a cut

@@ -177,10 +177,10 @@ def max_logit_diff(model: GPT, hf: Any, length: int = 16) -> float:
     return float((ours - theirs).abs().max())
 
 
-def _tokenizer_files(data_dir: Path, tmp: Path, seq_length: int, tokenizer: Any = None) -> list[str]:
-    """Copy the prepared folder's tokenizer files (or, for a --data-path run, whose sources hold none,
-    write ``tokenizer``'s); add a tokenizer_config.json when there is none."""
-    prepared = (data_dir / "meta.json").is_file()
+def _tokenizer_files(data_dir: Path | None, tmp: Path, seq_length: int, tokenizer: Any = None) -> list[str]:
+    """Copy the prepared folder ``data_dir``'s tokenizer files (None: a --data-path run, whose sources hold
+    none: write ``tokenizer``'s); add a tokenizer_config.json when there is none."""
+    prepared = data_dir is not None
     info = read_meta(data_dir).get("tokenizer", {}) if prepared else tokenizer.describe()
     names = [str(n) for n in info.get("files", [])]
     if not names:
@@ -215,7 +215,7 @@ def export_hf(run_dir: str | Path, out: str | Path, *, checkpoint: int | None = 
     if loaded.is_hf:  # a --model hf:PATH run trained the Transformers model itself: nothing to convert
         hf, diff = loaded.model.eval(), None
     else:
-        hf = build_hf_model(loaded.model, loaded.tokenizer.eod_id)
+        hf = build_hf_model(loaded.model, loaded.need_tokenizer().eod_id)
         diff = max_logit_diff(loaded.model, hf)
     if diff is not None and not diff <= TOLERANCE:
         raise SeqwarmError(f"export of {run_dir}: the {type(hf).__name__} logits differ from seqwarm's by "
@@ -225,7 +225,8 @@ def export_hf(run_dir: str | Path, out: str | Path, *, checkpoint: int | None = 
     tmp.mkdir()
     try:
         hf.save_pretrained(str(tmp), safe_serialization=True)
-        _tokenizer_files(loaded.data_dir, tmp, loaded.seq_length, loaded.tokenizer)
+        prepared = loaded.data_dir if data is not None or loaded.data is None else None
+        _tokenizer_files(prepared, tmp, loaded.seq_length, loaded.need_tokenizer())
         if out.exists():
             shutil.rmtree(out)
         os.replace(tmp, out)

@@ -314,14 +314,13 @@ def size_problems(spec: RunSpec) -> None:
 def check_spec(spec: RunSpec) -> None:
     """Refuse option combinations no backend runs (before any process group is set up)."""
     if spec.model.startswith("hf:"):
-        bad = [flag for flag, on in (("--rotary", spec.rotary), ("--fsdp", spec.fsdp), ("--deepspeed", spec.deepspeed),
-                                     ("--eval-wikitext", spec.eval_wikitext), ("--eval-lambada", spec.eval_lambada))
+        bad = [flag for flag, on in (("--rotary", spec.rotary), ("--fsdp", spec.fsdp), ("--deepspeed", spec.deepspeed))
                if on]
         bad += [f"--{k.replace('_', '-')}" for k in size_overrides(spec)]
         if bad:
             raise UserError(f"--model {spec.model}: {', '.join(bad)} cannot be combined with a Hugging Face model "
-                            "(its config.json sets the architecture; the paper evaluations read seqwarm's GPT; "
-                            "for DeepSpeed or FSDP use seqwarm.integrations.hf.CurriculumTrainer)")
+                            "(its config.json sets the architecture; for DeepSpeed or FSDP use "
+                            "seqwarm.integrations.hf.CurriculumTrainer)")
     elif spec.model not in PRESETS:
         raise UserError(f"--model {spec.model!r}: choose one of {', '.join(PRESETS)}, or hf:PATH (a local "
                         "Hugging Face config.json)")

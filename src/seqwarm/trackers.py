@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -154,12 +155,20 @@ def wandb_run_id(run_dir: str | Path | None) -> str | None:
     return run_id
 
 
+def forget_wandb_run(run_dir: str | Path) -> None:
+    """Drop the run folder's W&B run id: a run that starts again from step 1 (nothing to resume) is a new
+    W&B run (the old one would drop every row up to the last step it had)."""
+    (Path(run_dir) / WANDB_ID_FILE).unlink(missing_ok=True)
+
+
 class _Wandb:
     def __init__(self, init: Mapping[str, Any]):
         import wandb
 
-        # one W&B run per run folder: a resumed run (or one started again in the same folder) continues it
-        args = {"id": wandb_run_id(init.get("dir")), "resume": "allow", **init}
+        args = dict(init)
+        if init.get("dir") and not os.environ.get("WANDB_RUN_ID"):  # the user's (or a sweep agent's) id wins
+            # one W&B run per run folder: a resumed run continues it
+            args.update(id=wandb_run_id(init["dir"]), resume="allow")
         self.run = wandb.init(**{k: v for k, v in args.items() if v is not None})
         for key in ("samples", "tokens"):  # the "TAG vs samples" / "vs tokens" curves use their own x axis
             for tag in MEGATRON_TAGS.values():

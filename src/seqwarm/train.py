@@ -27,7 +27,7 @@ import torch
 
 from seqwarm.atomic import write_json
 from seqwarm.budget import stop_reason
-from seqwarm.checkpoint import rng_state, set_rng_state
+from seqwarm.checkpoint import list_checkpoints, rng_state, set_rng_state
 from seqwarm.builders import EngineBuilder, TorchEngineBuilder, accumulate_step
 from seqwarm.config import RunConfig, resolve_precision
 from seqwarm.config.describe import describe
@@ -38,7 +38,7 @@ from seqwarm.errors import SeqwarmError, UserError
 from seqwarm.evaluator import Evaluator
 from seqwarm.metrics import format_duration, truncate_metrics
 from seqwarm.metrics_logger import MetricsLogger, adam_stats
-from seqwarm.trackers import tracker_config
+from seqwarm.trackers import forget_wandb_run, tracker_config
 from seqwarm.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -176,6 +176,8 @@ class Run:
         self.evaluator = Evaluator(data, model_cfg.seq_length, cfg.micro_batch_size, opts.eval_iters, self.device,
                                    label_style=built.label_style)
         data.windows("val", model_cfg.seq_length)  # a val split too short for one window fails now, not at the end
+        if self.is_main and not list_checkpoints(self.ckpt_dir):  # nothing to resume: a new W&B run
+            forget_wandb_run(self.run_dir)
         self.log = MetricsLogger(self.run_dir, budget_tokens=cfg.train_tokens, is_main=self.is_main,
                                  log_interval=opts.log_interval, progress_bar=opts.progress_bar,
                                  tensorboard=opts.tensorboard,

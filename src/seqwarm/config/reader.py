@@ -435,6 +435,8 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
 
     compiled = chk.boolean(*s["compile"]) if "compile" in s else False
     bucket = s["length_bucket"][0] if "length_bucket" in s else None  # a whole number >= 1 (checked above)
+    if bucket is not None and not curriculum:
+        chk.warn(f"length_bucket {bucket} has no effect without a curriculum (every batch is at full length)")
     if bucket is not None and curriculum and curriculum.mode not in (None, "truncate"):
         chk.add(s["length_bucket"][1], bucket, f"works only in curriculum mode truncate, not {curriculum.mode}",
                 "drop the length bucket, or use curriculum mode truncate")

@@ -101,7 +101,7 @@ class RunConfig:
     length_bucket: int | None = None
     """Cut each batch to the curriculum length rounded up to a multiple of this, with the loss masked past
     the length (``seqwarm.length_bucket`` / ``--length-bucket``; None: cut to the length itself). The same
-    loss and gradients, at most ``seq_length / length_bucket`` shapes; truncate mode only."""
+    loss and gradients, at most ``ceil(seq_length / length_bucket)`` shapes; truncate mode only."""
     rampup_batch_size: Any = None
     """Megatron's batch-size ramp, kept only to refuse it next to a curriculum (SPEC §4)."""
     deepspeed: Mapping[str, Any] = field(default_factory=dict, compare=False)

@@ -128,8 +128,8 @@ SETTINGS: tuple[Setting, ...] = (
             "--fsdp) with the sequence dimension dynamic, so a whole curriculum runs on a few graphs (default: "
             "the config's seqwarm.compile, else off)", "performance"),
     Setting("length_bucket", "--length-bucket", "count", "cut batches to the curriculum length rounded up to a "
-            "multiple of N, the loss masked past the length: the same loss and gradients, at most seq_length / N "
-            "shapes (static shapes for CUDA graphs or compile without dynamic shapes), at the cost of computing "
+            "multiple of N, the loss masked past the length: the same loss and gradients, at most "
+            "ceil(seq_length / N) shapes (static shapes for CUDA graphs or compile without dynamic shapes), at the cost of computing "
             "the masked columns; truncate mode only (default: cut to the length itself)", "performance",
             metavar="N"),
 )

@@ -50,6 +50,8 @@ class LoadedRun:
     data: Any = None
     """The run's Megatron data (:class:`~seqwarm.data.megatron.MegatronData`) for a --data-path run, else
     None (the prepared folder ``data_dir`` is opened when needed)."""
+    data_error: UserError | None = None
+    """Why a --data-path run's sources could not be opened again (raised when the val split is asked for)."""
 
     @property
     def is_hf(self) -> bool:
@@ -58,25 +60,53 @@ class LoadedRun:
 
     def val_data(self) -> Any:
         """The data whose val split the run was validated on."""
+        if self.data_error is not None:
+            raise self.data_error
         return self.data if self.data is not None else open_prepared(self.data_dir)
 
+    def need_tokenizer(self) -> Any:
+        """The tokenizer; UserError when the run has none (a --data-path run made without --tokenizer)."""
+        if self.tokenizer is None:
+            raise UserError(f"{self.run_dir} read --data-path data with --vocab-size/--eod-id and no --tokenizer: "
+                            "this needs the tokenizer; pass --data DIR, a prepared folder made with it")
+        return self.tokenizer
 
-def _reopen_megatron(info: dict[str, Any]) -> Any:
+
+def _where_recorded(recorded: str, run: Path, resolved: dict[str, Any]) -> Path:
+    """A path a run recorded as it was given: relative ones are read from the folder the run was started
+    in (where the run folder's recorded --out leads back to), beside the run folder, then from here."""
+    path = Path(recorded)
+    if path.is_absolute():
+        return path
+    out = Path(str((resolved.get("options") or {}).get("out") or ""))
+    here, bases = run.resolve(), []
+    n = len(out.parts)
+    if n and not out.is_absolute() and n < len(here.parts) and here.parts[-n:] == out.parts:
+        bases.append(Path(*here.parts[:-n]))  # the folder the run was started in
+    for base in (*bases, run.parent, Path.cwd()):
+        if (base / path).exists() or Path(f"{base / path}.bin").exists():
+            return base / path
+    return path
+
+
+def _reopen_megatron(info: dict[str, Any], run: Path, resolved: dict[str, Any]) -> Any:
     """The Megatron --data-path sources a run recorded (its config.json "data" section), opened again."""
     from seqwarm.data.megatron import open_megatron
 
-    megatron = info["megatron"]
-    items = [x for s in megatron["sources"] for x in (repr(float(s["weight"])), str(s["prefix"]))]
-    name = (info.get("tokenizer") or {}).get("name")
-    data = open_megatron(items, split=megatron["split"], tokenizer=name, vocab_size=info.get("vocab_size"),
-                         eod_id=megatron["eod_id"])
-    if name is None:
-        raise UserError("this run read --data-path data with --vocab-size/--eod-id and no --tokenizer: evaluating "
-                        "and exporting need the tokenizer; pass --data DIR, a prepared folder made with it")
-    return data
+    try:
+        megatron = info["megatron"]
+        items = [x for s in megatron["sources"]
+                 for x in (repr(float(s["weight"])), str(_where_recorded(str(s["prefix"]), run, resolved)))]
+        split, eod_id = str(megatron["split"]), int(megatron["eod_id"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise UserError(f"{run / 'config.json'}: its data.megatron section is unusable ({err!r})") from None
+    tokenizer = (info.get("tokenizer") or {}).get("name")
+    if tokenizer and str(tokenizer).startswith("hf:"):
+        tokenizer = f"hf:{_where_recorded(str(tokenizer)[3:], run, resolved)}"
+    return open_megatron(items, split=split, tokenizer=tokenizer, vocab_size=info.get("vocab_size"), eod_id=eod_id)
 
 
-def _hf_model(section: dict[str, Any], run: Path, path: Path) -> tuple[torch.nn.Module, int]:
+def _hf_model(section: dict[str, Any], run: Path, path: Path, resolved: dict[str, Any]) -> tuple[torch.nn.Module, int]:
     """The Hugging Face model of a ``--model hf:PATH`` run, built from the config.json it recorded."""
     from seqwarm.integrations.hf_run import HFModelConfig
 
@@ -85,13 +115,11 @@ def _hf_model(section: dict[str, Any], run: Path, path: Path) -> tuple[torch.nn.
         cfg = HFModelConfig(**{k: v for k, v in section.items() if k in known})
     except TypeError as err:
         raise UserError(f"{path}: the run's model section is unusable ({err})") from None
-    where = Path(cfg.path)
-    if not where.exists() and not where.is_absolute() and (run.parent / where).exists():
-        where = run.parent / where  # recorded relative to where the run was started: often beside it
+    where = _where_recorded(cfg.path, run, resolved)
     if not where.exists():
         raise UserError(f"the run trained the Hugging Face model of {cfg.path!r}, which is not there any more "
-                        "(relative paths are read from here and from the run folder's parent): put that "
-                        "config.json back to rebuild the model")
+                        "(a relative path is looked for from where the run was started, beside the run folder and "
+                        "from here): put that config.json back to rebuild the model")
     return HFModelConfig(**{**{k: getattr(cfg, k) for k in known}, "path": str(where)}).build(), cfg.seq_length
 
 
@@ -126,7 +154,7 @@ def load_run(run_dir: str | Path, *, checkpoint: int | None = None, device: str 
     if not isinstance(section, dict):
         raise UserError(f"{path}: the run records no model section")
     if str(section.get("preset", "")).startswith("hf:"):
-        model, seq_length = _hf_model(section, run, path)
+        model, seq_length = _hf_model(section, run, path, resolved)
         vocab = int(section.get("vocab_size") or 0)
     else:
         names = {f.name for f in GPTConfig.__dataclass_fields__.values()}
@@ -136,17 +164,24 @@ def load_run(run_dir: str | Path, *, checkpoint: int | None = None, device: str 
             raise UserError(f"{path}: the run's model section is unusable ({err})") from None
         model, seq_length, vocab = GPT(model_cfg), model_cfg.seq_length, model_cfg.vocab_size
     info = resolved.get("data") or {}
-    megatron = None
-    if data is None and isinstance(info.get("megatron"), dict):  # a --data-path run: its sources hold no tokenizer
-        megatron = _reopen_megatron(info)
-        tokenizer, data_dir = megatron.tokenizer, Path(megatron.folder)
+    megatron, data_error = None, None
+    if isinstance(info.get("megatron"), dict):  # a --data-path run: the val split is its sources' again
+        try:
+            megatron = _reopen_megatron(info, run, resolved)
+        except UserError as err:
+            if data is None:
+                raise
+            data_error = err  # --data gives the tokenizer; only --val needs the sources
+    if data is None and megatron is not None:  # the tokenizer it named (None without --tokenizer)
+        tokenizer = megatron.tokenizer if (info.get("tokenizer") or {}).get("name") else None
+        data_dir = Path(megatron.folder)
     else:
         data_dir = Path(data) if data is not None else Path(info.get("folder", ""))
         if not str(data_dir) or not (data_dir / "meta.json").is_file():
             raise UserError(f"the run's prepared data folder {str(data_dir)!r} (it holds the tokenizer) is missing; "
                             "pass --data DIR to point at it")
         tokenizer = load_tokenizer(data_dir)
-    if tokenizer.vocab_size > vocab:
+    if tokenizer is not None and tokenizer.vocab_size > vocab:
         raise UserError(f"the tokenizer of {data_dir} has {tokenizer.vocab_size} tokens but the model only "
                         f"{vocab}: not the data this run was trained on")
     dev = device_for(DistInfo(), device)
@@ -158,7 +193,7 @@ def load_run(run_dir: str | Path, *, checkpoint: int | None = None, device: str 
     model.to(dev).eval()
     tokens = (state.get("engine") or {}).get("progress", {}).get("tokens")
     return LoadedRun(run, int(state.get("step", 0)), path, model, tokenizer, data_dir, tokens, dev,
-                     seq_length=int(seq_length), data=megatron)
+                     seq_length=int(seq_length), data=megatron, data_error=data_error)
 
 
 def _read_eval_file(path: Path) -> dict[str, Any]:
@@ -210,12 +245,12 @@ def run_paper_evals(run_dir: str | Path, wikitext: str | Path | None = None, lam
     results: dict[str, Any] = {}
     if raw is not None:
         try:
-            res = evaluate_wikitext(loaded.model, loaded.tokenizer, raw, overlapping_eval=overlapping_eval, **common)
+            res = evaluate_wikitext(loaded.model, loaded.need_tokenizer(), raw, overlapping_eval=overlapping_eval, **common)
         except UserError as err:
             raise UserError(f"WikiText file {wikitext}: {err}") from None
         results["wikitext"] = {"file": str(wikitext), **res}
     if texts is not None:
-        res = evaluate_lambada(loaded.model, loaded.tokenizer, texts, strict=strict, source=str(lambada), **common)
+        res = evaluate_lambada(loaded.model, loaded.need_tokenizer(), texts, strict=strict, source=str(lambada), **common)
         results["lambada"] = {"file": str(lambada), **res}
     if val:
         results["val"] = evaluate_val(loaded.model, loaded.val_data(), num_windows=val_windows, **common)
