@@ -57,8 +57,8 @@ def test_sweep_markdown_labels_one_seed():
                         "speedup_tokens": {"median": None, "min": None, "max": None, "n": 0},
                         "tokens_to_target": {"median": None, "min": None, "max": None, "n": 0}, "reached": 0}}]}
     md = render_sweep(report)
-    assert "one seed: no spread measured" in md and "| curriculum | 3.9000 | 1/1 | – | 0/1 | – |" in md
-    assert "| baseline | 4.0000 | 0/1 | – | – | – |" in md
+    assert "one seed: no spread measured" in md and "| curriculum | 3.9000 | 1/1 | – | – | 0/1 | – |" in md
+    assert "| baseline | 4.0000 | 0/1 | – | – | – | – |" in md
 
 
 @pytest.mark.slow
@@ -75,9 +75,11 @@ def test_sweep_2x1_grid_of_tiny_runs_continues(tmp_path, byte_data, capsys):
         for arm in ("baseline", "curriculum"):
             run = cell["seeds"][0][arm]
             assert run_state(out / cell["name"] / arm) == "finished" and run["final_val_loss"] > 0
-            assert isinstance(run["diverged"], bool)
+            assert isinstance(run["diverged"], bool) and run["max_loss_ratio"] >= 1.0
         assert cell["seeds"][0]["tokens_to_target"]["target"] == cell["seeds"][0]["baseline"]["final_val_loss"]
     assert (out / "sweep.png").stat().st_size > 10_000 and "| curriculum |" in (out / "sweep.md").read_text()
+    assert [(r["arm"], r["lrs"]) for r in report["stability_limits"]] == [("baseline", [1e-3, 4e-3]),
+                                                                         ("curriculum", [1e-3, 4e-3])]
     # a killed sweep continues: a finished run is reused, one removed is trained again
     import shutil
     shutil.rmtree(out / report["cells"][1]["name"] / "curriculum")
@@ -129,3 +131,27 @@ def test_no_stable_baseline_means_no_reference():
     cell = _cell_of("lr-x", 1, [], 4.0)
     cell["baseline"]["diverged"] = 2
     assert against_best_baseline([cell]) is None and against_best_baseline([]) is None
+
+
+def test_the_largest_lr_each_arm_survives_per_setting_of_the_other_axes():
+    from seqwarm.experiments.sweep import _render_limits, stability_limits
+
+    def cell(lr, k, base_div, cur_div, clip=None):
+        return {"name": f"lr-{lr}_bs-{k}", "lr": lr, "scale_batch": k, "clip_grad": clip, "lr_warmup_iters": None,
+                "pos": "learned", "baseline": {"diverged": base_div}, "curriculum": {"diverged": cur_div}}
+
+    cells = [cell(1e-3, 1, 0, 0), cell(4e-3, 1, 0, 0), cell(1.6e-2, 1, 2, 0),  # the baseline fails first
+             cell(1e-3, 8, 0, 0), cell(4e-3, 8, 1, 1), cell(1.6e-2, 8, 3, 0),  # not monotone: both are said
+             cell(1e-3, 1, 1, 0, clip=0.0), {**cell(None, 1, 0, 0), "lr": None}]
+    limits = {(r["scale_batch"], r["clip_grad"], r["arm"]): r for r in stability_limits(cells)}
+    assert len(limits) == 6  # the config-LR cell has no LR axis
+    assert (limits[(1, None, "baseline")]["largest_stable_lr"], limits[(1, None, "baseline")]["smallest_diverged_lr"]) \
+        == (4e-3, 1.6e-2)
+    assert limits[(1, None, "curriculum")]["smallest_diverged_lr"] is None
+    assert (limits[(8, None, "curriculum")]["largest_stable_lr"], limits[(8, None, "curriculum")]["smallest_diverged_lr"]) \
+        == (1.6e-2, 4e-3)
+    assert limits[(1, 0.0, "baseline")]["largest_stable_lr"] is None
+    md = "\n".join(_render_limits(list(limits.values())))
+    assert "| x1 | config | config | learned | baseline | 0.004 | 0.016 |" in md
+    assert "| x1 | config | config | learned | curriculum | 0.016 | none up to 0.016 |" in md
+    assert "| x1 | off | config | learned | baseline | none | 0.001 |" in md

@@ -38,8 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         sub, "sweep", help="baseline and curriculum over a grid of LR, batch scale, clipping, warmup, positions",
         description="Train the baseline and the curriculum in every cell of a grid (each cell a `seqwarm compare "
         "--seeds N` of its own in DIR/CELL; at --scale-batch K both arms train at K x the global batch), then "
-        "write DIR/sweep.json, DIR/sweep.md (final full-length val loss, diverged, tokens-to-target per cell "
-        "and arm) and DIR/sweep.png (final loss against LR). Finished runs are reused, so a killed sweep "
+        "write DIR/sweep.json, DIR/sweep.md (final full-length val loss, diverged, max loss ratio, tokens-to-target "
+        "per cell and arm; the largest LR each arm survives; every cell against the best baseline) and DIR/sweep.png (final loss against LR). Finished runs are reused, so a killed sweep "
         "continues. The grid flags take comma-separated lists; every other `seqwarm train` flag applies to all "
         "runs.")
     g = p.add_argument_group("sweep grid (comma-separated lists)")

@@ -126,6 +126,7 @@ def run_result(spec: RunSpec, status: dict[str, Any], threshold: float, window: 
     non_finite = status.get("status") == "diverged" or not (isinstance(final, (int, float)) and math.isfinite(final))
     return {"run_dir": str(run_dir), "status": status.get("status"), "final_val_loss": final,
             "spikes": stab["spikes"], "diverged": bool(non_finite or stab["spikes"]), "non_finite": non_finite,
+            "max_loss_ratio": stab["max_loss_ratio"],
             "peak_lr": (config.get("run", {}).get("lr") or {}).get("lr"),
             "global_batch_size": config.get("run", {}).get("train_batch_size"),
             "tokens": [r["tokens"] for r in evals], "val_loss": [r["val_loss"] for r in evals]}
@@ -158,6 +159,7 @@ def run_sweep(base: RunSpec, options: SweepOptions, *, echo=print) -> dict[str, 
                                         "lr_warmup_iters": list(options.lr_warmup_iters), "pos": list(options.pos),
                                         "seeds": options.seeds},
               "cells": results, "against_best_baseline": against_best_baseline(results),
+              "stability_limits": stability_limits(results),
               "definitions": {"spread": spread.SPREAD_DEFINITION, "against_best_baseline": BEST_DEFINITION}}
     write_json(out / "sweep.json", report)
     plot_sweep(results, out / "sweep.png")
@@ -213,9 +215,36 @@ def against_best_baseline(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
             "targets": list(targets.values()), "rows": rows}
 
 
+LIMITS_DEFINITION = (
+    "for each arm and each setting of the other grid axes: the largest peak LR of the grid at which no seed "
+    "diverged, and the smallest at which some seed did (none: no LR of the grid made it diverge, so the "
+    "limit lies above the grid).")
+
+
+def stability_limits(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The largest LR each arm survives, per batch scale / clipping / warmup / position setting (see
+    :data:`LIMITS_DEFINITION`); cells at the config's own LR (no ``--lr`` axis) are left out."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for c in cells:
+        if c.get("lr") is not None:
+            key = (c["scale_batch"], c.get("clip_grad"), c.get("lr_warmup_iters"), c.get("pos"))
+            groups.setdefault(key, []).append(c)
+    out = []
+    for (k, clip, warmup, pos), group in groups.items():
+        for arm in RUNS:
+            stable = [c["lr"] for c in group if not c[arm]["diverged"]]
+            failed = [c["lr"] for c in group if c[arm]["diverged"]]
+            out.append({"scale_batch": k, "clip_grad": clip, "lr_warmup_iters": warmup, "pos": pos, "arm": arm,
+                        "lrs": sorted(c["lr"] for c in group),
+                        "largest_stable_lr": max(stable) if stable else None,
+                        "smallest_diverged_lr": min(failed) if failed else None})
+    return out
+
+
 def _arm_spread(per_seed: list[dict[str, Any]], arm: str) -> dict[str, Any]:
     out = {"final_val_loss": spread.spread(s[arm]["final_val_loss"] for s in per_seed),
-           "diverged": sum(s[arm]["diverged"] for s in per_seed)}
+           "diverged": sum(s[arm]["diverged"] for s in per_seed),
+           "max_loss_ratio": spread.spread(s[arm].get("max_loss_ratio") for s in per_seed)}
     if arm == "curriculum":
         out["speedup_tokens"] = spread.spread(s["tokens_to_target"]["speedup"] for s in per_seed)
         out["tokens_to_target"] = spread.spread(s["tokens_to_target"]["curriculum"] for s in per_seed)
@@ -229,19 +258,22 @@ def render_sweep(report: dict[str, Any]) -> str:
     lines = ["# seqwarm sweep: baseline vs curriculum over a grid", "",
              f"{n} seed(s) per cell" + (" (one seed: no spread measured)" if n == 1 else "")
              + "; values are median (min–max over seeds).", "",
-             "| cell | arm | final val loss | diverged | tokens to target | reached | speedup_tokens |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             "| cell | arm | final val loss | diverged | max loss ratio | tokens to target | reached | speedup_tokens |",
+             "|---|---|---:|---:|---:|---:|---:|---:|"]
     for c in report["cells"]:
         for arm in RUNS:
             a = c[arm]
             sp, tt = a.get("speedup_tokens"), a.get("tokens_to_target")
             reach = f"{_cell(tt, ',.0f')} | {a['reached']}/{n} | {_cell(sp, '.2f')}" if tt else "– | – | –"
             lines.append(f"| {c['name']} | {arm} | {_cell(a['final_val_loss'], '.4f')} | {a['diverged']}/{n} | "
-                         f"{reach} |")
-    lines += ["", "diverged = a non-finite loss or a smoothed loss-ratio spike; target = the baseline's final "
+                         f"{_cell(a.get('max_loss_ratio') or {}, '.3f')} | {reach} |")
+    lines += ["", "diverged = a non-finite loss or a smoothed loss-ratio spike; max loss ratio = the largest "
+              "smoothed training loss over the lowest before it (the spike signal; a spike is above the "
+              "threshold); target = the baseline's final "
               "loss (same cell and seed); tokens to target = the curriculum's tokens to reach it; speedup_tokens "
               "= the baseline's tokens to it / the curriculum's.",
               "", f"_{report['definitions']['spread']}_", ""]
+    lines += _render_limits(report.get("stability_limits") or [])
     lines += _render_best(report.get("against_best_baseline"))
     lines += ["![final loss against LR](sweep.png)", ""]
     return "\n".join(lines)
@@ -260,6 +292,24 @@ def _render_best(best: dict[str, Any] | None) -> list[str]:
     for r in best["rows"]:
         lines.append(f"| {r['cell']} | {r['arm']} | {_cell(r['tokens_ratio'], '.2f')} | {r['reached']}/{r['seeds']} |")
     return lines + ["", "_" + BEST_DEFINITION[0].upper() + BEST_DEFINITION[1:] + "_", ""]
+
+
+def _render_limits(limits: list[dict[str, Any]]) -> list[str]:
+    """sweep.md's section: the largest LR each arm survives."""
+    if not limits:
+        return []
+    lines = ["## The largest LR each arm survives", "",
+             "| batch scale | clipping | warmup | positions | arm | largest LR, no seed diverged | smallest LR that "
+             "diverged |", "|---:|---|---|---|---|---:|---:|"]
+    for r in limits:
+        clip = "config" if r["clip_grad"] is None else ("off" if r["clip_grad"] == 0 else f"{r['clip_grad']:g}")
+        warmup = "config" if r["lr_warmup_iters"] is None else str(r["lr_warmup_iters"])
+        stable = "none" if r["largest_stable_lr"] is None else f"{r['largest_stable_lr']:g}"
+        failed = (f"none up to {max(r['lrs']):g}" if r["smallest_diverged_lr"] is None
+                  else f"{r['smallest_diverged_lr']:g}")
+        lines.append(f"| x{r['scale_batch']} | {clip} | {warmup} | {r['pos'] or 'config'} | {r['arm']} | {stable} | "
+                     f"{failed} |")
+    return lines + ["", "_" + LIMITS_DEFINITION[0].upper() + LIMITS_DEFINITION[1:] + "_", ""]
 
 
 def _cell(s: dict[str, Any], fmt: str) -> str:
