@@ -155,3 +155,28 @@ def test_the_largest_lr_each_arm_survives_per_setting_of_the_other_axes():
     assert "| x1 | config | config | learned | baseline | 0.004 | 0.016 |" in md
     assert "| x1 | config | config | learned | curriculum | 0.016 | none up to 0.016 |" in md
     assert "| x1 | off | config | learned | baseline | none | 0.001 |" in md
+
+
+def test_a_run_whose_loss_blows_past_a_uniform_guess_diverged_even_without_a_ratio_spike(tmp_path):
+    import math
+
+    from seqwarm.experiments.sweep import run_result
+    from seqwarm.runner import RunSpec
+
+    def run(name, losses):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "metrics.jsonl").write_text("".join(
+            json.dumps({"kind": "train", "step": i + 1, "loss": v, "tokens": 10 * (i + 1)}) + "\n"
+            for i, v in enumerate(losses)))
+        (folder / "summary.json").write_text(json.dumps({"final_val_loss": losses[-1]}))
+        (folder / "config.json").write_text(json.dumps({"model": {"vocab_size": 100}, "run": {}}))
+        return run_result(RunSpec(out=folder), {"status": "finished"}, 1.2, 2)
+
+    uniform = math.log(100)  # 4.6: a fresh model's loss
+    healthy = run("healthy", [uniform, 4.0, 3.5, 3.2, 3.0, 2.9])
+    # blown up by the first logged step, then falling: no ratio spike (never above its lowest so far), but
+    # 3x a uniform guess
+    blown = run("blown", [14.0, 13.0, 12.0, 11.0, 6.0])
+    assert not healthy["diverged"] and not healthy["blew_up"] and healthy["max_train_loss"] == uniform
+    assert blown["spikes"] == 0 and blown["blew_up"] and blown["diverged"] and blown["max_train_loss"] == 14.0

@@ -7,9 +7,10 @@ A *cell* is one point of the grid; each cell is laid out as a ``seqwarm compare 
 the global batch (the curriculum's and the LR schedule's step counts divided by K, so they cover the
 same samples). Finished runs are reused and runs with checkpoints resumed, so a killed sweep continues.
 
-Every run reports its final full-length validation loss, whether it diverged (non-finite loss, or a
-smoothed loss-ratio spike; see :data:`seqwarm.experiments.compare.STABILITY_DEFINITION`) and, for the
-curriculum, the tokens to reach the same cell's and seed's baseline final loss.
+Every run reports its final full-length validation loss, whether it diverged (non-finite loss, a
+smoothed loss-ratio spike — see :data:`seqwarm.experiments.compare.STABILITY_DEFINITION` — or a
+blow-up: :data:`DIVERGED_DEFINITION`) and, for the curriculum, the tokens to reach the same cell's and
+seed's baseline final loss.
 """
 
 from __future__ import annotations
@@ -114,6 +115,17 @@ def plan_sweep(base: RunSpec, options: SweepOptions) -> list[dict[str, Any]]:
     return cells
 
 
+DIVERGED_DEFINITION = (
+    "diverged = a non-finite loss, a smoothed loss-ratio spike above the threshold, or a blow-up: a training "
+    "loss above threshold x ln(vocabulary size), worse than that many times a uniform guess (the loss ratio, "
+    "measured against the lowest loss so far, misses a blow-up that comes before the loss has fallen)")
+
+
+def blow_up_ceiling(vocab_size: Any, threshold: float) -> float | None:
+    """The training loss above which a run has blown up: ``threshold`` x the loss of a uniform guess."""
+    return threshold * math.log(vocab_size) if isinstance(vocab_size, int) and vocab_size > 1 else None
+
+
 def run_result(spec: RunSpec, status: dict[str, Any], threshold: float, window: int) -> dict[str, Any]:
     """Final loss, divergence, spikes and the validation curve of one finished (or diverged) run."""
     run_dir = Path(spec.out)
@@ -124,8 +136,13 @@ def run_result(spec: RunSpec, status: dict[str, Any], threshold: float, window: 
     final = summary.get("final_val_loss")
     stab = curves.stability([r for r in rows if r.get("kind") == "train"], threshold, window)
     non_finite = status.get("status") == "diverged" or not (isinstance(final, (int, float)) and math.isfinite(final))
+    losses = [float(r["loss"]) for r in rows if r.get("kind") == "train" and isinstance(r.get("loss"), (int, float))]
+    finite = [v for v in losses if math.isfinite(v)]
+    ceiling = blow_up_ceiling((config.get("model") or {}).get("vocab_size"), threshold)
+    blew_up = ceiling is not None and any(v > ceiling for v in finite)
     return {"run_dir": str(run_dir), "status": status.get("status"), "final_val_loss": final,
-            "spikes": stab["spikes"], "diverged": bool(non_finite or stab["spikes"]), "non_finite": non_finite,
+            "spikes": stab["spikes"], "diverged": bool(non_finite or stab["spikes"] or blew_up),
+            "non_finite": non_finite, "blew_up": blew_up, "max_train_loss": max(finite) if finite else None,
             "max_loss_ratio": stab["max_loss_ratio"],
             "peak_lr": (config.get("run", {}).get("lr") or {}).get("lr"),
             "global_batch_size": config.get("run", {}).get("train_batch_size"),
@@ -160,7 +177,8 @@ def run_sweep(base: RunSpec, options: SweepOptions, *, echo=print) -> dict[str, 
                                         "seeds": options.seeds},
               "cells": results, "against_best_baseline": against_best_baseline(results),
               "stability_limits": stability_limits(results),
-              "definitions": {"spread": spread.SPREAD_DEFINITION, "against_best_baseline": BEST_DEFINITION}}
+              "definitions": {"spread": spread.SPREAD_DEFINITION, "against_best_baseline": BEST_DEFINITION,
+                              "diverged": DIVERGED_DEFINITION, "stability_limits": LIMITS_DEFINITION}}
     write_json(out / "sweep.json", report)
     plot_sweep(results, out / "sweep.png")
     write_text(out / "sweep.md", render_sweep(report))
@@ -267,7 +285,7 @@ def render_sweep(report: dict[str, Any]) -> str:
             reach = f"{_cell(tt, ',.0f')} | {a['reached']}/{n} | {_cell(sp, '.2f')}" if tt else "– | – | –"
             lines.append(f"| {c['name']} | {arm} | {_cell(a['final_val_loss'], '.4f')} | {a['diverged']}/{n} | "
                          f"{_cell(a.get('max_loss_ratio') or {}, '.3f')} | {reach} |")
-    lines += ["", "diverged = a non-finite loss or a smoothed loss-ratio spike; max loss ratio = the largest "
+    lines += ["", DIVERGED_DEFINITION + "; max loss ratio = the largest "
               "smoothed training loss over the lowest before it (the spike signal; a spike is above the "
               "threshold); target = the baseline's final "
               "loss (same cell and seed); tokens to target = the curriculum's tokens to reach it; speedup_tokens "
