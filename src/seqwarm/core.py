@@ -249,7 +249,8 @@ class CurriculumCore:
 
         Returns its first ``columns`` columns (truncate and inject cut a prefix: the longest of the
         steps' lengths suffices, rounded up to the ``length_bucket``, and the result is the same;
-        reshape re-chunks the whole row, and without a curriculum every column trains), and the keys that may be left out of it when trivial:
+        reshape re-chunks the whole row, and without a curriculum every column trains), and the keys
+        that may be left out of it when trivial:
         ``loss_mask`` (all ones) unless tokens are counted by it, and ``position_ids`` (``arange``
         rows) unless reshape would rewrite them into something else — it restarts them at the seam
         between two samples, which the model's default ``arange`` per row does not when that seam

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +120,7 @@ def _hf_model(section: dict[str, Any], run: Path, path: Path, resolved: dict[str
         raise UserError(f"the run trained the Hugging Face model of {cfg.path!r}, which is not there any more "
                         "(a relative path is looked for from where the run was started, beside the run folder and "
                         "from here): put that config.json back to rebuild the model")
-    return HFModelConfig(**{**{k: getattr(cfg, k) for k in known}, "path": str(where)}).build(), cfg.seq_length
+    return replace(cfg, path=str(where)).build(), cfg.seq_length
 
 
 def load_run(run_dir: str | Path, *, checkpoint: int | None = None, device: str = "auto",
