@@ -1,6 +1,7 @@
 """The schedule: SPEC §2 golden values, DeepSpeed parity, invariants, and the scheduler API."""
 
-import math
+import json
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -38,34 +39,93 @@ def test_golden_values(blk, steps, expected):
         assert type(value) is int
 
 
-def deepspeed_current(step, lo, hi, quantum, total, degree=1.0):
-    """DeepSpeed's fixed_root/linear after its 2026 fix, written from SPEC §2 (no exact-max rule)."""
-    value = math.floor((step / total) ** (1.0 / degree) * (hi - lo) + lo)
-    value -= value % quantum
-    value = max(value, aligned_min(lo, quantum))
-    return min(value, hi)
+DEEPSPEED_TABLE = Path(__file__).parent / "data" / "deepspeed_curriculum_table.json"
+"""DeepSpeed 0.19.8's own CurriculumScheduler, recorded step by step by
+tests/data/make_deepspeed_curriculum_table.py (the command is in the file). Only the JSON is read here:
+these tests never import DeepSpeed."""
+TABLE = json.loads(DEEPSPEED_TABLE.read_text())
+
+
+def deepspeed_values(entry):
+    """DeepSpeed's update_difficulty(step) for step = 1..last_step, from the table's runs."""
+    values = []
+    for first, last, value in entry["runs"]:
+        assert first == len(values) + 1 and last >= first, f"{entry['name']}: runs must tile 1..last_step"
+        values.extend([value] * (last - first + 1))
+    assert len(values) == entry["last_step"]
+    return values
+
+
+def exact_max_from_total(blk, step):
+    """True where seqwarm deliberately gives max_difficulty and DeepSpeed may not.
+
+    README "Differences, all deliberate" and seqwarm.curriculum's docstring: "for any step >=
+    total_curriculum_step the length is exactly max_difficulty, even when it is not a multiple of
+    difficulty_step (DeepSpeed reached it some steps later)". Only fixed_linear and fixed_root have a
+    total_curriculum_step (and a difficulty_step); fixed_discrete follows DeepSpeed at every step.
+    """
+    kind = blk["schedule_type"]
+    return kind in ("fixed_linear", "fixed_root") and step >= blk["schedule_config"]["total_curriculum_step"]
+
+
+@pytest.mark.parametrize("entry", TABLE["configs"], ids=[e["name"] for e in TABLE["configs"]])
+def test_matches_deepspeed_recorded_table(entry):
+    """The scheduler (driven like the engine: update_difficulty(step) for every step in order) and the
+    pure difficulty_at give DeepSpeed's recorded value at every step, except the documented exact max."""
+    blk, theirs = entry["block"], deepspeed_values(entry)
+    hi = blk["max_difficulty"]
+    sched = CurriculumScheduler(blk)  # a fresh scheduler per config, as the table was made
+    cfg = sched.config
+    wrong = []
+    for step, ds in enumerate(theirs, start=1):
+        expected = hi if exact_max_from_total(blk, step) else ds
+        ours, pure = sched.update_difficulty(step), difficulty_at(step, cfg)
+        assert type(ours) is int and type(pure) is int
+        if ours != expected or pure != expected:
+            wrong.append(f"step {step}: DeepSpeed {ds}, expected {expected}, "
+                         f"update_difficulty {ours}, difficulty_at {pure}")
+    assert not wrong, f"{entry['name']}: {len(wrong)} steps differ:\n" + "\n".join(wrong[:10])
+    # the exception is as narrow as documented: it changes a value only when max_difficulty is not a
+    # multiple of difficulty_step, and DeepSpeed does reach max within the table ("some steps later")
+    if any(exact_max_from_total(blk, s) and ds != hi for s, ds in enumerate(theirs, start=1)):
+        assert hi % blk["schedule_config"]["difficulty_step"] != 0, entry["name"]
+    if blk["schedule_type"] != "fixed_discrete":
+        assert theirs[-1] == hi
+
+
+def test_deepspeed_table_covers_the_cases_that_matter():
+    """A regenerated table must still exercise every schedule type, the step sizes and the exact-max rule."""
+    assert TABLE["command"] == ".venv/bin/python tests/data/make_deepspeed_curriculum_table.py"
+    assert TABLE["deepspeed_version"] and TABLE["scheduler_class"].endswith("curriculum_scheduler.CurriculumScheduler")
+    blocks = [e["block"] for e in TABLE["configs"]]
+    assert {b["schedule_type"] for b in blocks} == {"fixed_linear", "fixed_root", "fixed_discrete"}
+    assert len({b["schedule_config"]["root_degree"] for b in blocks if b["schedule_type"] == "fixed_root"}) >= 2
+    steps = {b["schedule_config"].get("difficulty_step") for b in blocks}
+    assert {1, 8, 64} <= steps
+    assert any(b["min_difficulty"] % b["schedule_config"].get("difficulty_step", 1) for b in blocks)
+    later = [e["name"] for e in TABLE["configs"]
+             if any(exact_max_from_total(e["block"], s) and v != e["block"]["max_difficulty"]
+                    for s, v in enumerate(deepspeed_values(e), start=1))]
+    assert len(later) >= 2, "no config shows DeepSpeed reaching an unaligned max after total_curriculum_step"
+    assert max(e["last_step"] for e in TABLE["configs"]) >= 15000
+
+
+@pytest.mark.parametrize("entry", TABLE["skipped"], ids=[e["name"] for e in TABLE["skipped"]])
+def test_configs_deepspeed_cannot_run_are_refused(entry):
+    """Where DeepSpeed's scheduler raised (AssertionError, ZeroDivisionError) or ran pathologically (a
+    length above max, an inverted or frozen schedule, no length a multiple of difficulty_step), seqwarm
+    refuses the block up front: README "bad configs raise one error listing every problem instead of
+    AssertionError, KeyError or a ZeroDivisionError at the first step; min > max and lists out of range
+    are refused". (Three refusals here are not named there: root_degree <= 0, unsorted difficulty
+    levels, and a difficulty_step with no multiple in [min_difficulty, max_difficulty].)"""
+    with pytest.raises(ConfigError):
+        CurriculumScheduler(entry["block"])
 
 
 schedules = st.tuples(
     st.integers(1, 256), st.integers(1, 4096), st.integers(1, 64), st.integers(1, 20000),
     st.sampled_from([1.0, 2.0, 3.0, 1.5]),
 ).filter(lambda t: t[0] <= t[1] and aligned_min(t[0], t[2]) <= t[1])
-
-
-@settings(max_examples=300, deadline=None)
-@given(schedules, st.integers(0, 30000))
-def test_matches_deepspeed_except_exact_max(sched, step):
-    lo, hi, quantum, total, degree = sched
-    kind = "fixed_linear" if degree == 1.0 else "fixed_root"
-    extra = {} if degree == 1.0 else {"root_degree": degree}
-    ours = difficulty_at(step, block(lo, hi, quantum, total, kind, **extra))
-    theirs = deepspeed_current(min(step, total), lo, hi, quantum, total, degree)
-    if step >= total:
-        assert ours == hi  # the one documented difference
-        if hi % quantum == 0:
-            assert theirs == hi
-    else:
-        assert ours == theirs
 
 
 @settings(max_examples=200, deadline=None)
