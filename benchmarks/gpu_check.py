@@ -113,7 +113,11 @@ def measure(args, device, cfg_model, length, mode, compiled, precision, batches,
     engine = CurriculumEngine(model, opt, cfg)
     engine.train()
     it = iter(batches * 1000)
-    loop = lambda: accumulate_step(engine, lambda: next(it), 1)  # noqa: E731
+
+    def loop():  # what seqwarm's loop does per step: the length once, each micro-batch cut once, the step
+        engine.begin_step()
+        return accumulate_step(engine, lambda: engine.cut(next(it)), 1)
+
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(engine.config.precision)
     # the bare loop: what a hand-written loop does with the same batch at the same length
     bare_model = GPT(cfg_model).to(device)

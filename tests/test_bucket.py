@@ -7,7 +7,7 @@ import torch
 
 from seqwarm.batch import bucket_batch, bucket_length, truncate_batch
 from seqwarm.config import ConfigError, load_config
-from seqwarm.core import CurriculumCore
+from seqwarm.core import SequenceLengthWarmup
 from seqwarm.data.dataset import build_batch
 from seqwarm.metrics import read_metrics
 from seqwarm.model import GPT, GPTConfig
@@ -82,25 +82,23 @@ def test_a_hugging_face_model_that_shifts_its_labels_gets_the_plain_cut_too(one_
     assert torch.allclose(cut, bucket, rtol=1e-6, atol=1e-7)
 
 
-def _core(tmp_path, **extra) -> CurriculumCore:
+def _core(tmp_path, **extra) -> SequenceLengthWarmup:
     cfg = load_config(small_config(tmp_path / "c.json", total_step=6, **extra))
-    return CurriculumCore(cfg, GPT(GPTConfig.preset("tiny", vocab_size=50, seq_length=64)).forward)
+    return SequenceLengthWarmup.from_config(cfg, GPT(GPTConfig.preset("tiny", vocab_size=50, seq_length=64)).forward)
 
 
-def test_the_core_cuts_into_buckets_counts_the_length_and_plans_the_bucket(tmp_path):
+def test_the_warmup_cuts_into_buckets_and_counts_the_length(tmp_path):
     core = _core(tmp_path, length_bucket=16)
     assert core.mode == "truncate" and _core(tmp_path).mode == "inject"  # the GPT takes curriculum_seqlen
     batch = build_batch(np.zeros((4, 65), dtype=np.int64))
     seen = []
     for _ in range(8):
-        length = core.lengths_at([core.progress.step + 1])[0]
-        assert core.feed_plan(4, 64, [core.progress.step + 1])[0] == min(64, -(-length // 16) * 16)
-        out = core.shape(batch)
+        length = core.begin_step()
+        out = core.cut(batch)
         assert out["input_ids"].shape == (4, min(64, -(-length // 16) * 16)) == core.micro_shape
         assert int((out["labels"] != -100).sum()) == 4 * length
-        progress, lr = core.end_step()
-        assert progress.tokens - core.progress.tokens == 4 * length  # counted at the length, not the bucket
-        core.commit(progress, lr)
+        before = core.progress.tokens
+        assert core.end_step().tokens - before == 4 * length  # counted at the length, not the bucket
         seen.append(length)
     assert len(set(seen)) > 4 and seen[-1] == 64
 
@@ -113,7 +111,8 @@ def test_a_length_bucket_is_refused_where_it_cannot_work(tmp_path):
         load_config(small_config(tmp_path / "c.json", length_bucket=16, curriculum_mode="reshape"))
     cfg = load_config(small_config(tmp_path / "c.json", length_bucket=16))
     with pytest.raises(ValueError, match="works only in curriculum mode truncate, not inject"):
-        CurriculumCore(cfg, GPT(GPTConfig.preset("tiny", vocab_size=50, seq_length=64)).forward, mode="inject")
+        SequenceLengthWarmup.from_config(cfg, GPT(GPTConfig.preset("tiny", vocab_size=50, seq_length=64)).forward,
+                                         mode="inject")
     assert load_config(small_config(tmp_path / "c.json"), overrides={"length_bucket": 32}).length_bucket == 32
 
 
@@ -158,4 +157,4 @@ def test_the_pipeline_loss_of_a_bucket_is_the_loss_of_the_plain_cut(one_thread):
 def test_a_length_bucket_without_a_curriculum_is_said_to_do_nothing(tmp_path):
     cfg = load_config(small_config(tmp_path / "c.json", length_bucket=16), overrides={"curriculum": False})
     assert any("length_bucket 16 has no effect without a curriculum" in w for w in cfg.warnings)
-    assert CurriculumCore(cfg).bucket is None
+    assert SequenceLengthWarmup.from_config(cfg).bucket is None

@@ -290,34 +290,34 @@ def test_curriculum_clock_lr_and_fp16_skip(tmp_path):
     for step in range(1, 4):
         engine.overflow = step == 2  # DeepSpeed skips the second update
         for micro in range(2):
-            shaped = cur.shape(full_batch())
-            assert shaped["input_ids"].shape[1] == cur.current_seqlen
-            lr = cur.before_step()
-            assert (lr is None) == (micro == 0)  # only at the accumulation boundary
-            engine.step()
-        seen.append((cur.progress.step, cur.current_seqlen, cur.progress.tokens, cur.skipped_steps))
-        assert engine.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(cur.progress, cfg.lr)) or step == 2
+            shaped = cur.cut(full_batch())
+            assert shaped["input_ids"].shape[1] == cur.slw.current_seqlen
+            engine.optimizer.param_groups[0]["lr"] = -1.0
+            cur.step()
+            assert (engine.optimizer.param_groups[0]["lr"] == -1.0) == (micro == 0)  # set at the boundary only
+        p = cur.slw.progress
+        seen.append((p.step, cur.slw.current_seqlen, p.tokens, cur.slw.skipped_steps))
+        assert engine.optimizer.param_groups[0]["lr"] == pytest.approx(lr_at(p, cfg.lr)) or step == 2
     # the skipped update (step 2, length 24) did not move the clock: step 2 is retried at length 24
     assert seen == [(1, 16, 2 * 2 * 2 * 16, 0), (1, 24, 128, 1), (2, 24, 128 + 8 * 24, 1)]
     state = cur.state_dict()
     again = DeepSpeedCurriculum(FakeEngine(), cfg)
     again.load_state_dict(state)
-    assert again.progress == cur.progress and again.scheduler.get_current_difficulty() == 24
+    assert again.slw.progress == cur.slw.progress and again.scheduler.get_current_difficulty() == 24
 
 
 def test_curriculum_on_a_pipeline_resets_shapes_only_when_they_change(tmp_path):
     engine, cfg = FakeEngine(gas=2, dp=1, pipeline=True), fake_config(tmp_path, gas=2, dp=1, total_step=2)
     cur = DeepSpeedCurriculum(engine, cfg)
     lengths = []
-    for _ in range(4):
-        for _ in range(2):
-            cur.shape(full_batch())
-        assert cur.before_step() is not None  # pipelines: always a whole step
-        engine.global_steps += 1  # train_batch ran the step
-        lengths.append(cur.current_seqlen)
+    for step in range(4):
+        micro = [cur.cut(full_batch()) for _ in range(2)]
+        cur.train_batch(micro)  # pipelines: always a whole step
+        assert cur.slw.progress.step == step + 1
+        lengths.append(cur.slw.current_seqlen)
     assert lengths == [32, 64, 64, 64] and engine.resets == 2
     cur.before_eval()
-    cur.shape(full_batch())
+    cur.cut(full_batch())
     assert engine.resets == 4  # before eval, and at the next training micro-batch
     with pytest.raises(ValueError, match="cannot pass curriculum_seqlen"):
         DeepSpeedCurriculum(engine, cfg, mode="inject")
@@ -330,10 +330,9 @@ def test_curriculum_counts_loss_mask_tokens_and_checks_batch_sizes(tmp_path):
     for _ in range(2):
         batch = full_batch()
         batch["loss_mask"][:, :4] = 0
-        cur.shape(batch)
-        cur.before_step()
-        engine.step()
-    assert cur.progress.tokens == 2 * 2 * (16 - 4)
+        cur.cut(batch)
+        cur.step()
+    assert cur.slw.progress.tokens == 2 * 2 * (16 - 4)
     with pytest.raises(ValueError, match="batch sizes differ"):
         DeepSpeedCurriculum(FakeEngine(gas=4, dp=1), cfg)
 
@@ -356,10 +355,9 @@ def test_curriculum_state_written_before_the_core_still_loads(tmp_path):
     for step in range(3):
         engine.overflow = step == 1
         for _ in range(2):
-            writer.shape(masked())
-            writer.before_step()
-            engine.step()
-    writer.shape(masked())
+            writer.cut(masked())
+            writer.step()
+    writer.cut(masked())
     assert writer.state_dict() == old
     reader_engine = FakeEngine()
     reader = DeepSpeedCurriculum(reader_engine, cfg)
@@ -368,10 +366,9 @@ def test_curriculum_state_written_before_the_core_still_loads(tmp_path):
     for cur, eng in ((writer, engine), (reader, reader_engine)):
         for i in range(6):  # the pending micro-batch's step, then two more steps
             if i:
-                cur.shape(masked())
-            cur.before_step()
-            eng.step()
-    assert reader.state_dict() == writer.state_dict() and reader.progress.step == 5
+                cur.cut(masked())
+            cur.step()
+    assert reader.state_dict() == writer.state_dict() and reader.slw.progress.step == 5
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the benchmark would run")

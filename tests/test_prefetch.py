@@ -1,5 +1,5 @@
-"""Batches to the device (issue #14): cut to the step's length before the copy, trivial keys left out,
-one batch ahead on a thread on CUDA — and not one number changes."""
+"""Batches to the device (issue #14): cut once, to the step's length, before the copy, trivial keys left
+out, read one batch ahead on a thread on CUDA — and not one number changes."""
 
 import shutil
 import threading
@@ -10,7 +10,6 @@ import torch
 
 from seqwarm.batch import reshape_batch, truncate_batch
 from seqwarm.config import load_config
-from seqwarm.core import CurriculumCore
 from seqwarm.data.dataset import TokenWindows, TrainBatches, build_batch
 from seqwarm.data.prefetch import DeviceFeed, is_trivial, lean_batch
 from seqwarm.metrics import read_metrics
@@ -29,11 +28,6 @@ def _source(micro=3, seq=16, **opts) -> TrainBatches:
     return TrainBatches(TokenWindows(tokens, seq, eod_id=0, **opts), micro, seed=5)
 
 
-def _core(tmp_path, **extra) -> CurriculumCore:
-    cfg = load_config(small_config(tmp_path / "c.json", **extra))
-    return CurriculumCore(cfg, GPT(GPTConfig.preset("tiny", vocab_size=50, seq_length=64)).forward)
-
-
 # -- the model: a left-out key is its default, bit for bit --------------------------------------------
 
 @pytest.mark.parametrize("rotary", [False, True])
@@ -43,7 +37,7 @@ def test_leaving_out_a_trivial_mask_and_positions_changes_no_bit(rotary, one_thr
     full = build_batch(np.random.default_rng(1).integers(0, 50, (4, 17)))
     for cut in (lambda b: b, lambda b: truncate_batch(b, 8), lambda b: reshape_batch(b, 8)):
         batch = cut(full)
-        lean = lean_batch(batch, None, ("loss_mask", "position_ids"))
+        lean = lean_batch(batch)
         assert set(lean) == {"input_ids", "labels"}
         losses, grads = [], []
         for b in (batch, lean):
@@ -56,96 +50,46 @@ def test_leaving_out_a_trivial_mask_and_positions_changes_no_bit(rotary, one_thr
         assert all(torch.equal(a, b) for a, b in zip(*grads))
 
 
-def test_lean_batch_cuts_a_prefix_and_keeps_what_is_not_trivial():
+def test_lean_batch_keeps_what_is_not_trivial():
     batch = build_batch(np.arange(40).reshape(4, 10) % 7, eod_id=0, eod_mask_loss=True, reset_position_ids=True)
-    out = lean_batch(batch, 5, ("loss_mask", "position_ids"))
-    assert set(out) == set(batch) and all(v.shape == (4, 5) for v in out.values())  # EOD resets: kept
-    assert all(torch.equal(out[k], batch[k][:, :5]) for k in batch)
+    out = lean_batch(batch)
+    assert set(out) == set(batch) and all(torch.equal(out[k], batch[k]) for k in batch)  # EOD resets: kept
     plain = build_batch(np.arange(40).reshape(4, 10) % 7)
     assert is_trivial("loss_mask", plain["loss_mask"]) and is_trivial("position_ids", plain["position_ids"])
     assert is_trivial("position_ids", torch.arange(6)[None]) and not is_trivial("input_ids", plain["input_ids"])
-    assert set(lean_batch(plain, 3, ("loss_mask",))) == {"input_ids", "labels", "position_ids"}
-    assert lean_batch(plain, 99, ()) == plain  # wider than the batch: as it is
-
-
-# -- the core's plan --------------------------------------------------------------------------------
-
-def test_lengths_at_are_the_lengths_the_steps_train_at(tmp_path):
-    core = _core(tmp_path, total_step=9)
-    for step in range(1, 14):
-        ahead = core.lengths_at([step, step + 1])
-        assert core.seqlen(64) == ahead[0]  # latched at the step's first micro-batch
-        core.commit(*core.end_step())
-        assert core.lengths_at([step + 1]) == ahead[1:]
-
-
-def test_feed_plan_cuts_truncate_and_inject_and_never_reshape(tmp_path):
-    for mode in ("truncate", "inject"):
-        core = _core(tmp_path, total_step=6, curriculum_mode=mode)
-        lengths = core.lengths_at([1, 2])
-        assert core.feed_plan(4, 64, [1]) == (lengths[0], frozenset({"loss_mask", "position_ids"}))
-        assert core.feed_plan(4, 64, [1, 2])[0] == max(lengths) < 64
-    core = _core(tmp_path, total_step=6, curriculum_mode="reshape")
-    assert core.feed_plan(4, 64, [1])[0] == 64
-    # reshape restarts positions at the seam between two samples: kept unless no seam falls inside a row
-    assert core.lengths_at([2, 3]) == [24, 32] and core.feed_plan(4, 64, [2])[1] == {"loss_mask"}
-    assert core.feed_plan(1, 64, [2])[1] == {"loss_mask", "position_ids"}  # one sample: no seam
-    assert "position_ids" in core.feed_plan(4, 64, [3])[1] and core.feed_plan(4, 64, [2, 3])[1] == {"loss_mask"}
-    counted = _core(tmp_path, count_tokens_by="loss_mask")
-    assert "loss_mask" not in counted.feed_plan(4, 64, [1])[1]
-    off = CurriculumCore(load_config({"train_batch_size": 4}))
-    assert off.feed_plan(4, 64, [1]) == (64, frozenset({"loss_mask", "position_ids"}))
-
-
-def test_the_reshape_seam_rule_is_what_reshape_batch_does():
-    from seqwarm.core import _no_seam_inside
-
-    for rows in (1, 2, 3, 4):
-        for full in (10, 12, 16):
-            batch = build_batch(np.zeros((rows, full + 1), dtype=np.int64))
-            for seqlen in range(1, full + 2):
-                pos = reshape_batch(batch, seqlen)["position_ids"]
-                plain = bool(torch.equal(pos, torch.arange(pos.shape[1]).expand_as(pos)))
-                assert _no_seam_inside(rows, full, seqlen) == plain, (rows, full, seqlen)
-
-
-def test_a_batch_cut_shorter_than_its_step_is_an_error(tmp_path):
-    core = _core(tmp_path, total_step=6, curriculum_mode="truncate")
-    core.expect_full_length(64)
-    length = core.lengths_at([1])[0]
-    batch = build_batch(np.zeros((4, 65), dtype=np.int64))
-    assert core.shape(truncate_batch(batch, length))["input_ids"].shape == (4, length)
-    core.commit(*core.end_step())
-    longer = core.lengths_at([2])[0]
-    assert longer > length
-    with pytest.raises(RuntimeError, match=f"cut to {length} columns, fewer than the step's length {longer}"):
-        core.shape(truncate_batch(batch, length))
+    assert set(lean_batch(plain, ("loss_mask",))) == {"input_ids", "labels", "position_ids"}
+    assert lean_batch(plain, ()) == plain and lean_batch(plain, ()) is not plain  # a new dict
+    # reshape restarts positions at the seam between two samples: kept when a seam falls inside a row
+    assert "position_ids" in lean_batch(reshape_batch(plain, 5)) and "position_ids" not in lean_batch(
+        reshape_batch(plain, 3))  # rows of 9 tokens: re-chunked by 5 a seam falls inside a row, by 3 never
 
 
 # -- the feed -----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("threaded", [False, True])
-def test_the_feed_hands_out_the_source_batches_in_order_cut_by_the_plan(threaded):
+def test_the_feed_hands_out_the_source_batches_in_order_each_cut_once(threaded):
     reference = _source()
-    asked = []
+    cuts = []
 
-    def plan(index, ahead):
-        asked.append((index, ahead))
-        return 4 + index, ("loss_mask", "position_ids")
+    def cut(batch):
+        cuts.append(tuple(batch["input_ids"].shape))
+        return truncate_batch(batch, 4 + len(cuts) - 1)
 
-    with DeviceFeed(_source(), "cpu", plan=plan, threaded=threaded) as feed:
+    with DeviceFeed(_source(), "cpu", drop_trivial=True, threaded=threaded) as feed:
         for i in range(7):
-            got, want = feed.next_batch(), reference.next_batch()
+            got, want = feed.next_batch(cut), reference.next_batch()
             assert set(got) == {"input_ids", "labels"}
             assert all(torch.equal(got[k], want[k][:, :4 + i]) for k in got), i
-        assert (feed.state_dict()["sample_index"] == reference.state_dict()["sample_index"])  # one fetched ahead
+        assert (feed.state_dict()["sample_index"] == reference.state_dict()["sample_index"])  # one read ahead
         assert bool(_threads()) == threaded
+        assert feed.next_batch()["input_ids"].shape == (3, 16)  # no cut: every column
     assert not _threads()
-    assert asked[:2] == ([(0, False), (1, True)] if threaded else [(0, False), (1, False)])
-    assert feed.batches.state_dict() == reference.state_dict()  # the batch fetched ahead was given back
+    assert cuts == [(3, 16)] * 7  # every batch cut once, whole when cut, on the consumer's side
+    reference.next_batch()
+    assert feed.batches.state_dict() == reference.state_dict()  # the batch read ahead was given back
 
 
-def test_the_feed_moves_only_the_planned_columns(monkeypatch):
+def test_the_feed_moves_only_the_columns_of_the_cut(monkeypatch):
     moved = []
     real = DeviceFeed._move
 
@@ -154,12 +98,11 @@ def test_the_feed_moves_only_the_planned_columns(monkeypatch):
         return real(self, batch)
 
     monkeypatch.setattr(DeviceFeed, "_move", record)
-    feed = DeviceFeed(_source(micro=2, seq=32), "cpu", plan=lambda i, a: (8, ("loss_mask", "position_ids")),
-                      threaded=True)
-    feed.next_batch()
-    feed.next_batch()
+    feed = DeviceFeed(_source(micro=2, seq=32), "cpu", drop_trivial=True, threaded=True)
+    feed.next_batch(lambda b: truncate_batch(b, 8))
+    feed.next_batch(lambda b: truncate_batch(b, 8))
     feed.close()
-    assert moved == [{"input_ids": (2, 8), "labels": (2, 8)}] * 3  # the third was fetched ahead
+    assert moved == [{"input_ids": (2, 8), "labels": (2, 8)}] * 2
 
 
 def test_the_state_of_a_feed_is_the_position_before_the_next_batch_it_hands_out():
@@ -204,10 +147,10 @@ def test_an_error_in_the_source_is_raised_by_next_batch_and_leaves_no_thread(thr
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_cuda_the_feed_copies_pinned_batches_ahead_on_a_side_stream():
     reference = _source()
-    with DeviceFeed(_source(), "cuda", plan=lambda i, a: (5, ("loss_mask", "position_ids"))) as feed:
+    with DeviceFeed(_source(), "cuda", drop_trivial=True) as feed:
         assert feed.threaded
         for _ in range(5):
-            got, want = feed.next_batch(), reference.next_batch()
+            got, want = feed.next_batch(lambda b: truncate_batch(b, 5)), reference.next_batch()
             assert got["input_ids"].is_cuda and set(got) == {"input_ids", "labels"}
             assert all(torch.equal(got[k].cpu(), want[k][:, :5]) for k in got)
     assert not _threads()
@@ -215,7 +158,7 @@ def test_on_cuda_the_feed_copies_pinned_batches_ahead_on_a_side_stream():
 
 # -- a whole run: the same numbers with the feed as without --------------------------------------------
 
-def _run(tmp_path, byte_data, name, mode, *, feed="off", **opts):
+def _run(tmp_path, byte_data, name, mode, *, feed="whole", **opts):
     from seqwarm.data import open_prepared
     from seqwarm.run_folder import prepare_run_dir
     from seqwarm.train import Run, TrainOptions
@@ -230,8 +173,8 @@ def _run(tmp_path, byte_data, name, mode, *, feed="off", **opts):
     if not options.resume:
         prepare_run_dir(options)
     run = Run(cfg, options, data, model_cfg)
-    if feed == "off":  # the path before #14's item 6: every batch moved whole
-        run.feed.plan = None
+    if feed == "whole":  # every key of the cut batch moved, trivial or not
+        run.feed.drop_trivial = False
     run.feed.threaded = feed == "threaded"
     return run
 
@@ -247,25 +190,24 @@ def test_a_run_trains_the_same_numbers_with_the_feed(tmp_path, byte_data, one_th
     real = DeviceFeed._move
     monkeypatch.setattr(DeviceFeed, "_move", lambda self, b: (moved.append(b), real(self, b))[1])
     out = {}
-    for feed in ("off", "cpu", "threaded"):
+    for feed in ("whole", "cpu", "threaded"):
         moved.clear()
         run = _run(tmp_path, byte_data, f"{mode}-{feed}", mode, feed=feed)
         result = run.train()
         out[feed] = (_train_losses(run), result.final_val_loss, [p.detach().clone() for p in run.model.parameters()])
         assert not _threads()
         lengths = [r["seqlen"] for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == "train"]
-        if feed == "off":
-            assert {b["input_ids"].shape[1] for b in moved} == {64} and "loss_mask" in moved[0]
-            continue
-        widths = [b["input_ids"].shape[1] for b in moved][:2 * len(lengths)]  # 2 micro-batches a step
-        expected = [64] * len(widths) if mode == "reshape" else [n for n in lengths for _ in (0, 1)]
-        assert widths == expected, feed
-        assert "loss_mask" not in moved[0]
-        assert ("position_ids" in moved[0]) == (mode == "reshape" and 64 % lengths[0] != 0)
-    assert len(out["off"][0]) > 4 and len(set(lengths)) > 3
+        train = moved[:2 * len(lengths)]  # only training batches go through the feed
+        widths = [b["input_ids"].shape[1] for b in train]  # 2 micro-batches a step, each cut to its step
+        rows = [b["input_ids"].shape[0] for b in train]
+        assert widths == [n for n in lengths for _ in (0, 1)], feed
+        assert rows == ([4 * 64 // n for n in lengths for _ in (0, 1)] if mode == "reshape" else [4] * len(rows))
+        assert ("loss_mask" in train[0]) == (feed == "whole")
+        assert ("position_ids" in train[0]) == (mode == "reshape" and 64 % lengths[0] != 0 or feed == "whole")
+    assert len(out["whole"][0]) > 4 and len(set(lengths)) > 3
     for feed in ("cpu", "threaded"):
-        assert out[feed][0] == out["off"][0] and out[feed][1] == out["off"][1], feed
-        assert all(torch.equal(a, b) for a, b in zip(out[feed][2], out["off"][2])), feed
+        assert out[feed][0] == out["whole"][0] and out[feed][1] == out["whole"][1], feed
+        assert all(torch.equal(a, b) for a, b in zip(out[feed][2], out["whole"][2])), feed
 
 
 @pytest.mark.slow

@@ -462,3 +462,36 @@ def test_the_loop_reads_the_loss_only_at_log_rows(tmp_path, byte_data):
     for before, row in zip(rows[4], rows[4][1:]):  # a row's loss: the mean over its window of steps
         window = [losses[s] for s in range(before["step"] + 1, row["step"] + 1)]
         assert row["loss"] == sum(window) / len(window)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["truncate", "reshape", None])  # None: auto, which injects into the GPT
+def test_a_run_decides_the_length_once_per_step_and_cuts_each_micro_batch_once(tmp_path, byte_data, monkeypatch,
+                                                                               mode):
+    import seqwarm.core
+    from seqwarm.curriculum import CurriculumScheduler
+
+    calls = {"schedule": 0, "cut": 0, "model_cut": 0}
+    update = CurriculumScheduler.update_difficulty
+    monkeypatch.setattr(CurriculumScheduler, "update_difficulty",
+                        lambda self, step: (calls.__setitem__("schedule", calls["schedule"] + 1), update(self, step))[1])
+    for name in ("truncate_batch", "reshape_batch"):
+        op = getattr(seqwarm.core, name)
+        monkeypatch.setattr(seqwarm.core, name, lambda *a, _op=op: (calls.__setitem__("cut", calls["cut"] + 1),
+                                                                    _op(*a))[1])
+    run = _tiny_run(tmp_path, byte_data, f"run-{mode}", config=small_config(
+        tmp_path / "c.json", train_tokens=3000, **({"curriculum_mode": mode} if mode else {})))
+    real = run.model.forward
+
+    def forward(*args, **kwargs):  # what the model is handed: already at the step's length
+        if run.model.training:
+            calls["model_cut"] += kwargs["input_ids"].shape[1] == run.engine.current_seqlen
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run.model, "forward", forward)
+    result = run.train()
+    steps = result.steps
+    assert steps > 5 and run.cfg.gradient_accumulation_steps == 2
+    assert calls["schedule"] == steps  # once per optimizer step
+    assert calls["cut"] == 2 * steps  # once per micro-batch (inject: trimmed once on the host)
+    assert calls["model_cut"] == 2 * steps

@@ -33,7 +33,7 @@ _LAZY = {
     "GPT": "seqwarm.model",
     "GPTConfig": "seqwarm.model",
     "CurriculumEngine": "seqwarm.engine",
-    "CurriculumCore": "seqwarm.core",
+    "SequenceLengthWarmup": "seqwarm.core",
     "RunSpec": "seqwarm.runner",
     "run_training": "seqwarm.runner",
 }

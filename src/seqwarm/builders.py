@@ -37,8 +37,10 @@ class Built:
     resolved: dict[str, Any] = field(default_factory=dict)
     """Extra entries of config.json (the DeepSpeed run records its resolved DeepSpeed config)."""
     train_step: Callable[[Any, Callable[[], dict], int], Any] | None = None
-    """``train_step(engine, next_batch, micro_batches) -> mean loss`` of one optimizer step, a float or a
-    0-d tensor the loop reads only at log, eval and save steps (None: :func:`accumulate_step`)."""
+    """``train_step(engine, next_batch, micro_batches) -> mean loss`` of one optimizer step whose length the
+    loop decided (``engine.begin_step()``); ``next_batch()`` gives a micro-batch already cut
+    (``engine.cut``). A float or a 0-d tensor the loop reads only at log, eval and save steps (None:
+    :func:`accumulate_step`)."""
     label_style: str = "megatron"
     """The batches the model takes: ``megatron`` (shifted labels) or ``hf`` (labels = inputs; the model shifts)."""
 
@@ -57,11 +59,12 @@ class EngineBuilder(Protocol):
 
 
 def accumulate_step(engine, next_batch: Callable[[], dict], micro_batches: int) -> torch.Tensor:
-    """One optimizer step of ``micro_batches`` forward/backward passes; this rank's mean loss (a 0-d
-    tensor on the device: reading it is a host sync, which the loop does only at log rows)."""
+    """One optimizer step of ``micro_batches`` forward/backward passes on micro-batches already cut; this
+    rank's mean loss (a 0-d tensor on the device: reading it is a host sync, which the loop does only at
+    log rows)."""
     losses = []
     for _ in range(micro_batches):
-        loss = engine(next_batch())
+        loss = engine.run(next_batch())
         engine.backward(loss)
         losses.append(loss.detach())
         engine.step()

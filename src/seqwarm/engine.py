@@ -9,6 +9,11 @@ gradient accumulation, clipping, the learning rate (a pure function of the clock
     engine.backward(loss)         # scales by 1/gradient_accumulation_steps (x loss scale for fp16)
     engine.step()                 # acts only at gradient-accumulation boundaries
 
+The curriculum itself (the length decided once per optimizer step, the one cut per micro-batch, the
+token clock) is a :class:`~seqwarm.core.SequenceLengthWarmup` (``engine.slw``). A loop that cuts its
+micro-batches itself, before they reach the device (seqwarm's own), calls ``engine.begin_step()``,
+``engine.cut(batch)`` per micro-batch and ``engine.run(cut_batch)`` instead of ``engine(batch)``.
+
 Decisions (see docs/ENGINE.md): tokens are counted from the shaped shapes (or loss_mask sums);
 samples are full-length sequences drawn from the data; fp16 overflow-skipped steps do not advance
 the clock or the curriculum; ``state_dict()`` holds the engine state and the optimizer, not the model.
@@ -26,9 +31,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from seqwarm.budget import should_stop
 from seqwarm.config import FP16Config, resolve_precision
-from seqwarm.core import CurriculumCore, as_run_config, check_state_format, set_lr
+from seqwarm.core import SequenceLengthWarmup, as_run_config, check_state_format, set_lr
 
 __all__ = ["CurriculumEngine", "LossScaler", "bf16_supported"]
 
@@ -131,7 +135,7 @@ class CurriculumEngine:
     with :func:`~seqwarm.config.load_config`). The engine owns the learning rate: every optimizer
     step it sets each param group's ``lr`` to ``lr_at(clock) * group.get("lr_scale", 1.0)``.
     The curriculum itself (mode, length per step, token counts, clock) is a
-    :class:`~seqwarm.core.CurriculumCore`. ``process_group``: where ``count_tokens_by: loss_mask``
+    :class:`~seqwarm.core.SequenceLengthWarmup`, ``engine.slw``. ``process_group``: where ``count_tokens_by: loss_mask``
     counts are summed (None: the default group; pass the data-parallel group when the default group
     also spans model-parallel ranks). ``inject_via_kwargs``: inject ``curriculum_seqlen`` into a
     forward that reads it from ``**kwargs`` (DeepSpeed's legacy test models); without it only a
@@ -151,9 +155,10 @@ class CurriculumEngine:
         forward = _unwrap(model).forward
         self._signature = inspect.signature(forward)
         self._input_places: dict[tuple, dict[str, int | str]] = {}  # call shape -> where the tokens are
-        self.core = CurriculumCore(cfg, forward, process_group=process_group, inject_via_kwargs=inject_via_kwargs)
-        self.scheduler = self.core.scheduler
-        self.mode = self.core.mode
+        self.slw = SequenceLengthWarmup.from_config(cfg, forward, process_group=process_group,
+                                                    inject_via_kwargs=inject_via_kwargs)
+        self.scheduler = self.slw.scheduler
+        self.mode = self.slw.mode
         self.gradient_accumulation_steps = int(cfg.gradient_accumulation_steps)
         self.micro_steps = 0
         self._grad_norm: torch.Tensor | None = None
@@ -196,11 +201,11 @@ class CurriculumEngine:
         return contextlib.nullcontext()
 
     # -- the DeepSpeed-like surface ---------------------------------------------------------------
-    # the clock and the curriculum are the core's
-    progress = property(lambda self: self.core.progress, doc="Steps, samples and tokens trained (all ranks).")
-    lr = property(lambda self: self.core.lr, doc="The learning rate of the last applied step.")
-    current_seqlen = property(lambda self: self.core.current_seqlen, doc="This step's curriculum length.")
-    skipped_steps = property(lambda self: self.core.skipped_steps, doc="Steps skipped on an fp16 overflow.")
+    # the clock and the curriculum are the SequenceLengthWarmup's
+    progress = property(lambda self: self.slw.progress, doc="Steps, samples and tokens trained (all ranks).")
+    lr = property(lambda self: self.slw.lr, doc="The learning rate of the last applied step.")
+    current_seqlen = property(lambda self: self.slw.current_seqlen, doc="This step's curriculum length.")
+    skipped_steps = property(lambda self: self.slw.skipped_steps, doc="Steps skipped on an fp16 overflow.")
 
     @property
     def global_steps(self) -> int:
@@ -219,7 +224,7 @@ class CurriculumEngine:
     @property
     def done(self) -> bool:
         """Whether a budget (train_tokens / train_iters / train_samples) is reached."""
-        return should_stop(self.progress, self.config)
+        return self.slw.done
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """True when the next :meth:`step` call will update the parameters."""
@@ -235,32 +240,57 @@ class CurriculumEngine:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.forward(*args, **kwargs)
 
+    def begin_step(self) -> int | None:
+        """Decide the length of the optimizer step about to run (once); None without a curriculum.
+        :meth:`forward` and :meth:`cut` begin a step themselves when none is in flight."""
+        return self.slw.begin_step()
+
+    def cut(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """A training micro-batch cut to the step's length (in inject mode: its first L columns, with
+        ``curriculum_seqlen`` added), counted: :meth:`~seqwarm.core.SequenceLengthWarmup.cut` with
+        ``trim=True``, for a loop that cuts on the host before the copy. Hand the result to :meth:`run`."""
+        if not self.slw.step_open:
+            self.slw.begin_step()
+        return self.slw.cut(batch, trim=True)
+
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the model; in training, at the current curriculum length. A lone dict is a batch."""
+        """Run the model; in training, on the micro-batch cut to the current curriculum length (a lone dict
+        is a batch). Cut here: pass full-length batches (a batch cut already goes to :meth:`run`)."""
         if len(args) == 1 and not kwargs and isinstance(args[0], Mapping):
             args, kwargs = (), dict(args[0])
         if not self.module.training:
-            with self._autocast():
-                return self.module(*args, **kwargs)
+            return self._call(args, kwargs)
+        if not self.slw.step_open:
+            self.slw.begin_step()
         if self.mode in ("truncate", "reshape"):
             if args:
                 raise ValueError(
                     f"curriculum mode {self.mode!r} shapes a dict batch: call engine(batch) or "
                     "engine(**batch), not positional tensors (or use mode 'inject' with a model whose "
                     "forward takes curriculum_seqlen)")
-            kwargs = self.core.shape(kwargs)
+            kwargs = self.slw.cut(kwargs)
         else:  # inject, or no curriculum: the model gets the batch as it is (+ curriculum_seqlen)
             tokens, mask = self._inputs(args, kwargs)
-            seqlen = self.core.observe(tokens.shape[0], tokens.shape[1], mask)
+            seqlen = self.slw.record(tokens.shape[0], tokens.shape[1], mask)
             if seqlen is not None:
                 kwargs["curriculum_seqlen"] = seqlen
+        return self._call(args, kwargs)
+
+    def run(self, batch: Mapping[str, Any]) -> Any:
+        """Run the model on a micro-batch :meth:`cut` already made (in training; not cut or counted again)."""
+        return self._call((), dict(batch))
+
+    def _call(self, args: tuple, kwargs: dict) -> Any:
+        if not self.module.training:
+            with self._autocast():
+                return self.module(*args, **kwargs)
         if self._mark_dynamic:
             for value in (*args, *kwargs.values()):
                 if isinstance(value, torch.Tensor) and value.dim() >= 2:
                     torch._dynamo.maybe_mark_dynamic(value, 1)
         with self._autocast(), self._gradient_sync():
             out = self.module(*args, **kwargs)
-        self.core.check_output(out)  # inject mode: the model really ran at the length it was given
+        self.slw.check_output(out)  # inject mode: the model really ran at the length it was given
         return out
 
     def probe_memory(self, batch: Mapping[str, torch.Tensor]) -> None:
@@ -302,7 +332,6 @@ class CurriculumEngine:
         self.micro_steps += 1
         if self.micro_steps % self.gradient_accumulation_steps:
             return False
-        new, lr = self.core.end_step()
         params = [p for g in self.optimizer.param_groups for p in g["params"] if p.grad is not None]
         grads = [p.grad for p in params]
         clip = float(self.config.gradient_clipping or 0.0)
@@ -312,7 +341,7 @@ class CurriculumEngine:
             overflow = not bool(torch.isfinite(norm))
             self.loss_scaler.update(overflow)
             if overflow:  # skip: the clock, the curriculum and the LR stay where they are
-                self.core.skip()
+                self.slw.end_step(applied=False)
                 self.optimizer.zero_grad(set_to_none=True)
                 return False
             self._grad_norm = norm * inv_scale
@@ -323,10 +352,10 @@ class CurriculumEngine:
                 torch._foreach_mul_(grads, factor)
         elif clip > 0:
             self._grad_norm = torch.nn.utils.clip_grad_norm_(params, clip)
-        set_lr(self.optimizer, lr)
+        set_lr(self.optimizer, self.slw.step_lr())
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.core.commit(new, lr)
+        self.slw.end_step()
         return True
 
     # -- internals --------------------------------------------------------------------------------
@@ -375,7 +404,7 @@ class CurriculumEngine:
         """
         state = {
             "format": STATE_FORMAT,
-            **self.core.state_dict(),
+            **self.slw.state_dict(),
             "micro_steps": self.micro_steps,
             "loss_scaler": self.loss_scaler.state_dict() if self.loss_scaler else None,
         }
@@ -385,7 +414,7 @@ class CurriculumEngine:
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_state_format(state, STATE_FORMAT, "CurriculumEngine")
-        self.core.load_state_dict(state)
+        self.slw.load_state_dict(state)
         self.micro_steps = int(state["micro_steps"])
         if self.loss_scaler is not None and state.get("loss_scaler") is not None:
             self.loss_scaler.load_state_dict(state["loss_scaler"])

@@ -3,9 +3,10 @@
 :class:`Run` is the loop. An *engine builder* (:mod:`seqwarm.builders`: one device, DDP or
 FSDP2; the DeepSpeed one in :mod:`seqwarm.integrations.deepspeed_run`) builds the GPT, its optimizer and
 the engine the loop drives, says how one optimizer step is taken and supplies the checkpointer
-(:mod:`seqwarm.checkpointer`). The loop repeats ``gradient_accumulation_steps`` micro-batches at full
-length from the data (the engine cuts them to the curriculum's length) and one optimizer step until the
-clock reaches the budget, calling the evaluator (:mod:`seqwarm.evaluator`, always full length), the
+(:mod:`seqwarm.checkpointer`). Each optimizer step, the loop asks the engine for the step's
+length once (``engine.begin_step()``), draws ``gradient_accumulation_steps`` micro-batches that the feed
+cuts once (``engine.cut``) before they reach the device, and takes one optimizer step, until the clock
+reaches the budget, calling the evaluator (:mod:`seqwarm.evaluator`, always full length), the
 metrics logger (:mod:`seqwarm.metrics_logger`) and the checkpointer. :func:`seqwarm.runner.run_training`
 sets a run up from a :class:`~seqwarm.runner.RunSpec`.
 """
@@ -187,10 +188,9 @@ class Run:
                                                          wandb_run_name=opts.wandb_run_name))
         self.batches = data.train_batches(model_cfg.seq_length, cfg.micro_batch_size, seed=opts.seed,
                                           rank=dp_rank, world_size=dp_world, label_style=built.label_style)
-        self.core = _core_of(self.engine)
-        self._drop_trivial = built.label_style == "megatron"  # seqwarm's GPT: a trivial mask / positions are its defaults
-        self.feed = DeviceFeed(self.batches, self.device, plan=self._feed_plan)
-        """The batches on the device: cut to the step's length before the copy, one ahead on CUDA."""
+        # seqwarm's GPT: a trivial loss mask / positions are its defaults, so they need not be copied
+        self.feed = DeviceFeed(self.batches, self.device, drop_trivial=built.label_style == "megatron")
+        """The batches on the device: cut to the step's length before the copy, read one ahead on CUDA."""
         self.elapsed_before = 0.0
         self.t_start = time.perf_counter()
         self.last_val: float | None = None
@@ -345,20 +345,8 @@ class Run:
             logger.info("trial step at length %d x %d fits: peak %.2f GiB", length, micro,
                         torch.cuda.max_memory_allocated(self.device) / 2**30)
 
-    def _feed_plan(self, index: int, ahead: bool) -> tuple[int | None, frozenset[str]]:
-        """The feed's plan of micro-batch ``index`` (counted from the start of :meth:`train`, a step
-        boundary; every step, fp16-skipped ones too, takes gradient_accumulation_steps of them): the
-        core's :meth:`~seqwarm.core.CurriculumCore.feed_plan` for the step it belongs to — asked ahead at
-        a step's first micro-batch, the next step or, after an fp16 skip, the same one again."""
-        if self.core is None:
-            return None, frozenset()
-        step = self.engine.progress.step + 1  # the step of the batch handed out last (or of this one)
-        steps = [step, step + 1] if ahead and index % self.cfg.gradient_accumulation_steps == 0 else [step]
-        columns, droppable = self.core.feed_plan(self.cfg.micro_batch_size, self.model_cfg.seq_length, steps)
-        return columns, droppable if self._drop_trivial else frozenset()
-
     def _next_batch(self) -> dict:
-        return self.feed.next_batch()
+        return self.feed.next_batch(self.engine.cut)
 
     def _mean_over_ranks(self, losses: list[float], steps: list[int], lengths: list[int]) -> list[float]:
         """Each step's loss averaged over ranks (one gather for all of them); every rank must have
@@ -405,12 +393,11 @@ class Run:
         self.log.open(engine.progress.tokens)
         engine.train()
         self._probe_memory()
-        if self.core is not None:  # the feed hands the core batches cut ahead: it checks the data's length
-            self.core.expect_full_length(self.model_cfg.seq_length)
         try:
             while reason is None:
                 t0 = time.perf_counter()
                 tokens_before, step_before = engine.progress.tokens, engine.progress.step
+                engine.begin_step()  # the step's length, decided once, before its micro-batches are drawn
                 step_loss = self._step(engine, self._next_batch, cfg.gradient_accumulation_steps)
                 p = engine.progress
                 if p.step == step_before:  # fp16 overflow: skipped, nothing advanced; no eval/log/save
@@ -460,15 +447,6 @@ class Run:
             "curriculum": self.resolved["run"]["curriculum"], "skipped_steps": self.engine.skipped_steps,
             "num_params": self.model_cfg.num_params(),
         }
-
-
-def _core_of(engine) -> Any:
-    """The :class:`~seqwarm.core.CurriculumCore` behind an engine (CurriculumEngine, the DeepSpeed adapters),
-    None for an engine without one (its batches are then moved as they are)."""
-    core = getattr(engine, "core", None)
-    if core is None:
-        core = getattr(getattr(engine, "curriculum", None), "core", None)
-    return core if callable(getattr(core, "feed_plan", None)) else None
 
 
 def _saved(run_dir: Path, section: str) -> dict[str, Any]:

@@ -1,22 +1,22 @@
-"""Training micro-batches on the device: cut to what the step needs, one batch ahead on CUDA.
+"""Training micro-batches on the device: read one ahead on CUDA, cut once, only what the step trains copied.
 
 :class:`DeviceFeed` sits between a batch source (:class:`~seqwarm.data.dataset.TrainBatches`, a
 Megatron blend: anything with ``next_batch``, ``state_dict``, ``load_state_dict``) and the loop:
 
-- a *plan* (``plan(index, ahead) -> (columns, droppable)``, the loop's, from
-  :meth:`seqwarm.core.CurriculumCore.feed_plan`) says how many leading columns of micro-batch
-  ``index`` the step will use and which keys may be left out when trivial — a ``loss_mask`` of ones,
-  ``position_ids`` that are ``arange`` per row (the model's defaults, bit for bit). Only that part is
-  pinned and copied: at length 64 of 1024, a sixteenth of the bytes, and no mask or positions at all;
-- on CUDA a background thread reads the next micro-batch, cuts it, copies it into pinned memory and
-  sends it with ``non_blocking=True`` on a side stream while the current one trains; the consumer's
-  stream waits for that copy (an event), never the host. The plan of micro-batch ``index`` is then made
-  on the caller's thread when micro-batch ``index - 1`` is handed out (``ahead=True``);
-- on the CPU (or with ``threaded=False``) there is no thread and no copy: the batch is cut (views) and
-  handed out when asked for (``ahead=False``).
+- :meth:`DeviceFeed.next_batch` takes the loop's ``cut`` (the engine's: the one cut of the micro-batch
+  to the step's length, :meth:`seqwarm.core.SequenceLengthWarmup.cut`) and applies it to the host batch
+  before the copy, so only the columns the step trains are pinned and copied — at length 64 of 1024, a
+  sixteenth of the bytes. With ``drop_trivial`` (a model whose defaults they are, bit for bit) a
+  ``loss_mask`` of ones and ``position_ids`` that are ``arange`` per row are left out after the cut;
+- on CUDA a background thread reads the next micro-batch from the source while the current one trains
+  (the cut needs the step's length, which is decided when the step begins); the cut part is copied into
+  pinned memory and sent with ``non_blocking=True`` on a side stream, and the consumer's stream waits
+  for that copy (an event), never the host;
+- on the CPU (or with ``threaded=False``) there is no thread and no copy: the batch is read, cut
+  (views) and handed out when asked for.
 
 The order of batches is the source's. :meth:`DeviceFeed.state_dict` is the source's position before
-the first batch not yet handed out (a batch fetched ahead is not lost in a checkpoint), and
+the first batch not yet handed out (a batch read ahead is not lost in a checkpoint), and
 :meth:`DeviceFeed.close` (after a run, or when it raised) stops the thread and rewinds the source to
 that position. An exception in the thread is raised by the :meth:`DeviceFeed.next_batch` that wanted
 its batch.
@@ -31,16 +31,12 @@ from typing import Any
 
 import torch
 
-from seqwarm.batch import truncate_batch
-
-__all__ = ["DeviceFeed", "Plan", "is_trivial", "lean_batch"]
-
-Plan = Callable[[int, bool], tuple[int | None, Iterable[str]]]
-"""``plan(index, ahead) -> (columns, droppable)``: micro-batch ``index`` (0 = the first the feed hands out)
-cut to its first ``columns`` columns (None: all of them), the ``droppable`` keys left out when trivial;
-``ahead``: asked when micro-batch ``index - 1`` was handed out, before it trained."""
+__all__ = ["DeviceFeed", "is_trivial", "lean_batch"]
 
 _STOP = object()
+
+TRIVIAL_KEYS = ("loss_mask", "position_ids")
+"""Keys a model may assume when they are left out: a loss mask of ones, positions ``arange`` per row."""
 
 
 def is_trivial(key: str, value: Any) -> bool:
@@ -55,10 +51,9 @@ def is_trivial(key: str, value: Any) -> bool:
     return False
 
 
-def lean_batch(batch: Mapping[str, Any], columns: int | None = None, droppable: Iterable[str] = ()) -> dict[str, Any]:
-    """``batch`` cut to its first ``columns`` columns (:func:`~seqwarm.batch.truncate_batch`: views), without
-    the ``droppable`` keys that are trivial (:func:`is_trivial`)."""
-    out = truncate_batch(batch, columns) if columns is not None else dict(batch)
+def lean_batch(batch: Mapping[str, Any], droppable: Iterable[str] = TRIVIAL_KEYS) -> dict[str, Any]:
+    """``batch`` without the ``droppable`` keys that are trivial (:func:`is_trivial`); a new dict."""
+    out = dict(batch)
     for key in droppable:
         if is_trivial(key, out.get(key)):
             del out[key]
@@ -66,18 +61,17 @@ def lean_batch(batch: Mapping[str, Any], columns: int | None = None, droppable: 
 
 
 class DeviceFeed:
-    """Micro-batches from ``batches`` on ``device``, cut by ``plan`` (see the module docstring).
-
-    ``threaded``: fetch and copy one batch ahead on a background thread (default: on CUDA only).
+    """Micro-batches from ``batches`` on ``device``, each cut by the ``cut`` given to :meth:`next_batch`
+    (see the module docstring). ``drop_trivial``: leave out a trivial ``loss_mask`` / ``position_ids``
+    after the cut. ``threaded``: read one batch ahead on a background thread (default: on CUDA only).
     """
 
-    def __init__(self, batches: Any, device: torch.device | str, *, plan: Plan | None = None,
+    def __init__(self, batches: Any, device: torch.device | str, *, drop_trivial: bool = False,
                  threaded: bool | None = None):
         self.batches = batches
         self.device = torch.device(device)
-        self.plan = plan
+        self.drop_trivial = drop_trivial
         self.threaded = self.device.type == "cuda" if threaded is None else bool(threaded)
-        self._index = 0  # micro-batches handed out since the feed (re)started
         self._thread: threading.Thread | None = None
         self._requests: queue.Queue = queue.Queue()
         self._results: queue.Queue = queue.Queue()
@@ -85,11 +79,11 @@ class DeviceFeed:
         self._stream = None
 
     # -- what one micro-batch becomes -------------------------------------------------------------
-    def _plan(self, index: int, ahead: bool) -> tuple[int | None, tuple[str, ...]]:
-        if self.plan is None:
-            return None, ()
-        columns, droppable = self.plan(index, ahead)
-        return columns, tuple(droppable)
+    def _prepare(self, batch: dict[str, Any], cut: Callable[[dict], dict] | None) -> dict[str, Any]:
+        """The host batch cut (once) and, with ``drop_trivial``, without its trivial keys."""
+        if cut is not None:
+            batch = cut(batch)
+        return lean_batch(batch) if self.drop_trivial else batch
 
     def _move(self, batch: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         """The (cut) host batch on the device, and the CUDA event its copy ends with (None off CUDA):
@@ -107,9 +101,6 @@ class DeviceFeed:
             event = torch.cuda.Event()
             event.record()
         return out, event
-
-    def _fetch(self, columns: int | None, droppable: tuple[str, ...]) -> tuple[dict[str, Any], Any]:
-        return self._move(lean_batch(self.batches.next_batch(), columns, droppable))
 
     def _received(self, moved: tuple[dict[str, Any], Any]) -> dict[str, Any]:
         """A batch copied on the side stream, made safe to use on the current stream."""
@@ -129,17 +120,16 @@ class DeviceFeed:
             if request is _STOP:
                 return
             try:
-                result = (self._fetch(*request), None)
+                result = (self.batches.next_batch(), None)
             except BaseException as err:  # noqa: BLE001 - handed to the consumer, which raises it
                 self._results.put((None, err))
                 return
             self._results.put(result)
 
-    def _submit(self, index: int, ahead: bool) -> None:
-        """Ask the (idle) thread for micro-batch ``index``; the source's position is read first."""
-        plan = self._plan(index, ahead)
+    def _submit(self) -> None:
+        """Ask the (idle) thread for the next micro-batch; the source's position is read first."""
         self._pending = self.batches.state_dict()
-        self._requests.put(plan)
+        self._requests.put(True)
 
     def _start(self) -> None:
         if self.device.type == "cuda" and self._stream is None:
@@ -148,29 +138,26 @@ class DeviceFeed:
         self._thread = threading.Thread(target=self._work, name="seqwarm-prefetch", daemon=True)
         self._thread.start()
 
-    def _take(self) -> tuple[dict[str, Any], Any]:
-        """The batch in flight and its copy's event (raising what the thread raised)."""
-        moved, err = self._results.get()
+    def _take(self) -> dict[str, Any]:
+        """The host batch in flight (raising what the thread raised)."""
+        batch, err = self._results.get()
         self._pending = None
         if err is not None:
             self._stop()
             raise err
-        return moved
+        return batch
 
     # -- the consumer -----------------------------------------------------------------------------
-    def next_batch(self) -> dict[str, Any]:
-        """The next micro-batch on the device, cut by the plan."""
+    def next_batch(self, cut: Callable[[dict], dict] | None = None) -> dict[str, Any]:
+        """The next micro-batch on the device, cut by ``cut`` on the host first (None: as it is)."""
         if not self.threaded:
-            batch = self._fetch(*self._plan(self._index, False))
-            self._index += 1
-            return self._received(batch)
+            return self._received(self._move(self._prepare(self.batches.next_batch(), cut)))
         if self._thread is None:
             self._start()
-            self._submit(self._index, False)
-        moved = self._take()
-        self._index += 1
-        self._submit(self._index, True)  # fetched and copied while this one trains
-        return self._received(moved)
+            self._submit()
+        batch = self._take()
+        self._submit()  # read while this one trains
+        return self._received(self._move(self._prepare(batch, cut)))
 
     def state_dict(self) -> dict[str, Any]:
         """The source's position before the first micro-batch not handed out yet."""
@@ -186,12 +173,10 @@ class DeviceFeed:
             self._requests.put(_STOP)
             self._thread.join()
             self._thread = None
-        self._index = 0
 
     def close(self) -> None:
         """Stop the thread and rewind the source to :meth:`state_dict` (a batch fetched ahead is given back)."""
         if self._thread is None:
-            self._index = 0
             return
         rewind = self._pending
         try:

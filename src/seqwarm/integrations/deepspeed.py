@@ -3,22 +3,22 @@
 DeepSpeed 0.19 dropped the legacy ``curriculum_learning`` block: its engine no longer advances a
 sequence-length schedule nor passes ``curriculum_seqlen`` to the model, and a config that still holds
 the block is refused. :class:`DeepSpeedCurriculum` does that job next to any DeepSpeed engine, plus
-the Megatron-side recipe (SPEC §4): tokens counted after shaping and summed over data-parallel ranks,
-the token-based learning rate set on the optimizer before every ``engine.step()``, and the pipeline's
+the Megatron-side recipe: tokens counted after the cut and summed over data-parallel ranks, the
+token-based learning rate set on the optimizer before every optimizer step, and the pipeline's
 ``reset_activation_shape()`` whenever the length changes::
 
     engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(cfg))
     curriculum = DeepSpeedCurriculum(engine, cfg)
     for batch in loader:                        # full-length micro-batches
-        loss = engine(**curriculum.shape(batch))
+        loss = engine(**curriculum.cut(batch))  # the first micro-batch of a step decides its length
         engine.backward(loss)
-        curriculum.before_step()                # at a boundary: advance the clock, set the LR
-        engine.step()
+        curriculum.step()                       # engine.step(); at a boundary the LR first, the clock after
 
 ``seqwarm train --deepspeed`` (:mod:`seqwarm.integrations.deepspeed_run`) is built on the same class;
-the GPT pipeline is in :mod:`seqwarm.integrations.deepspeed_pipeline`. The curriculum itself is
-:class:`~seqwarm.core.CurriculumCore`, shared with :class:`~seqwarm.engine.CurriculumEngine`; this
-class adds DeepSpeed's side (batch-size checks, the staged step, pipeline activation shapes). No
+the GPT pipeline is in :mod:`seqwarm.integrations.deepspeed_pipeline`. The curriculum itself is a
+:class:`~seqwarm.core.SequenceLengthWarmup` (``curriculum.slw``), as in
+:class:`~seqwarm.engine.CurriculumEngine`; this class adds DeepSpeed's side (batch-size checks, the LR
+before ``engine.step()`` and whether DeepSpeed applied the step, pipeline activation shapes). No
 module outside ``integrations/`` imports this one, and it imports ``deepspeed`` only when a function
 needs it.
 """
@@ -33,9 +33,8 @@ from typing import Any
 
 import torch
 
-from seqwarm.budget import Progress, stop_reason
 from seqwarm.config import RunConfig
-from seqwarm.core import CurriculumCore, as_run_config, check_state_format, set_lr
+from seqwarm.core import SequenceLengthWarmup, as_run_config, check_state_format, set_lr
 from seqwarm.errors import MissingDependencyError, UserError
 from seqwarm.optim import build_optimizer
 from seqwarm.trackers import TRACKER_BLOCKS
@@ -159,14 +158,6 @@ def skip_cpu_shm_comm(deepspeed_module) -> None:
         logger.debug("could not switch off DeepSpeed's shm comm op: %s", err)
 
 
-def _settled(name: str, doc: str) -> property:
-    """A read-only view of the core's ``name`` once a staged step has been committed (or dropped)."""
-    def get(self: DeepSpeedCurriculum) -> Any:
-        self._settle()
-        return getattr(self.core, name)
-    return property(get, doc=doc)
-
-
 class DeepSpeedCurriculum:
     """The sequence-length curriculum, clock and learning rate next to a DeepSpeed engine.
 
@@ -177,8 +168,9 @@ class DeepSpeedCurriculum:
     when the model's forward has a parameter named ``curriculum_seqlen``, else truncate; pipelines
     cannot inject). ``inject_via_kwargs``: inject into a forward that reads the length from ``**kwargs``.
 
-    Per micro-batch call :meth:`shape` (on every rank, every pipeline stage included), then
-    :meth:`before_step` right before ``engine.step()`` (or before ``engine.train_batch()``).
+    Per micro-batch call :meth:`cut` (on every rank, every pipeline stage included), then :meth:`step`
+    instead of ``engine.step()``; a pipeline engine: :meth:`cut` every micro-batch of the step, then
+    :meth:`train_batch`. The clock, length and LR are ``curriculum.slw``'s.
     """
 
     def __init__(self, engine: Any, config: Any, *, mode: str | None = None, inject_via_kwargs: bool = False):
@@ -191,15 +183,14 @@ class DeepSpeedCurriculum:
                              f"has {self.dp_world_size}: load it with world_size={self.dp_world_size}")
         self._check_batch_sizes()
         forward = None if self.pipeline else getattr(engine, "module", engine).forward
-        self.core = CurriculumCore(cfg, forward, mode=mode, pipeline=self.pipeline,
-                                   process_group=getattr(engine, "data_parallel_group", None),
-                                   inject_via_kwargs=inject_via_kwargs)
-        self.scheduler = self.core.scheduler
-        self.mode = self.core.mode
+        self.slw = SequenceLengthWarmup.from_config(
+            cfg, forward, mode=mode, pipeline=self.pipeline,
+            process_group=getattr(engine, "data_parallel_group", None), inject_via_kwargs=inject_via_kwargs)
+        self.scheduler = self.slw.scheduler
+        self.mode = self.slw.mode
         if getattr(engine, "lr_scheduler", None) is not None:
             logger.warning("the DeepSpeed engine has an LR scheduler: seqwarm sets the learning rate before "
                            "every step, so drop the config's scheduler block")
-        self._staged: tuple[Progress, float, int] | None = None
         self._pipe_shape: tuple[int, int] | None = None
 
     # -- setup ------------------------------------------------------------------------------------
@@ -218,65 +209,48 @@ class DeepSpeedCurriculum:
             raise ValueError(f"the engine's batch sizes differ from the seqwarm config's ({diff}): build the "
                              "engine with deepspeed_config(run_config)")
 
-    # -- the clock --------------------------------------------------------------------------------
-    def _settle(self) -> None:
-        """Commit (or drop, on an fp16 overflow skip) the step staged by before_step once it ran."""
-        if self._staged is None:
-            return
-        new, lr, steps_before = self._staged
-        if int(self.engine.global_steps) == steps_before:
-            return  # engine.step() has not run yet
-        self._staged = None
-        applied = self.engine.was_step_applied() if hasattr(self.engine, "was_step_applied") else True
-        if applied:
-            self.core.commit(new, lr)
-        else:
-            self.core.skip()
-
-    progress = _settled("progress", "Optimizer steps applied, samples and tokens trained (all DP ranks).")
-    lr = _settled("lr", "The learning rate of the last applied step (``lr_at(progress)``).")
-    skipped_steps = _settled("skipped_steps", "Steps DeepSpeed skipped on an fp16 overflow (the clock stays).")
-    current_seqlen = property(lambda self: self.core.current_seqlen, doc="This step's curriculum length.")
-
-    @property
-    def global_steps(self) -> int:
-        return self.progress.step
-
-    @property
-    def done(self) -> bool:
-        """Whether a budget (train_tokens / train_iters / train_samples) is reached."""
-        return stop_reason(self.progress, self.config) is not None
-
     # -- per micro-batch --------------------------------------------------------------------------
-    def shape(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+    def cut(self, batch: Mapping[str, Any], *, trim: bool = False) -> dict[str, Any]:
         """The micro-batch at this step's length: cut (truncate / reshape) or with ``curriculum_seqlen``
-        added (inject). Counts its tokens; on a pipeline engine resets the activation shapes when
+        added (inject; ``trim``: its columns past the length left out too), and counted; the first
+        micro-batch of a step decides its length. On a pipeline engine resets the activation shapes when
         the micro-batch's shape changes. Call it for every training micro-batch, on every rank."""
-        self._settle()
-        out = self.core.shape(batch)
-        if self.pipeline and self._pipe_shape != self.core.micro_shape:
+        if not self.slw.step_open:
+            self.slw.begin_step()
+        out = self.slw.cut(batch, trim=trim)
+        if self.pipeline and self._pipe_shape != self.slw.micro_shape:
             self.engine.reset_activation_shape()
-            self._pipe_shape = self.core.micro_shape
+            self._pipe_shape = self.slw.micro_shape
         return out
 
     def check_output(self, output: Any) -> None:
-        """In inject mode, after ``engine(**curriculum.shape(batch))``: raise when the model's output is not
-        at the length it was given (see :meth:`~seqwarm.core.CurriculumCore.check_output`)."""
-        self.core.check_output(output)
+        """In inject mode, after ``engine(**curriculum.cut(batch))``: raise when the model's output is not
+        at the length it was given (see :meth:`~seqwarm.core.SequenceLengthWarmup.check_output`)."""
+        self.slw.check_output(output)
 
-    def before_step(self) -> float | None:
-        """Right before ``engine.step()``: at a gradient-accumulation boundary (always, for a pipeline
-        engine, before ``train_batch``) advance the clock by this step's tokens and set the learning
-        rate ``lr_at(clock including this step) * group.get("lr_scale", 1)`` on every param group.
-        Returns that LR, or None off a boundary. The clock counts the step once the engine applied it
-        (an fp16 overflow skip leaves the clock, the curriculum and the LR where they were)."""
-        self._settle()
-        if not self.pipeline and not self.engine.is_gradient_accumulation_boundary():
-            return None
-        new, lr = self.core.end_step()
-        set_lr(self.engine.optimizer, lr)
-        self._staged = (new, lr, int(self.engine.global_steps))
-        return lr
+    # -- per optimizer step -----------------------------------------------------------------------
+    def _applied(self) -> bool:
+        return self.engine.was_step_applied() if hasattr(self.engine, "was_step_applied") else True
+
+    def step(self) -> None:
+        """``engine.step()``; at a gradient-accumulation boundary the step's learning rate
+        (``lr_at(clock including this step) * group.get("lr_scale", 1)``) is set on every param group
+        first, and the clock advances after — unless DeepSpeed skipped the step on an fp16 overflow
+        (then the clock, the curriculum and the LR stay where they were)."""
+        boundary = self.engine.is_gradient_accumulation_boundary()
+        if boundary:
+            set_lr(self.engine.optimizer, self.slw.step_lr())
+        self.engine.step()
+        if boundary:
+            self.slw.end_step(applied=self._applied())
+
+    def train_batch(self, micro_batches: Any) -> Any:
+        """A pipeline engine's optimizer step over micro-batches :meth:`cut` already made (in DeepSpeed's
+        pipeline layout): the LR set, ``engine.train_batch``, the clock advanced. Returns its loss."""
+        set_lr(self.engine.optimizer, self.slw.step_lr())
+        loss = self.engine.train_batch(iter(micro_batches))
+        self.slw.end_step(applied=self._applied())
+        return loss
 
     def before_eval(self) -> None:
         """Before a full-length evaluation: a pipeline engine's activation shapes are reset (and again
@@ -288,40 +262,37 @@ class DeepSpeedCurriculum:
     # -- checkpointing ----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """Clock, scheduler, LR and step bookkeeping (small; put it in ``client_state``). Save between
-        optimizer steps, after ``engine.step()``: the model and optimizer are DeepSpeed's to save."""
-        self._settle()
-        if self._staged is not None:
-            raise RuntimeError("state_dict() between before_step() and engine.step(): save after the step")
-        return {"format": STATE_FORMAT, **self.core.state_dict()}
+        optimizer steps: the model and optimizer are DeepSpeed's to save."""
+        return {"format": STATE_FORMAT, **self.slw.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_state_format(state, STATE_FORMAT, "DeepSpeedCurriculum")
-        self.core.load_state_dict(state)
-        self._staged = None
+        self.slw.load_state_dict(state)
         self._pipe_shape = None
 
     def __repr__(self) -> str:
-        p = self.progress
-        return (f"DeepSpeedCurriculum(mode={self.mode}, pipeline={self.pipeline}, step={p.step}, "
-                f"tokens={p.tokens}, seqlen={self.current_seqlen}, lr={self.lr:.3g})")
+        return f"DeepSpeedCurriculum(pipeline={self.pipeline}, {self.slw!r})"
 
 
 class DeepSpeedEngineAdapter:
-    """A DeepSpeed engine with :class:`~seqwarm.engine.CurriculumEngine`'s surface, so that
-    :class:`seqwarm.train.Run`'s loop, logging and evaluation drive it unchanged."""
+    """A DeepSpeed engine with :class:`~seqwarm.engine.CurriculumEngine`'s surface (``begin_step``, ``cut``,
+    ``run``, ``backward``, ``step``, the clock), so that :class:`seqwarm.train.Run`'s loop, logging and
+    evaluation drive it unchanged."""
 
     def __init__(self, ds_engine: Any, config: RunConfig, *, mode: str | None = None):
         self.module = ds_engine
         self.curriculum = DeepSpeedCurriculum(ds_engine, config, mode=mode)
+        self.slw = self.curriculum.slw
         self.config = self.curriculum.config
+        self.mode = self.slw.mode
 
-    # the clock
-    progress = property(lambda self: self.curriculum.progress)
-    global_steps = property(lambda self: self.curriculum.global_steps)
-    current_seqlen = property(lambda self: self.curriculum.current_seqlen)
-    lr = property(lambda self: self.curriculum.lr)
-    skipped_steps = property(lambda self: self.curriculum.skipped_steps)
-    done = property(lambda self: self.curriculum.done)
+    # the clock: the SequenceLengthWarmup's
+    progress = property(lambda self: self.slw.progress)
+    global_steps = property(lambda self: self.slw.progress.step)
+    current_seqlen = property(lambda self: self.slw.current_seqlen)
+    lr = property(lambda self: self.slw.lr)
+    skipped_steps = property(lambda self: self.slw.skipped_steps)
+    done = property(lambda self: self.slw.done)
 
     @property
     def grad_norm(self) -> float | None:
@@ -338,20 +309,31 @@ class DeepSpeedEngineAdapter:
         self.curriculum.before_eval()
         return self.train(False)
 
+    def begin_step(self) -> int | None:
+        return self.slw.begin_step()
+
+    def cut(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """The loop's cut, made on the host before the copy (inject mode: trimmed to the length too)."""
+        return self.curriculum.cut(batch, trim=True)
+
+    def run(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The engine's forward on a micro-batch :meth:`cut` already made (checked in inject mode)."""
+        out = self.module(**batch)
+        if self.module.training:
+            self.curriculum.check_output(out)
+        return out
+
     def __call__(self, batch: Mapping[str, Any]) -> torch.Tensor:
         if not self.module.training:
             return self.module(**batch)
-        out = self.module(**self.curriculum.shape(batch))
-        self.curriculum.check_output(out)
-        return out
+        return self.run(self.cut(batch))
 
     def backward(self, loss: torch.Tensor) -> torch.Tensor:
         self.module.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps
         return loss
 
     def step(self) -> None:
-        self.curriculum.before_step()
-        self.module.step()
+        self.curriculum.step()
 
     def state_dict(self) -> dict[str, Any]:
         return self.curriculum.state_dict()

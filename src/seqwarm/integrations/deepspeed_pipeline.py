@@ -123,10 +123,9 @@ class PipelineEngineAdapter(DeepSpeedEngineAdapter):
         return self.module.eval_batch(iter([to_pipe_batch(batch)]), num_micro_batches=1)
 
     def train_batch(self, micro_batches: Iterable[Mapping[str, torch.Tensor]]) -> float:
-        """Shape every micro-batch to the step's length, set the LR, run ``train_batch``; the mean loss."""
-        shaped = [to_pipe_batch(self.curriculum.shape(b)) for b in micro_batches]
-        self.curriculum.before_step()
-        return float(self.module.train_batch(iter(shaped)))
+        """One optimizer step over micro-batches :meth:`cut` already made: the LR set, ``train_batch``,
+        the clock advanced; the mean loss."""
+        return float(self.curriculum.train_batch([to_pipe_batch(b) for b in micro_batches]))
 
     def backward(self, loss: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("a pipeline engine runs backward inside train_batch")

@@ -4,22 +4,21 @@
   :func:`~seqwarm.lr_schedule.lr_at` of seqwarm's token clock, for Accelerate users and plain loops.
   ``lr_at`` takes the clock *including* the step the LR is for, so feed it before the optimizer step::
 
-      progress, lr = core.end_step()     # this step's clock (a CurriculumCore)
-      scheduler.step(progress)           # every group: lr_at(progress) * lr_scale
+      scheduler.step(slw.step_progress())   # every group: lr_at(clock with this step) * lr_scale
       optimizer.step()
-      core.commit(progress, lr)
+      slw.end_step()                        # (a SequenceLengthWarmup)
 
-  Built over a :class:`~seqwarm.core.CurriculumCore` its state dict carries the core's (clock,
-  schedule), so checkpointing the scheduler (``accelerator.register_for_checkpointing``, or the
+  Built over a :class:`~seqwarm.core.SequenceLengthWarmup` its state dict carries the curriculum's
+  (clock, schedule), so checkpointing the scheduler (``accelerator.register_for_checkpointing``, or the
   Trainer's ``scheduler.pt``) checkpoints the curriculum. Do not wrap it in ``accelerator.prepare``:
   Accelerate's wrapper steps a scheduler after the optimizer, one step late for this clock.
 - ``CurriculumTrainer`` (built on first access: ``transformers`` is imported only then): a
   ``transformers.Trainer`` whose every micro-batch of an optimizer step is cut to the schedule's
   length for that step. It hooks ``get_batch_samples``, where the Trainer draws all micro-batches of
   an optimizer step before counting ``num_items_in_batch``: the cut happens there, so the loss
-  normalisation counts the tokens really trained; the step's clock and LR are set there too.
-  The step is committed at ``on_step_end`` (or dropped when Accelerate skipped it on an fp16
-  overflow); the budget (``train_tokens`` ...) stops training there.
+  normalisation counts the tokens really trained; the step's LR is set there too. The step ends at
+  ``on_step_end`` (not applied when Accelerate skipped it on an fp16 overflow); the budget
+  (``train_tokens`` ...) stops training there.
 
 Hugging Face causal LMs shift labels themselves: they need ``labels = input_ids`` batches
 (:func:`seqwarm.data.dataset.build_batch` with ``label_style="hf"``). ``CurriculumTrainer`` switches
@@ -40,10 +39,10 @@ from typing import Any
 
 import torch
 
-from seqwarm.budget import Progress, should_stop
+from seqwarm.budget import Progress
 from seqwarm.config import LRConfig, RunConfig, load_config
 from seqwarm.config.reader import without_seqwarm_blocks
-from seqwarm.core import CurriculumCore, as_run_config
+from seqwarm.core import SequenceLengthWarmup, as_run_config
 from seqwarm.data.dataset import TokenWindows
 from seqwarm.errors import MissingDependencyError, UserError
 from seqwarm.lr_schedule import lr_at
@@ -84,7 +83,7 @@ def label_style_for(model: Any) -> str:
 class CurriculumLRScheduler(torch.optim.lr_scheduler.LRScheduler):
     """Every param group's LR is ``lr_at(progress, lr_config) * group.get("lr_scale", 1.0)``.
 
-    ``source``: a :class:`~seqwarm.core.CurriculumCore` (its config's LR; its state is saved with
+    ``source``: a :class:`~seqwarm.core.SequenceLengthWarmup` (its LR config; its state is saved with
     the scheduler's), a :class:`~seqwarm.config.RunConfig`, an :class:`~seqwarm.lr_schedule.LRConfig`,
     or a DeepSpeed-style dict / JSON path. :meth:`step` takes the clock of the step about to be applied
     (the clock *including* it: call it before ``optimizer.step()``); without an argument it re-applies
@@ -93,14 +92,16 @@ class CurriculumLRScheduler(torch.optim.lr_scheduler.LRScheduler):
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, source: Any, last_epoch: int = -1):
-        self.core = source if isinstance(source, CurriculumCore) else None
-        if self.core is not None:
-            self.lr_config = self.core.config.lr
+        self.slw = source if isinstance(source, SequenceLengthWarmup) else None
+        if self.slw is not None:
+            if source.lr_config is None:
+                raise ValueError("the SequenceLengthWarmup has no LR config (lr=...): it sets no learning rate")
+            self.lr_config = source.lr_config
         elif isinstance(source, LRConfig):
             self.lr_config = source
         else:
             self.lr_config = as_run_config(source, 1).lr
-        self.progress = self.core.progress if self.core is not None else Progress()
+        self.progress = self.slw.progress if self.slw is not None else Progress()
         super().__init__(optimizer, last_epoch)
 
     def get_lr(self) -> list[float]:
@@ -118,10 +119,10 @@ class CurriculumLRScheduler(torch.optim.lr_scheduler.LRScheduler):
         self._last_lr = values
 
     def state_dict(self) -> dict[str, Any]:
-        """The clock, the last LRs and, over a core, the core's state (plain types: ``weights_only`` loads)."""
+        """The clock, the last LRs and, over a SequenceLengthWarmup, its state (plain types: ``weights_only`` loads)."""
         return {"format": STATE_FORMAT, "last_epoch": self.last_epoch, "last_lr": list(self._last_lr),
                 "progress": self.progress.to_dict(),
-                "core": self.core.state_dict() if self.core is not None else None}
+                "core": self.slw.state_dict() if self.slw is not None else None}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("format") != STATE_FORMAT:
@@ -129,8 +130,8 @@ class CurriculumLRScheduler(torch.optim.lr_scheduler.LRScheduler):
         self.last_epoch = int(state["last_epoch"])
         self._last_lr = [float(v) for v in state["last_lr"]]
         self.progress = Progress.from_dict(state["progress"])
-        if self.core is not None and state.get("core") is not None:
-            self.core.load_state_dict(state["core"])
+        if self.slw is not None and state.get("core") is not None:
+            self.slw.load_state_dict(state["core"])
 
 
 # -- configs ----------------------------------------------------------------------------------------
@@ -217,15 +218,16 @@ def _build_trainer_class() -> type:
     transformers = require_transformers("CurriculumTrainer")
 
     class _CurriculumCallback(transformers.TrainerCallback):
-        """Commit the step once the optimizer applied it, and stop at the budget."""
+        """End the step (applied unless Accelerate skipped it on an fp16 overflow), and stop at the budget."""
 
         def __init__(self, trainer: Any):
             self.trainer = weakref.proxy(trainer)  # the trainer holds its callbacks: no reference cycle
 
         def on_step_end(self, args, state, control, **kwargs):
-            trainer = self.trainer
-            trainer._settle()
-            if should_stop(trainer.curriculum.progress, trainer.curriculum_config):
+            slw = self.trainer.curriculum
+            if slw.step_open:
+                slw.end_step(applied=not self.trainer.accelerator.optimizer_step_was_skipped)
+            if slw.done:
                 control.should_training_stop = True
                 if args.save_strategy != "no":
                     control.should_save = True
@@ -239,7 +241,7 @@ def _build_trainer_class() -> type:
         ``deepspeed=`` config of the ``TrainingArguments``. The LR is seqwarm's (peak, warmup, decay
         from that config; ``learning_rate`` / ``lr_scheduler_type`` / ``warmup_*`` are not used);
         the optimizer is the Trainer's. Every other argument is ``Trainer``'s.
-        ``self.curriculum`` is the :class:`~seqwarm.core.CurriculumCore` (clock, length, mode).
+        ``self.curriculum`` is the :class:`~seqwarm.core.SequenceLengthWarmup` (clock, length, mode).
         """
 
         def __init__(self, *args: Any, curriculum: Any = None, inject_via_kwargs: bool = False, **kwargs: Any):
@@ -265,9 +267,8 @@ def _build_trainer_class() -> type:
             self.curriculum_config = curriculum_config_for(curriculum, targs)
             _hand_deepspeed_config(targs)
             super().__init__(*args, **kwargs)
-            self.curriculum = CurriculumCore(self.curriculum_config, self.model.forward,
-                                             inject_via_kwargs=inject_via_kwargs)
-            self._staged: tuple[Progress, float] | None = None
+            self.curriculum = SequenceLengthWarmup.from_config(self.curriculum_config, self.model.forward,
+                                                               inject_via_kwargs=inject_via_kwargs)
             self.add_callback(_CurriculumCallback(self))
             # Trainer normalises by labels[..., 1:] only for models whose class name maps to the causal
             # LM loss; GPT2LMHeadModel does not, so it divides by labels that have no target: the loss
@@ -288,23 +289,19 @@ def _build_trainer_class() -> type:
 
         def get_batch_samples(self, epoch_iterator, num_batches, device):
             """All micro-batches of one optimizer step, cut to its length (before the Trainer counts
-            their label tokens); the step's clock and LR are set from them."""
-            self._settle()
-            batches, num_items = super().get_batch_samples(map(self.curriculum.shape, epoch_iterator),
-                                                           num_batches, device)
+            their label tokens); the step's LR is set from them."""
+            batches, num_items = super().get_batch_samples(self._cut_step(epoch_iterator), num_batches, device)
             if batches:
-                self._staged = self.curriculum.end_step()
-                self.lr_scheduler.step(self._staged[0])
+                self.lr_scheduler.step(self.curriculum.step_progress())
             return batches, num_items
 
-        def _settle(self) -> None:
-            if self._staged is None:
-                return
-            (progress, lr), self._staged = self._staged, None
-            if self.accelerator.optimizer_step_was_skipped:  # fp16 overflow: the step is retried
-                self.curriculum.skip()
-            else:
-                self.curriculum.commit(progress, lr)
+        def _cut_step(self, batches):
+            """Each batch cut; the first one drawn begins the step (an exhausted iterator begins none)."""
+            slw = self.curriculum
+            for batch in batches:
+                if not slw.step_open:
+                    slw.begin_step()
+                yield slw.cut(batch)
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             if self.curriculum.mode != "inject" or not model.training:
