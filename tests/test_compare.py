@@ -401,7 +401,7 @@ def test_quick_plan_shrinks_budget_and_schedule(tmp_path):
     (["--smooth-steps", "0"], "--smooth-steps"),
     (["--no-curriculum"], "not a compare flag"),
     (["--resume"], "not a compare flag"),
-    (["--config", "/nonexistent.json"], "no such file"),
+    (["--config", "/nonexistent.json"], "config file not found"),
 ])
 def test_bad_input_exits_2(tmp_path, byte_data, capsys, extra, fragment):
     code = main(["compare", *FAST, "--data", str(byte_data), "--out", str(tmp_path / "o"), *extra])

@@ -1,4 +1,4 @@
-"""The schedule: SPEC §2 golden values, DeepSpeed parity, invariants, and the scheduler API."""
+"""The schedule: golden values, DeepSpeed parity, invariants, and the scheduler API."""
 
 import json
 from pathlib import Path

@@ -1,4 +1,4 @@
-"""LR schedule and token budget: pure functions of the clock (SPEC §4)."""
+"""LR schedule and token budget: pure functions of the clock."""
 
 import math
 

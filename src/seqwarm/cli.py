@@ -16,7 +16,7 @@ import sys
 from seqwarm.version import __version__
 from seqwarm.errors import SeqwarmError, UserError
 
-# Modules that provide a command; a module that does not exist yet is skipped.
+# The modules that provide the commands, in --help order.
 COMMAND_MODULES = (
     "seqwarm.commands.train",
     "seqwarm.commands.plan",
@@ -51,13 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="set by the deepspeed launcher before the command; passed on to `train`")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            if err.name == name:
-                continue
-            raise
-        module.register(sub)
+        importlib.import_module(name).register(sub)
     return parser
 
 

@@ -5,7 +5,7 @@
 written against ``deepspeed.runtime.data_pipeline.curriculum_scheduler.CurriculumScheduler`` keeps
 working.
 
-Rounding (SPEC §2): compute the formula, floor it, round down to a multiple of ``difficulty_step``,
+Rounding: compute the formula, floor it, round down to a multiple of ``difficulty_step``,
 raise it to the *aligned min* (the first multiple of the step that is >= ``min_difficulty``) and cap it
 at ``max_difficulty``. From ``total_curriculum_step`` on, the value is exactly ``max_difficulty`` even
 when max is not a multiple of the step — the one deliberate difference from DeepSpeed, which reaches

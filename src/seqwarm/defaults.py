@@ -1,6 +1,6 @@
 """The main job's defaults: a tiny GPT on the embedded public-domain corpus, on CPU, in minutes.
 
-The recipe is SPEC §7's CPU-scale setting: 4 layers, d 256 (5.3M parameters), a byte-level BPE of
+The recipe is the CPU-scale setting: 4 layers, d 256 (5.3M parameters), a byte-level BPE of
 8192 trained on the corpus, length 256, 16 sequences per step, AdamW (0.9, 0.95), weight decay 0.1,
 clipping 1.0, LR warmup ~2% of the steps by iterations then cosine decay by tokens to 0.1x the peak,
 fixed_linear 8 -> 256 (step 8) over ~30% of the steps. ``examples/tiny_cpu.json`` is this config.
@@ -25,7 +25,7 @@ VOCAB_MULTIPLE = 64
 shapes for the largest matmul of a small GPT. The padded rows get no probability and are not exported."""
 
 PRESETS: dict[str, dict[str, int]] = {
-    # CPU demo model (SPEC §7): ~5.3M parameters.
+    # CPU demo model: ~5.3M parameters.
     "tiny": dict(vocab_size=8192, seq_length=256, n_layer=4, n_head=4, n_embd=256, vocab_multiple=VOCAB_MULTIPLE),
     # For science on CPU (sweeps, many seeds): ~0.6M parameters, most of them the embedding, so hundreds
     # of optimizer steps at a large batch fit on 2 cores.

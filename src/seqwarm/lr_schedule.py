@@ -1,4 +1,4 @@
-"""Learning rate as a pure function of the clock (SPEC §4).
+"""Learning rate as a pure function of the clock.
 
 ``lr_at(progress, cfg)`` takes the clock *including* the step the LR is for: the engine computes the
 step's new clock (its samples and tokens are known from the batch shapes), asks for the LR, sets it,
@@ -16,7 +16,7 @@ with the values it found and where each came from. The clock is read through the
 :class:`Clock` protocol, so this module needs nothing of :mod:`seqwarm.budget` (which imports
 :class:`LRConfig` for ``advance``).
 
-Conversions from the tutorial (SPEC §4) for ``seqwarm plan``: :func:`decay_tokens_from_samples`,
+Conversions from DeepSpeed's curriculum-learning tutorial for ``seqwarm plan``: :func:`decay_tokens_from_samples`,
 :func:`decay_tokens_from_iters`, :func:`warmup_samples_from_tokens`, :func:`warmup_iters_from_tokens`.
 """
 

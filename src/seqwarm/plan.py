@@ -58,7 +58,7 @@ class Plan:
     points: list[PlanPoint] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     conversions: dict[str, int] = field(default_factory=dict)
-    """The tutorial's unit conversions (SPEC §4) for the settings given, e.g. lr_decay_tokens."""
+    """DeepSpeed's curriculum-learning tutorial's unit conversions for the settings given, e.g. lr_decay_tokens."""
     warmup_reached: float | None = None
     """With an LR warmup the run stops before finishing: the share of the peak LR reached at its last
     step (None when there is no warmup or it ends)."""

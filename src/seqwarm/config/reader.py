@@ -18,7 +18,7 @@ import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from seqwarm.config.run import COUNT_TOKENS_BY, PRECISIONS, FP16Config, OptimizerConfig, RunConfig
 from seqwarm.config.settings import SETTING_KEYS, flag_for, keys_in_group, keys_of_kind
@@ -154,8 +154,9 @@ def _absurd(raw: Any, where: str = "", depth: int = 0) -> Problem | None:
     return None
 
 
-def _read_source(source: Any) -> tuple[dict[str, Any], str | None]:
-    """A dict from a path or mapping; JSON problems become ConfigErrors that say where."""
+def read_config_dict(source: Any) -> tuple[dict[str, Any], str | None]:
+    """A config as a new dict, and the file it came from (None for a mapping): the one reader of seqwarm's
+    JSON configs. A missing, unreadable or invalid file is a :class:`ConfigError` that says where."""
     if isinstance(source, Mapping):
         found = _absurd(source)
         if found:
@@ -196,32 +197,43 @@ def _read_source(source: Any) -> tuple[dict[str, Any], str | None]:
     return raw, name
 
 
-def _settings(chk: Checker, raw: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> dict[str, tuple[Any, str]]:
-    """Merged seqwarm settings: key -> (value, path it came from). Overrides win; None = not given."""
-    merged: dict[str, tuple[Any, str]] = {}
+class Given(NamedTuple):
+    """A setting as given: its value and where it came from (``seqwarm.KEY`` or the ``--flag``)."""
+
+    value: Any
+    path: str
+
+
+Settings = dict[str, Given]
+"""The merged settings: key -> :class:`Given` (a key absent: not given)."""
+
+
+def _settings(chk: Checker, raw: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> Settings:
+    """Merged seqwarm settings. Overrides win; None = not given."""
+    merged: Settings = {}
     block = chk.section(raw, "seqwarm", "seqwarm")
     if block is not None:
         chk.unknown_keys(block, SEQWARM_KEYS, "seqwarm")
         for key, value in block.items():
             if key in SEQWARM_KEYS and value is not None:
-                merged[key] = (value, f"seqwarm.{key}")
+                merged[key] = Given(value, f"seqwarm.{key}")
     for key, value in (overrides or {}).items():
         if key not in SEQWARM_KEYS:
             raise TypeError(f"unknown override {key!r}; known: {', '.join(SEQWARM_KEYS)}")
         if value is not None:
-            merged[key] = (value, flag_for(key))
+            merged[key] = Given(value, flag_for(key))
     return merged
 
 
-def _batch_sizes(chk: Checker, raw: Mapping[str, Any], s: dict[str, tuple[Any, str]], world: int):
+def _batch_sizes(chk: Checker, raw: Mapping[str, Any], s: Settings, world: int):
     """DeepSpeed's rule: train_batch_size = micro batch x gradient accumulation x world size."""
     got: dict[str, int | None] = {}
     paths = {}
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
-        value, path = s.get(key, (raw.get(key), key))
+        value, path = s.get(key, Given(raw.get(key), key))
         paths[key] = path
         got[key] = None if value is None else chk.integer(value, path)
-    if any(got[k] is None and (s.get(k, (raw.get(k),))[0] is not None) for k in got):
+    if any(got[k] is None and s.get(k, Given(raw.get(k), k)).value is not None for k in got):
         return None  # each bad value is reported above
     tbs, mb, gas = got["train_batch_size"], got["train_micro_batch_size_per_gpu"], got["gradient_accumulation_steps"]
     rule = f"train_batch_size must equal micro batch x gradient_accumulation_steps x world size ({world})"
@@ -289,25 +301,25 @@ def _optimizer(chk: Checker, raw: Mapping[str, Any]) -> OptimizerConfig:
                            weight_decay=wd if wd is not None else 0.0, params=dict(params))
 
 
-def _adam_overrides(chk: Checker, s: dict[str, tuple[Any, str]], opt: OptimizerConfig) -> OptimizerConfig:
+def _adam_overrides(chk: Checker, s: Settings, opt: OptimizerConfig) -> OptimizerConfig:
     """--adam-beta1 / --adam-beta2 / --adam-eps over the optimizer block's betas and eps."""
     betas = list(opt.betas)
     for i, key in enumerate(("adam_beta1", "adam_beta2")):
         if key in s:
-            value = chk.number(s[key][0], s[key][1])
+            value = chk.number(s[key].value, s[key].path)
             if value is not None and not 0 <= value < 1:
-                chk.add(s[key][1], value, "must be in [0, 1)", "use e.g. 0.9 and 0.95")
+                chk.add(s[key].path, value, "must be in [0, 1)", "use e.g. 0.9 and 0.95")
             elif value is not None:
                 betas[i] = float(value)
     eps = opt.eps
     if "adam_eps" in s:
-        value = chk.number(s["adam_eps"][0], s["adam_eps"][1])
+        value = chk.number(s["adam_eps"].value, s["adam_eps"].path)
         eps = float(value) if value is not None else eps
     return dataclasses.replace(opt, betas=(betas[0], betas[1]), eps=eps)
 
 
 def _precision(chk: Checker, raw: Mapping[str, Any],
-               s: dict[str, tuple[Any, str]]) -> tuple[str, FP16Config, bool]:
+               s: Settings) -> tuple[str, FP16Config, bool]:
     """The precision, the fp16 block, and whether the config named a precision (else the device decides)."""
     fp16_block = chk.section(raw, "fp16", "fp16") or {}
     bf16_block = chk.section(raw, "bf16", "bf16") or {}
@@ -340,7 +352,7 @@ def _precision(chk: Checker, raw: Mapping[str, Any],
     return precision, fp16, named
 
 
-def _ds_scheduler(chk: Checker, raw: Mapping[str, Any]) -> dict[str, Any]:
+def _ds_scheduler(chk: Checker, raw: Mapping[str, Any]) -> Settings:
     """Map a DeepSpeed LR ``scheduler`` block onto seqwarm's LR settings (iteration based)."""
     block = chk.section(raw, "scheduler", "scheduler")
     if not block:
@@ -368,10 +380,10 @@ def _ds_scheduler(chk: Checker, raw: Mapping[str, Any]) -> dict[str, Any]:
     else:
         chk.warn(f"scheduler {kind!r} is left to DeepSpeed; seqwarm's own engine keeps a constant LR unless "
                  "lr_decay_style is set")
-    return {k: (v, f"scheduler.params ({kind})") for k, v in out.items() if v is not None}
+    return {k: Given(v, f"scheduler.params ({kind})") for k, v in out.items() if v is not None}
 
 
-def _lr(chk: Checker, s: dict[str, tuple[Any, str]], opt: OptimizerConfig, budget: dict[str, int | None]) -> LRConfig:
+def _lr(chk: Checker, s: Settings, opt: OptimizerConfig, budget: dict[str, int | None]) -> LRConfig:
     """The LR settings, handed to :func:`seqwarm.lr_schedule.lr_config_from` by LRConfig field name."""
     given = {_LR_FIELDS[key]: where for key, where in s.items() if key in _LR_FIELDS}
     return lr_config_from(chk, given, default_lr=opt.lr, budget=budget, label=lambda name: flag_for(_LR_KEYS[name]))
@@ -396,7 +408,7 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
     ``{"curriculum": False}`` to turn the curriculum off and ``{"curriculum_mode": "reshape"}`` to
     choose the shaping mode. Raises :class:`ConfigError` listing every problem.
     """
-    raw, name = _read_source(source)
+    raw, name = read_config_dict(source)
     chk = Checker()
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
@@ -430,18 +442,18 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
             curriculum = dataclasses.replace(curriculum, mode=mode)
     count_by = "shape"
     if "count_tokens_by" in s:
-        count_by = chk.choice(s["count_tokens_by"][0], s["count_tokens_by"][1], COUNT_TOKENS_BY,
+        count_by = chk.choice(s["count_tokens_by"].value, s["count_tokens_by"].path, COUNT_TOKENS_BY,
                               "token counting") or "shape"
 
     compiled = chk.boolean(*s["compile"]) if "compile" in s else False
-    bucket = s["length_bucket"][0] if "length_bucket" in s else None  # a whole number >= 1 (checked above)
+    bucket = s["length_bucket"].value if "length_bucket" in s else None  # a whole number >= 1 (checked above)
     if bucket is not None and not curriculum:
         chk.warn(f"length_bucket {bucket} has no effect without a curriculum (every batch is at full length)")
     if bucket is not None and curriculum and curriculum.mode not in (None, "truncate"):
-        chk.add(s["length_bucket"][1], bucket, f"works only in curriculum mode truncate, not {curriculum.mode}",
+        chk.add(s["length_bucket"].path, bucket, f"works only in curriculum mode truncate, not {curriculum.mode}",
                 "drop the length bucket, or use curriculum mode truncate")
     batch = _batch_sizes(chk, raw, s, world_size)
-    seq_length = s["seq_length"][0] if "seq_length" in s else None
+    seq_length = s["seq_length"].value if "seq_length" in s else None
     if curriculum and seq_length is not None:
         if curriculum.max_difficulty > seq_length:
             where = ("curriculum_learning" if curriculum.source == "curriculum_learning" else
@@ -454,12 +466,12 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
             chk.warn(f"max_difficulty {curriculum.max_difficulty} < seq_length {seq_length}: training never "
                      "reaches full length (evaluation still runs at full length)")
     if "gradient_clipping" in s:
-        clip = chk.number(s["gradient_clipping"][0], s["gradient_clipping"][1])
+        clip = chk.number(s["gradient_clipping"].value, s["gradient_clipping"].path)
     else:
         clip = chk.number(raw.get("gradient_clipping", 0.0), "gradient_clipping", fix="use 1.0, or 0 to turn off")
     opt = _optimizer(chk, raw)
     if "weight_decay" in s:
-        wd = chk.number(s["weight_decay"][0], s["weight_decay"][1])
+        wd = chk.number(s["weight_decay"].value, s["weight_decay"].path)
         if wd is not None:
             opt = dataclasses.replace(opt, weight_decay=wd)
     opt = _adam_overrides(chk, s, opt)
@@ -469,7 +481,7 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
                 and "gradient_clipping" not in raw and "gradient_clipping" not in s:
             clip = float(mgn)
     precision, fp16, named = _precision(chk, raw, s)
-    budget = {k: s[k][0] if k in s else None for k in _BUDGET_KEYS}
+    budget = {k: s[k].value if k in s else None for k in _BUDGET_KEYS}
     s = {**_ds_scheduler(chk, raw), **s}
     lr = _lr(chk, s, opt, budget)
     if curriculum and budget["train_iters"] and not budget["train_tokens"]:
@@ -485,6 +497,6 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
         lr=lr, curriculum=curriculum, train_tokens=budget["train_tokens"], train_iters=budget["train_iters"],
         train_samples=budget["train_samples"], count_tokens_by=count_by, compile=bool(compiled), deepspeed=ds,
         length_bucket=bucket,
-        rampup_batch_size=s["rampup_batch_size"][0] if "rampup_batch_size" in s else None,
+        rampup_batch_size=s["rampup_batch_size"].value if "rampup_batch_size" in s else None,
         warnings=tuple(chk.warnings), source=name,
     )

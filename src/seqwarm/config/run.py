@@ -103,7 +103,7 @@ class RunConfig:
     the length (``seqwarm.length_bucket`` / ``--length-bucket``; None: cut to the length itself). The same
     loss and gradients, at most ``ceil(seq_length / length_bucket)`` shapes; truncate mode only."""
     rampup_batch_size: Any = None
-    """Megatron's batch-size ramp, kept only to refuse it next to a curriculum (SPEC §4)."""
+    """Megatron's batch-size ramp, kept only to refuse it next to a curriculum."""
     deepspeed: Mapping[str, Any] = field(default_factory=dict, compare=False)
     """The config for DeepSpeed: the input without the curriculum and seqwarm blocks."""
     warnings: tuple[str, ...] = field(default=(), compare=False)

@@ -20,7 +20,7 @@ from seqwarm.curriculum import CURRICULUM_MODES
 from seqwarm.lr_schedule import DECAY_STYLES
 
 __all__ = ["Setting", "SETTINGS", "SETTING_KEYS", "GROUPS", "setting", "flag_for", "negative_flag", "keys_of_kind",
-           "keys_in_group", "exclusive_groups"]
+           "keys_in_group"]
 
 GROUPS = {
     "budget": "budget (tokens are counted as trained, after truncation)",
@@ -165,12 +165,3 @@ def keys_of_kind(kind: str) -> tuple[str, ...]:
 def keys_in_group(group: str) -> tuple[str, ...]:
     """The keys of every setting in one flag ``group`` (e.g. ``budget``), in table order."""
     return tuple(s.key for s in SETTINGS if s.group == group)
-
-
-def exclusive_groups() -> dict[str, tuple[str, ...]]:
-    """Mutually exclusive sets of keys, by group name (``warmup``, ``decay``), in table order."""
-    out: dict[str, list[str]] = {}
-    for s in SETTINGS:
-        if s.exclusive:
-            out.setdefault(s.exclusive, []).append(s.key)
-    return {name: tuple(keys) for name, keys in out.items()}

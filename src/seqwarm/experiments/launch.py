@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from seqwarm.config.reader import read_config_dict
 from seqwarm.defaults import PRESETS
 from seqwarm.errors import UserError
 from seqwarm.runlock import LOCK_FILE, run_lock
@@ -37,17 +38,7 @@ def read_raw_config(spec: RunSpec) -> dict[str, Any]:
 
     if not spec.config:
         return recipe_config(spec)
-    path = spec.config
-    p = Path(path)
-    if not p.is_file():
-        raise UserError(f"--config {path}: no such file")
-    try:
-        raw = json.loads(p.read_text())
-    except json.JSONDecodeError as err:
-        raise UserError(f"--config {path}: not valid JSON ({err})") from None
-    if not isinstance(raw, dict):
-        raise UserError(f"--config {path}: must hold a JSON object")
-    return raw
+    return read_config_dict(spec.config)[0]
 
 
 def _schedule_blocks(raw: Mapping[str, Any]) -> list[dict[str, Any]]:

@@ -28,20 +28,17 @@ a seqwarm :class:`~seqwarm.data.dataset.TokenWindows` dataset to that style for 
 
 from __future__ import annotations
 
-import copy
-import json
 import logging
 import os
 import weakref
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from seqwarm.budget import Progress
 from seqwarm.config import LRConfig, RunConfig, load_config
-from seqwarm.config.reader import without_seqwarm_blocks
+from seqwarm.config.reader import read_config_dict, without_seqwarm_blocks
 from seqwarm.core import SequenceLengthWarmup, as_run_config
 from seqwarm.data.dataset import TokenWindows
 from seqwarm.errors import MissingDependencyError, UserError
@@ -137,15 +134,9 @@ class CurriculumLRScheduler(torch.optim.lr_scheduler.LRScheduler):
 # -- configs ----------------------------------------------------------------------------------------
 
 def _read(source: Any) -> dict[str, Any]:
-    if isinstance(source, Mapping):
-        return copy.deepcopy(dict(source))
-    if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        try:
-            return json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as err:
-            raise UserError(f"cannot read the config {path}: {err}") from None
-    raise TypeError(f"config must be a RunConfig, a dict or a JSON path, got {type(source).__name__}")
+    if not isinstance(source, (Mapping, str, os.PathLike)):
+        raise TypeError(f"config must be a RunConfig, a dict or a JSON path, got {type(source).__name__}")
+    return read_config_dict(source)[0]
 
 
 def trainer_deepspeed_config(source: Any) -> dict[str, Any]:
