@@ -54,8 +54,8 @@ class EngineBuilder(Protocol):
     def build(self, model_cfg, cfg: RunConfig, info: DistInfo, device: torch.device) -> Built:
         """The model, optimizer and engine of the run (called once, after seeding)."""
 
-    def checkpointer(self, built: Built, folder: Path, info: DistInfo, keep: int) -> Checkpointer:
-        """The checkpointer of what :meth:`build` returned."""
+    def checkpointer(self, built: Built, folder: Path, info: DistInfo, keep: int, interval: int = 0) -> Checkpointer:
+        """The checkpointer of what :meth:`build` returned, saving every ``interval`` steps."""
 
 
 def accumulate_step(engine, next_batch: Callable[[], dict], micro_batches: int) -> torch.Tensor:
@@ -96,6 +96,7 @@ class TorchEngineBuilder:
         return Built(model, optimizer, CurriculumEngine(wrapped, optimizer, cfg), parallelism,
                      resolved={"compile": self.compile})
 
-    def checkpointer(self, built: Built, folder: Path, info: DistInfo, keep: int) -> TorchCheckpointer:
+    def checkpointer(self, built: Built, folder: Path, info: DistInfo, keep: int, interval: int = 0) -> TorchCheckpointer:
         return TorchCheckpointer(folder, built.model, built.optimizer, built.engine, info=info, keep=keep,
+                                 interval=interval,
                                  fsdp=self.fsdp)

@@ -22,14 +22,26 @@ from seqwarm.checkpoint import load_latest_for_resume, require_keys, save_checkp
 from seqwarm.distributed import DistInfo, barrier
 from seqwarm.errors import UserError
 
-__all__ = ["Checkpointer", "TorchCheckpointer", "ConfigCheck"]
+__all__ = ["Checkpointer", "TorchCheckpointer", "ConfigCheck", "save_due"]
 
 ConfigCheck = Callable[[Any, Mapping[str, Any]], None]
 """``check(path, saved_config)``: raises when a checkpoint's recorded config may not be resumed."""
 
 
+def save_due(interval: int, step: int, last: bool) -> bool:
+    """Whether a checkpoint is written after ``step``: every ``interval`` steps (0: never) before the last
+    one (the loop always saves once at the end)."""
+    return bool(interval) and step % interval == 0 and not last
+
+
 class Checkpointer(Protocol):
     """What the loop needs from a checkpoint format."""
+
+    interval: int
+    """Save every this many optimizer steps (0: only at the end); :meth:`due` reads it."""
+
+    def due(self, step: int, last: bool) -> bool:
+        """Whether to save after ``step`` (``last``: the run ends with it, and saves then anyway)."""
 
     def save(self, step: int, loop_state: dict[str, Any]) -> Path | None:
         """Write the checkpoint of ``step`` (every rank calls it); its path on rank 0."""
@@ -77,9 +89,13 @@ def load_full_state_locally(model, optimizer, model_state: dict, optim_state: di
 class TorchCheckpointer:
     """One ``torch.save`` file per checkpoint on rank 0, the newest ``keep`` kept (0: all)."""
 
-    def __init__(self, folder: Path, model, optimizer, engine, *, info: DistInfo, keep: int, fsdp: bool = False):
+    def __init__(self, folder: Path, model, optimizer, engine, *, info: DistInfo, keep: int, fsdp: bool = False,
+                 interval: int = 0):
         self.folder, self.model, self.optimizer, self.engine = Path(folder), model, optimizer, engine
-        self.info, self.keep, self.fsdp = info, keep, fsdp
+        self.info, self.keep, self.fsdp, self.interval = info, keep, fsdp, interval
+
+    def due(self, step: int, last: bool) -> bool:
+        return save_due(self.interval, step, last)
 
     def full_state(self) -> tuple[dict, dict]:
         """Model and optimizer state as full (unsharded) tensors; a collective under FSDP2."""

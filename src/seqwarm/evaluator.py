@@ -45,12 +45,18 @@ class Evaluator:
     """Validation of one run: always at the model's full length, whatever the curriculum's length."""
 
     def __init__(self, data, seq_length: int, micro_batch_size: int, eval_iters: int, device: torch.device,
-                 label_style: str = "megatron"):
+                 label_style: str = "megatron", interval: int = 0):
         self.data, self.seq_length, self.micro_batch_size = data, seq_length, micro_batch_size
         self.eval_iters, self.device, self.label_style = eval_iters, device, label_style
+        self.interval = interval
+        """Evaluate every this many optimizer steps (0: only at the end of the run)."""
         self._batches: int | None = eval_iters
         """Batches per evaluation: eval_iters, or None (every window) when the split has fewer windows."""
         self._checked = False
+
+    def due(self, step: int, last: bool) -> bool:
+        """Whether to evaluate after ``step`` (``last``: the run ends with it, and evaluates then anyway)."""
+        return bool(self.interval) and step % self.interval == 0 and not last
 
     def __call__(self, engine) -> float:
         if not self._checked:  # first evaluation: say once (not at every one) when the split is smaller

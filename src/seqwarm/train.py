@@ -173,9 +173,10 @@ class Run:
         if cfg.curriculum is not None and mode and cfg.curriculum.mode != mode:  # record what auto chose
             cfg = self.cfg = cfg.replace(curriculum=replace(cfg.curriculum, mode=mode))
         self._step = built.train_step or accumulate_step
-        self.checkpointer = builder.checkpointer(built, self.ckpt_dir, self.info, opts.keep_checkpoints)
+        self.checkpointer = builder.checkpointer(built, self.ckpt_dir, self.info, opts.keep_checkpoints,
+                                                 opts.save_interval)
         self.evaluator = Evaluator(data, model_cfg.seq_length, cfg.micro_batch_size, opts.eval_iters, self.device,
-                                   label_style=built.label_style)
+                                   label_style=built.label_style, interval=opts.eval_interval)
         data.windows("val", model_cfg.seq_length)  # a val split too short for one window fails now, not at the end
         if self.is_main and not list_checkpoints(self.ckpt_dir):  # nothing to resume: a new W&B run
             forget_wandb_run(self.run_dir)
@@ -386,7 +387,7 @@ class Run:
 
     def train(self) -> TrainResult:
         self.t_start = time.perf_counter()
-        cfg, opts, engine = self.cfg, self.opts, self.engine
+        cfg, engine = self.cfg, self.engine
         reason = stop_reason(engine.progress, cfg)
         skips_in_a_row = 0
         pending: list[tuple] = []  # steps whose loss is not read yet: (step, length, loss, window entry)
@@ -413,13 +414,13 @@ class Run:
                 pending.append((p.step, engine.current_seqlen, step_loss,
                                 (p.tokens, p.tokens - tokens_before, time.perf_counter() - t0)))
                 reason = stop_reason(p, cfg)
-                evaluate = opts.eval_interval and p.step % opts.eval_interval == 0 and reason is None
-                save = opts.save_interval and p.step % opts.save_interval == 0 and reason is None
-                if evaluate or save or self.log.due(p.step, last=reason is not None):
+                last = reason is not None  # the run ends with this step: evaluated and saved below anyway
+                evaluate, save = self.evaluator.due(p.step, last), self.checkpointer.due(p.step, last)
+                if evaluate or save or self.log.due(p.step, last=last):
                     self._log_pending(pending)  # the step's one host read (and one gather across ranks)
                 if evaluate:
                     self._evaluate()
-                if self.log.due(p.step, last=reason is not None):
+                if self.log.due(p.step, last=last):
                     head = {"step": p.step, "tokens": p.tokens, "samples": p.samples,
                             "seqlen": engine.current_seqlen, "lr": engine.lr}
                     tail = {"grad_norm": engine.grad_norm, "elapsed_s": self.elapsed(),

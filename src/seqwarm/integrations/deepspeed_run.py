@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from seqwarm.checkpoint import list_checkpoints, save_checkpoint
+from seqwarm.checkpointer import save_due
 from seqwarm.distributed import DistInfo, barrier
 from seqwarm.errors import UserError
 from seqwarm.integrations.deepspeed import (
@@ -132,8 +133,9 @@ class DeepSpeedEngineBuilder:
         return Built(model, optimizer, adapter(ds, cfg), parallelism, resolved={"deepspeed": jsonable(ds_config)},
                      train_step=pipeline_step if pipeline else None)
 
-    def checkpointer(self, built: Built, folder: Path, info: DistInfo, keep: int) -> DeepSpeedCheckpointer:
-        return DeepSpeedCheckpointer(folder, built, info=info, keep=keep, deepspeed=self.deepspeed,
+    def checkpointer(self, built: Built, folder: Path, info: DistInfo, keep: int,
+                     interval: int = 0) -> DeepSpeedCheckpointer:
+        return DeepSpeedCheckpointer(folder, built, info=info, keep=keep, interval=interval, deepspeed=self.deepspeed,
                                      pipeline_stages=self.pipeline_stages)
 
 
@@ -148,10 +150,15 @@ class DeepSpeedCheckpointer:
     part; seqwarm's loop state in ``client_state["seqwarm"]``), the newest ``keep`` kept; at the end of the
     run the whole model as ``RUN/checkpoints/step_XXXXXXXX.pt`` for ``seqwarm eval``."""
 
-    def __init__(self, folder: Path, built: Built, *, info: DistInfo, keep: int, deepspeed, pipeline_stages: int):
+    def __init__(self, folder: Path, built: Built, *, info: DistInfo, keep: int, deepspeed, pipeline_stages: int,
+                 interval: int = 0):
         self.folder, self.ds_dir = Path(folder), Path(folder) / DS_SUBDIR
         self.model, self.engine, self.ds = built.model, built.engine, built.engine.module
         self.info, self.keep, self.deepspeed, self.pipeline_stages = info, keep, deepspeed, pipeline_stages
+        self.interval = interval
+
+    def due(self, step: int, last: bool) -> bool:
+        return save_due(self.interval, step, last)
 
     def _tags(self) -> list[str]:
         if not self.ds_dir.is_dir():
