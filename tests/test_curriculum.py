@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqwarm import CurriculumConfig, CurriculumScheduler, difficulty_at, load_config
+from seqwarm import CurriculumScheduler, difficulty_at, load_config
+from seqwarm.curriculum import CurriculumConfig
 from seqwarm.config import ConfigError
 from seqwarm.curriculum import aligned_min
 

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqwarm import LRConfig, Progress, advance, load_config, lr_at, should_stop
+from seqwarm import LRConfig, Progress, load_config, lr_at
+from seqwarm.budget import advance, should_stop
 from seqwarm.budget import tokens_per_step
 from seqwarm.lr_schedule import (
     decay_tokens_from_iters,
