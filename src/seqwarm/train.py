@@ -220,14 +220,10 @@ class Run:
         what it was trained in); else the device's default (bf16 on CUDA). TF32 matmuls for fp32 on CUDA."""
         from seqwarm.engine import bf16_supported
 
-        source = "config"
-        if not cfg.precision_named:
-            saved = _saved(self.run_dir, "run").get("precision") if self.opts.resume else None
-            if saved is not None:
-                cfg, source = cfg.replace(precision=saved, precision_named=True), "resumed run"
-            else:
-                kind = self.device.type
-                cfg, source = resolve_precision(cfg, kind, bf16_supported(kind)), f"default on {kind}"
+        kind = self.device.type
+        saved = _saved(self.run_dir, "run").get("precision") if self.opts.resume else None
+        source = "config" if cfg.precision_named else "resumed run" if saved is not None else f"default on {kind}"
+        cfg = resolve_precision(cfg, kind, bf16_supported(kind), resumed=saved)
         tf32 = self.device.type == "cuda" and cfg.precision == "fp32"
         if tf32:  # fp32 weights and reductions, TF32 tensor-core matmuls (~8x fp32 on an A100/H100)
             torch.set_float32_matmul_precision("high")

@@ -142,11 +142,15 @@ class RunConfig:
         return cls(**vals)
 
 
-def resolve_precision(cfg: RunConfig, device_type: str, bf16_supported: bool = True) -> RunConfig:
-    """``cfg`` with its precision fixed for a device: a precision the config named is kept; an unnamed
-    one becomes bf16 on CUDA (when the device supports it) and fp32 elsewhere. Pure: the caller says
-    what the device is."""
+def resolve_precision(cfg: RunConfig, device_type: str, bf16_supported: bool = True,
+                      resumed: str | None = None) -> RunConfig:
+    """``cfg`` with its precision fixed for a device — the one rule, for every engine and the loop: a
+    precision the config named is kept; else the precision of the run being resumed (``resumed``: a
+    checkpoint keeps what it was trained in); else bf16 on CUDA (when the device supports it) and fp32
+    elsewhere. Pure: the caller says what the device is."""
     if cfg.precision_named:
         return cfg
+    if resumed is not None:
+        return dataclasses.replace(cfg, precision=resumed, precision_named=True)
     precision = DEFAULT_CUDA_PRECISION if device_type == "cuda" and bf16_supported else "fp32"
     return dataclasses.replace(cfg, precision=precision, precision_named=True)
