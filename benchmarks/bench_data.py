@@ -4,7 +4,7 @@
                                     [--seq-length 256] [--micro-batch 16]
 
 Prints medians. Batch fetch time is compared with a forward+backward step of the ``tiny`` model
-(seqwarm.model) on the same batch, when that module is importable.
+(seqwarm.trainer.model) on the same batch, when that module is importable.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def bench_step(batch: dict, vocab_size: int, seq_length: int, fetch_us: float, s
     try:
         import torch
 
-        from seqwarm.model import GPT, GPTConfig
+        from seqwarm.trainer.model import GPT, GPTConfig
     except ImportError as err:
         print(f"(no model step comparison: {err})")
         return

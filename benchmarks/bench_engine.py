@@ -26,8 +26,8 @@ import warnings
 import torch
 
 from seqwarm.config import load_config
-from seqwarm.engine import CurriculumEngine
-from seqwarm.model import GPT, GPTConfig
+from seqwarm.curriculum.engine import CurriculumEngine
+from seqwarm.trainer.model import GPT, GPTConfig
 
 
 def make_batches(n: int, b: int, s: int, vocab: int) -> list[dict]:

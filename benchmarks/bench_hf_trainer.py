@@ -40,7 +40,7 @@ def run(kind: str, args: argparse.Namespace, data) -> tuple[float, float]:
         def on_step_end(self, *a, **k):
             self.ends.append(time.perf_counter())
 
-    from seqwarm.integrations.hf import CurriculumTrainer
+    from seqwarm.integrations.hf.trainer import CurriculumTrainer
 
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(

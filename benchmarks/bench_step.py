@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from seqwarm.model import GPT, GPTConfig
+from seqwarm.trainer.model import GPT, GPTConfig
 
 DEFAULT_LENGTHS = {"tiny": "8,32,64,128,256", "gpt2-124m": "64,128,256,512,1024"}
 

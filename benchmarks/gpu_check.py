@@ -10,9 +10,9 @@ In at most ~5 minutes on one GPU it prints:
   batches; ``model(x[:, :L])``, backward, clip, step) measured in the same run;
 - the same table as JSON with ``--json FILE``.
 
-"seqwarm's loop" is what ``seqwarm train`` runs per optimizer step: :func:`seqwarm.train.accumulate_step`
-driving a :class:`~seqwarm.engine.CurriculumEngine` (curriculum length, shaping, token count, clock,
-LR, clipping, fused AdamW from :func:`seqwarm.optim.build_optimizer`) in the run's resolved precision.
+"seqwarm's loop" is what ``seqwarm train`` runs per optimizer step: :func:`seqwarm.trainer.loop.accumulate_step`
+driving a :class:`~seqwarm.curriculum.engine.CurriculumEngine` (curriculum length, shaping, token count, clock,
+LR, clipping, fused AdamW from :func:`seqwarm.trainer.optim.build_optimizer`) in the run's resolved precision.
 
     python benchmarks/gpu_check.py                 # on the GPU machine, after the README's set-up
     python benchmarks/gpu_check.py --json gpu.json --budget-s 280
@@ -37,10 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # a plain 
 import torch  # noqa: E402
 
 from seqwarm.config import load_config  # noqa: E402
-from seqwarm.engine import CurriculumEngine  # noqa: E402
-from seqwarm.model import GPT, GPTConfig  # noqa: E402
-from seqwarm.optim import build_optimizer  # noqa: E402
-from seqwarm.builders import accumulate_step  # noqa: E402
+from seqwarm.curriculum.engine import CurriculumEngine  # noqa: E402
+from seqwarm.trainer.backends import accumulate_step  # noqa: E402
+from seqwarm.trainer.model import GPT, GPTConfig  # noqa: E402
+from seqwarm.trainer.optim import build_optimizer  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_throughput import detect_peak  # noqa: E402

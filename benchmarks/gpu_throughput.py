@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # a plain 
 
 import torch  # noqa: E402
 
-from seqwarm.model import GPT, GPTConfig  # noqa: E402
+from seqwarm.trainer.model import GPT, GPTConfig  # noqa: E402
 
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data sheets, by device name.
 PEAK_BF16_TFLOPS = {

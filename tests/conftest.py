@@ -80,6 +80,6 @@ def run_torchrun(argv: list[str], nproc: int = 2) -> str:
 
 def train_rows(run_dir: Path) -> list[dict]:
     """The ``kind: train`` rows of a run's metrics.jsonl."""
-    from seqwarm.metrics import read_metrics
+    from seqwarm.trainer.metrics import read_metrics
 
     return [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if r["kind"] == "train"]

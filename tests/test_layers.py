@@ -8,7 +8,7 @@ Rules:
    (imports inside functions and under ``TYPE_CHECKING`` count too: hiding an upward import in a
    function does not make it right);
 3. no module imports the package facade ``seqwarm`` (``seqwarm/__init__.py`` sits above everything);
-4. only the CLI layer imports ``argparse`` or ``seqwarm.commands``;
+4. only the CLI layer imports ``argparse`` or ``seqwarm.cli.commands``;
 5. an import inside a function is allowed only for a heavy dependency: an optional package (torch,
    deepspeed, matplotlib, ...), a seqwarm module whose own top-level imports (or its parent package's)
    bring one in, or a lazy facade (a package with a module-level ``__getattr__``).
@@ -34,7 +34,7 @@ CLI_ONLY = ("argparse",)
 
 @dataclass(frozen=True)
 class Import:
-    module: str  # the importing module, e.g. seqwarm.train
+    module: str  # the importing module, e.g. seqwarm.trainer.loop
     target: str  # what it imports: a seqwarm module, "seqwarm" (the facade) or an outside top-level name
     line: int
     nested: bool  # inside a function or under TYPE_CHECKING: not run when the module is imported
@@ -103,7 +103,7 @@ def imports_of(name: str, path: Path, modules: dict[str, Path], package: str) ->
                     add(alias.name, child.lineno, nested, type_only)
             elif isinstance(child, ast.ImportFrom):
                 base = resolve(child)
-                for alias in child.names:  # `from seqwarm import plots` imports the module seqwarm.plots
+                for alias in child.names:  # `from seqwarm.trainer import plots` imports the module seqwarm.trainer.plots
                     sub = f"{base}.{alias.name}"
                     add(sub if sub in modules else base, child.lineno, nested, type_only)
             visit(child, inner, type_only or checking)
@@ -199,8 +199,8 @@ def check_layers(src: Path, package: str, doc: Path) -> list[str]:
                 problems.append(f"{where}: {m} imports the package facade {package!r}; import the module "
                                 "that defines the name instead")
                 continue
-            if imp.target in CLI_ONLY or imp.target.startswith(f"{package}.commands"):
-                if not cli and not m.startswith(f"{package}.commands"):
+            if imp.target in CLI_ONLY or imp.target.startswith(f"{package}.cli.commands"):
+                if not cli and not m.startswith(f"{package}.cli.commands"):
                     problems.append(f"{where}: {m} imports {imp.target}, which only the CLI layer may import")
             if imp.nested and not imp.type_only and not is_heavy(imp.target) and imp.target != m:
                 problems.append(f"{where}: {m} imports {imp.target} inside a function, but it is light; "

@@ -1,7 +1,9 @@
 """Every README snippet runs: Python blocks are executed, every `seqwarm ...` command line is run
-(training and prepare lines with a tiny budget / tiny input appended, so they finish in seconds)."""
+(training and prepare lines with a tiny budget / tiny input appended, so they finish in seconds).
 
-import importlib.util
+The slow, end-to-end tests of this file are in tests/e2e/test_readme_runs.py.
+"""
+
 import re
 import shlex
 import shutil
@@ -12,7 +14,6 @@ import pytest
 
 from seqwarm.cli import build_parser, main
 
-from conftest import make_corpus
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -63,46 +64,6 @@ def test_cheap_commands_run(line, monkeypatch, capsys):
         assert "total steps:               45,000" in out
 
 
-@pytest.mark.slow
-def test_train_and_prepare_commands_run(tmp_path, byte_data, monkeypatch, capsys):
-    """The README's prepare/train/export lines, on a tiny corpus and budget (same flags otherwise)."""
-    monkeypatch.chdir(tmp_path)
-    make_corpus(tmp_path / "my_texts", docs=12, words_per_doc=200)
-    small = ["--train-tokens", "1500", "--eval-iters", "1", "--no-progress", "--no-tensorboard",
-             "--seq-length", "64", "--global-batch-size", "4", "--micro-batch-size", "4"]
-    for line in commands():
-        argv = shlex.split(line)[1:]
-        if argv[0] == "prepare":
-            argv = [a if a != "bpe:16384" else "bpe:300" for a in argv]
-            assert main(argv + ["--workers", "1"]) == 0
-        elif argv[0] == "train" and argv != ["train", "--help"]:
-            if "--data" not in argv:
-                argv += ["--data", str(byte_data)]
-            # the README's budget flags are replaced by the tiny ones appended (argparse: last wins)
-            code = main(argv + small + ["--lr-warmup-iters", "1"] + _curriculum_for(argv))
-            assert code == 0, capsys.readouterr().err
-            assert "data use:" in capsys.readouterr().out  # passes over the data the budget makes
-        elif argv[0] == "eval":
-            assert main(argv + ["--no-progress"]) == 0, capsys.readouterr().err
-            assert "val:" in capsys.readouterr().out
-        elif argv[0] == "export" and importlib.util.find_spec("transformers") is not None:
-            assert main(argv) == 0, capsys.readouterr().err
-            assert (Path(argv[argv.index("--hf") + 1]) / "model.safetensors").is_file()
-
-
-def _curriculum_for(argv):
-    # the default recipe grows 8 -> 256; at --seq-length 64 the curriculum must end at 64 too
-    return [] if "--no-curriculum" in argv else ["--config", str(_tiny_cfg())]
-
-
-def _tiny_cfg():
-    from conftest import small_config
-    path = Path("tiny_readme.json")
-    if not path.exists():
-        small_config(path, seq=64, batch=4, micro=4)
-    return path.resolve()
-
-
 def test_help_runs(capsys):
     with pytest.raises(SystemExit) as info:
         main(["train", "--help"])
@@ -132,7 +93,7 @@ def test_the_demo_time_is_stated_once_and_is_the_measured_one():
     measurement); the opening lines and `train --help` point there instead of giving their own."""
     first = blocks("bash")[0]
     assert not DURATION.search(first), first
-    from seqwarm.commands.train import DESCRIPTION
+    from seqwarm.cli.commands.train import DESCRIPTION
     assert not DURATION.search(DESCRIPTION) and "What `make demo` does" in DESCRIPTION
     perf = (ROOT / "docs" / "PERFORMANCE.md").read_text().split("## The main job")[1]
     whole = re.search(r"\| whole command \| (\d+m\d+s) wall", perf).group(1)
@@ -157,8 +118,8 @@ def test_the_quick_compare_time_is_the_measured_one():
 
 def test_the_demo_section_matches_the_default_recipe():
     """Steps, budget, batch and curriculum the README states are what the default run's plan says."""
-    from seqwarm.plan import make_plan
-    from seqwarm.runner import RunSpec, resolve_config
+    from seqwarm.curriculum.plan import make_plan
+    from seqwarm.run.spec import RunSpec, resolve_config
     cfg = resolve_config(RunSpec())
     plan = make_plan(cfg)
     section = _demo_section()

@@ -13,25 +13,25 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from seqwarm.budget import Progress
 from seqwarm.config import ConfigError, LRConfig, RunConfig, load_config
-from seqwarm.curriculum import CurriculumScheduler, difficulty_at
-from seqwarm.errors import UserError
-from seqwarm.lr_schedule import lr_at
-from seqwarm.plan import make_plan
-from seqwarm.version import __version__
+from seqwarm.curriculum.clock import Progress
+from seqwarm.curriculum.lr import lr_at
+from seqwarm.curriculum.plan import make_plan
+from seqwarm.curriculum.schedule import CurriculumScheduler, difficulty_at
+from seqwarm.util.errors import UserError
+from seqwarm.util.version import __version__
 
 _LAZY = {
-    "SequenceLengthWarmup": "seqwarm.core",
-    "CurriculumEngine": "seqwarm.engine",
-    "truncate_batch": "seqwarm.batch",
-    "reshape_batch": "seqwarm.batch",
-    "GPT": "seqwarm.model",
-    "GPTConfig": "seqwarm.model",
-    "RunSpec": "seqwarm.runner",
-    "run_training": "seqwarm.runner",
-    "DeepSpeedCurriculum": "seqwarm.integrations.deepspeed",
-    "CurriculumTrainer": "seqwarm.integrations.hf",
+    "SequenceLengthWarmup": "seqwarm.curriculum.warmup",
+    "CurriculumEngine": "seqwarm.curriculum.engine",
+    "truncate_batch": "seqwarm.curriculum.batch",
+    "reshape_batch": "seqwarm.curriculum.batch",
+    "GPT": "seqwarm.trainer.model",
+    "GPTConfig": "seqwarm.trainer.model",
+    "RunSpec": "seqwarm.run.spec",
+    "run_training": "seqwarm.run.spec",
+    "DeepSpeedCurriculum": "seqwarm.integrations.deepspeed.curriculum",
+    "CurriculumTrainer": "seqwarm.integrations.hf.trainer",
 }
 
 __all__ = [

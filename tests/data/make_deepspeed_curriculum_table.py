@@ -21,7 +21,7 @@ Configs DeepSpeed cannot run (it raises) or runs pathologically (a length outsid
 or inverts, or no multiple of difficulty_step in [min, max], so no length honours the step) are left out
 of the table and listed under ``skipped`` with the error or the behaviour observed.
 
-tests/test_curriculum.py reads the JSON only; it never imports DeepSpeed.
+tests/curriculum/test_schedule.py reads the JSON only; it never imports DeepSpeed.
 """
 
 from __future__ import annotations

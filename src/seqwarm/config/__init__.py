@@ -15,16 +15,16 @@ The package: :mod:`~seqwarm.config.run` (the run config dataclasses), :mod:`~seq
 (the DeepSpeed JSON dialect reader, ``load_config``), :mod:`~seqwarm.config.settings` (the one table
 of seqwarm settings and their flags) and :mod:`~seqwarm.config.describe` (the human summary). The
 curriculum's and the LR schedule's configs and checks live with their owners
-(:mod:`seqwarm.curriculum`, :mod:`seqwarm.lr_schedule`).
+(:mod:`seqwarm.curriculum.schedule`, :mod:`seqwarm.curriculum.lr`).
 """
 
 from __future__ import annotations
 
 from seqwarm.config.reader import SEQWARM_KEYS, load_config
 from seqwarm.config.run import PRECISIONS, FP16Config, OptimizerConfig, RunConfig, resolve_precision
-from seqwarm.curriculum import CURRICULUM_MODES, CurriculumConfig
-from seqwarm.lr_schedule import DECAY_STYLES, LRConfig
-from seqwarm.problems import ConfigError, Problem
+from seqwarm.curriculum.lr import DECAY_STYLES, LRConfig
+from seqwarm.curriculum.schedule import CURRICULUM_MODES, CurriculumConfig
+from seqwarm.util.problems import ConfigError, Problem
 
 __all__ = [
     "ConfigError", "Problem", "CurriculumConfig", "FP16Config", "OptimizerConfig", "LRConfig",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from seqwarm.config.reader import APPLIED_DS_KEYS, TRACKER_DS_KEYS
 from seqwarm.config.run import RunConfig
-from seqwarm.curriculum import difficulty_at
-from seqwarm.units import human_count
+from seqwarm.curriculum.schedule import difficulty_at
+from seqwarm.util.units import human_count
 
 
 def describe(cfg: RunConfig) -> list[str]:

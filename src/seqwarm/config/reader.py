@@ -3,10 +3,10 @@ seqwarm settings.
 
 ``load_config(path_or_dict, overrides=..., world_size=...)`` reads a DeepSpeed config verbatim, checks
 everything, and returns a frozen :class:`~seqwarm.config.run.RunConfig`. Every problem is collected and
-raised at once as one :class:`~seqwarm.problems.ConfigError` whose ``.problems`` name the key path, the
+raised at once as one :class:`~seqwarm.util.problems.ConfigError` whose ``.problems`` name the key path, the
 value, the rule and the fix. Tutorial advice (multiples of 8/16, ...) becomes ``RunConfig.warnings``,
-never an error. The curriculum block's checks belong to :mod:`seqwarm.curriculum`, the LR settings'
-to :mod:`seqwarm.lr_schedule`; this module finds the values, says where each came from, and applies
+never an error. The curriculum block's checks belong to :mod:`seqwarm.curriculum.schedule`, the LR settings'
+to :mod:`seqwarm.curriculum.lr`; this module finds the values, says where each came from, and applies
 DeepSpeed's own rules (batch sizes, optimizer, precision, scheduler mapping).
 """
 
@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 
 from seqwarm.config.run import COUNT_TOKENS_BY, PRECISIONS, FP16Config, OptimizerConfig, RunConfig
 from seqwarm.config.settings import SETTING_KEYS, flag_for, keys_in_group, keys_of_kind
-from seqwarm.curriculum import CURRICULUM_MODES, LEGACY_KEYS, CurriculumConfig, check_curriculum_block
-from seqwarm.lr_schedule import LRConfig, lr_config_from
-from seqwarm.problems import Checker, ConfigError, Problem, raise_if_problems, suggest
+from seqwarm.curriculum.lr import LRConfig, lr_config_from
+from seqwarm.curriculum.schedule import CURRICULUM_MODES, LEGACY_KEYS, CurriculumConfig, check_curriculum_block
+from seqwarm.util.problems import Checker, ConfigError, Problem, raise_if_problems, suggest
 
 OPTIMIZERS_BUILT_HERE = ("Adam", "AdamW", "SGD")
 
@@ -44,7 +44,7 @@ APPLIED_DS_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradie
                    "optimizer", "gradient_clipping", "fp16", "bf16")
 """DeepSpeed top-level keys whose values seqwarm's own engine applies (the rest pass through to DeepSpeed)."""
 TRACKER_DS_KEYS = ("tensorboard", "wandb", "csv_monitor")
-"""DeepSpeed's monitor blocks: seqwarm's trackers log them in every engine (:mod:`seqwarm.trackers`)."""
+"""DeepSpeed's monitor blocks: seqwarm's trackers log them in every engine (:mod:`seqwarm.trainer.trackers`)."""
 # The top-level keys seqwarm itself reads: a near miss of one of them is an error, not a warning.
 _READ_TOP_KEYS = (*APPLIED_DS_KEYS, "scheduler", "curriculum_learning", "data_efficiency", "seqwarm")
 # Top-level keys of DeepSpeed configs, for "did you mean" on likely typos (other keys pass through).
@@ -58,7 +58,7 @@ _DS_TOP_KEYS = (
 
 
 # --------------------------------------------------------------------------------------------------
-# curriculum blocks (their fields are checked by seqwarm.curriculum)
+# curriculum blocks (their fields are checked by seqwarm.curriculum.schedule)
 
 
 def _read_legacy(chk: Checker, raw: Mapping[str, Any]) -> CurriculumConfig | None:
@@ -384,7 +384,7 @@ def _ds_scheduler(chk: Checker, raw: Mapping[str, Any]) -> Settings:
 
 
 def _lr(chk: Checker, s: Settings, opt: OptimizerConfig, budget: dict[str, int | None]) -> LRConfig:
-    """The LR settings, handed to :func:`seqwarm.lr_schedule.lr_config_from` by LRConfig field name."""
+    """The LR settings, handed to :func:`seqwarm.curriculum.lr.lr_config_from` by LRConfig field name."""
     given = {_LR_FIELDS[key]: where for key, where in s.items() if key in _LR_FIELDS}
     return lr_config_from(chk, given, default_lr=opt.lr, budget=budget, label=lambda name: flag_for(_LR_KEYS[name]))
 

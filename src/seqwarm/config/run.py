@@ -1,7 +1,8 @@
 """The checked run config: :class:`RunConfig` and the DeepSpeed blocks it holds (fp16, optimizer).
 
 Build it with :func:`seqwarm.config.load_config`; the curriculum's and the LR schedule's parts are
-their owners' configs (:class:`~seqwarm.curriculum.CurriculumConfig`, :class:`~seqwarm.lr_schedule.LRConfig`).
+their owners' configs (:class:`~seqwarm.curriculum.schedule.CurriculumConfig`,
+:class:`~seqwarm.curriculum.lr.LRConfig`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from seqwarm.curriculum import CurriculumConfig
-from seqwarm.lr_schedule import LRConfig
+from seqwarm.curriculum.lr import LRConfig
+from seqwarm.curriculum.schedule import CurriculumConfig
 
 PRECISIONS = ("fp32", "fp16", "bf16")
 DEFAULT_CUDA_PRECISION = "bf16"

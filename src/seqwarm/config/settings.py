@@ -8,7 +8,7 @@ flag named in a config error about a flag, and the flag rendered when an experim
 ``seqwarm train`` command that reproduces a run. Add a setting here and everything else follows.
 
 This module imports nothing of seqwarm but the choice lists' owners' constants, and no ``argparse``:
-the CLI layer (:mod:`seqwarm.commands.common`) turns rows into flags.
+the CLI layer (:mod:`seqwarm.cli.commands.common`) turns rows into flags.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from seqwarm.config.run import COUNT_TOKENS_BY, PRECISIONS
-from seqwarm.curriculum import CURRICULUM_MODES
-from seqwarm.lr_schedule import DECAY_STYLES
+from seqwarm.curriculum.lr import DECAY_STYLES
+from seqwarm.curriculum.schedule import CURRICULUM_MODES
 
 __all__ = ["Setting", "SETTINGS", "SETTING_KEYS", "GROUPS", "setting", "flag_for", "negative_flag", "keys_of_kind",
            "keys_in_group"]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from seqwarm.data.tables import iter_arrow, iter_parquet
-from seqwarm.errors import UserError
+from seqwarm.util.errors import UserError
 
 logger = logging.getLogger(__name__)
 

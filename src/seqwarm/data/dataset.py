@@ -30,7 +30,7 @@ import torch
 
 from seqwarm.data.indexed import SPLITS, IndexedTokens, check_token_ids, read_meta, verify_files
 from seqwarm.data.tokenizer import Tokenizer, load_tokenizer
-from seqwarm.errors import UserError
+from seqwarm.util.errors import UserError
 
 logger = logging.getLogger(__name__)
 

@@ -30,7 +30,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from seqwarm.errors import UserError
+from seqwarm.util.errors import UserError
 
 IDX_MAGIC = b"SEQWIDX\x00"
 IDX_VERSION = 1

@@ -39,7 +39,7 @@ import numpy as np
 
 from seqwarm.data.dataset import Batch, TokenWindows, TrainBatches, build_batch, iter_eval_batches
 from seqwarm.data.tokenizer import build_tokenizer
-from seqwarm.errors import UserError
+from seqwarm.util.errors import UserError
 
 __all__ = ["MEGATRON_MAGIC", "MEGATRON_DTYPES", "MegatronIndexed", "MegatronData", "BlendedBatches",
            "parse_data_path", "split_documents", "open_megatron"]

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from seqwarm.version import __version__
-from seqwarm.atomic import WriteError, write_json
 from seqwarm.data import corpus
+from seqwarm.util.atomic import WriteError, write_json
+from seqwarm.util.version import __version__
 from seqwarm.data.indexed import (
     META_FILE,
     META_FORMAT,
@@ -43,9 +43,9 @@ from seqwarm.data.indexed import (
     dtype_name,
     sha256_file,
 )
+from seqwarm.config.defaults import DEFAULT_TOKENIZER
 from seqwarm.data.tokenizer import Tokenizer, build_tokenizer, parse_tokenizer_name, tokenizer_from_payload
-from seqwarm.defaults import DEFAULT_TOKENIZER
-from seqwarm.errors import UserError
+from seqwarm.util.errors import UserError
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from seqwarm.errors import UserError
+from seqwarm.util.errors import UserError
 
 BATCH_ROWS = 1024
 EXTRA = "pip install 'seqwarm[hf]' (or pip install pyarrow)"

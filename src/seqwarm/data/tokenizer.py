@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from seqwarm.data.indexed import read_meta_file
-from seqwarm.errors import UserError
+from seqwarm.util.errors import UserError
 
 logger = logging.getLogger(__name__)
 

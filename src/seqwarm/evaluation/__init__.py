@@ -1,7 +1,7 @@
 """Evaluation as the paper did it: WikiText-103 perplexity, LAMBADA accuracy, full-length validation.
 
 Every evaluator takes a *model callable* mapping ``input_ids (B, T)`` to ``logits (B, T, V)`` (the
-seqwarm :class:`~seqwarm.model.GPT` does this when called without labels; an object with a
+seqwarm :class:`~seqwarm.trainer.model.GPT` does this when called without labels; an object with a
 ``.logits`` attribute, as Hugging Face models return, is accepted too) and a tokenizer with
 ``encode(text) -> list[int]``. Forward passes are batched, run under ``torch.no_grad()`` with the
 model in eval mode (its previous mode is restored), and show a tqdm bar on stderr.

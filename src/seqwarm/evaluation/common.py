@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from seqwarm.data.dataset import iter_eval_batches
-from seqwarm.errors import UserError
+from seqwarm.util.errors import UserError
 
 Model = Callable[[torch.Tensor], Any]
 """Maps ``input_ids (B, T)`` to ``logits (B, T, V)`` (or an object with ``.logits``)."""

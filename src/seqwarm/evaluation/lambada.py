@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from seqwarm.errors import UserError
+from seqwarm.util.errors import UserError
 from seqwarm.evaluation.common import (
     EvalMode,
     Model,

@@ -9,16 +9,16 @@ from typing import Any
 
 import torch
 
-from seqwarm.atomic import write_json
-from seqwarm.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint, load_newest, require_keys
 from seqwarm.data.dataset import open_prepared
 from seqwarm.data.tokenizer import load_tokenizer
-from seqwarm.distributed import DistInfo, device_for
-from seqwarm.errors import UserError
 from seqwarm.evaluation.common import evaluate_val
 from seqwarm.evaluation.lambada import evaluate_lambada, read_lambada
 from seqwarm.evaluation.wikitext import evaluate_wikitext, read_wikitext
-from seqwarm.model import GPT, GPTConfig
+from seqwarm.trainer.checkpoint import checkpoint_path, list_checkpoints, load_checkpoint, load_newest, require_keys
+from seqwarm.trainer.distributed import DistInfo, device_for
+from seqwarm.trainer.model import GPT, GPTConfig
+from seqwarm.util.atomic import write_json
+from seqwarm.util.errors import UserError
 
 EVAL_FILE = "eval.json"
 
@@ -108,7 +108,7 @@ def _reopen_megatron(info: dict[str, Any], run: Path, resolved: dict[str, Any]) 
 
 def _hf_model(section: dict[str, Any], run: Path, path: Path, resolved: dict[str, Any]) -> tuple[torch.nn.Module, int]:
     """The Hugging Face model of a ``--model hf:PATH`` run, built from the config.json it recorded."""
-    from seqwarm.integrations.hf_run import HFModelConfig
+    from seqwarm.integrations.hf.run import HFModelConfig
 
     known = {f.name for f in fields(HFModelConfig)}
     try:

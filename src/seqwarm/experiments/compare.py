@@ -1,6 +1,6 @@
 """``seqwarm compare``: the baseline and the curriculum run on the same data, seed, model and token budget.
 
-:func:`plan_compare` turns a shared :class:`~seqwarm.runner.RunSpec` and the :class:`CompareOptions`
+:func:`plan_compare` turns a shared :class:`~seqwarm.run.spec.RunSpec` and the :class:`CompareOptions`
 into two runs (``DIR/baseline`` with the curriculum off, ``DIR/curriculum``), :func:`run_compare` runs
 them one after the other (reusing a finished run, resuming one that has checkpoints) and :func:`build_report` reads their metrics into the
 report (speedups to the baseline's final validation loss, stability, final losses). The arithmetic is
@@ -19,21 +19,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from seqwarm.atomic import write_json
-from seqwarm.errors import UserError
 from seqwarm.experiments import curves, spread
+from seqwarm.util.atomic import write_json
+from seqwarm.util.errors import UserError
 from seqwarm.experiments.launch import (
     check_same_data,
     read_raw_config,
     run_or_reuse,
     scale_schedule_steps,
 )
+from seqwarm.curriculum.plan import make_plan
 from seqwarm.experiments.report import write_report
-from seqwarm.metrics import read_metrics
-from seqwarm.plan import make_plan
-from seqwarm.run_command import command_line, train_argv
-from seqwarm.runner import RunSpec, resolve_config, with_changes
-from seqwarm.version import __version__
+from seqwarm.run.command import command_line, train_argv
+from seqwarm.run.spec import RunSpec, resolve_config, with_changes
+from seqwarm.trainer.metrics import read_metrics
+from seqwarm.util.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -243,7 +243,7 @@ def run_compare(base: RunSpec, options: CompareOptions, *, echo=print) -> dict[s
 
 def run_one(key: str, spec: RunSpec, known: dict[str, Any], echo) -> dict[str, Any]:
     """Train, resume or reuse one run; what happened (``status``, ``argv``, ``session_s``, ``message``)."""
-    from seqwarm.train import TrainingDiverged
+    from seqwarm.trainer.loop import TrainingDiverged
 
     echo(f"\n=== {key}: {command_line(spec)}")
     if known.get("status") == "diverged" and known.get("argv") == train_argv(spec):

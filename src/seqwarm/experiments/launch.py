@@ -1,10 +1,10 @@
 """Launching training runs for experiments: run specs in, run folders out.
 
-``compare`` and ``tune`` start runs exactly as the CLI does, with :func:`seqwarm.runner.run_training`
-on :class:`~seqwarm.runner.RunSpec` s (changed with :func:`seqwarm.runner.with_changes`). This module
+``compare`` and ``tune`` start runs exactly as the CLI does, with :func:`seqwarm.run.spec.run_training`
+on :class:`~seqwarm.run.spec.RunSpec` s (changed with :func:`seqwarm.run.spec.with_changes`). This module
 holds what both need besides: the config files a run needs (e.g. a different ``total_curriculum_step``)
 and whether a run folder can be reused, resumed or started. The ``seqwarm train ...`` command line that
-reproduces a spec is :func:`seqwarm.run_command.command_line`.
+reproduces a spec is :func:`seqwarm.run.command.command_line`.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from seqwarm.config.defaults import PRESETS
 from seqwarm.config.reader import read_config_dict
-from seqwarm.defaults import PRESETS
-from seqwarm.errors import UserError
-from seqwarm.runlock import LOCK_FILE, run_lock
-from seqwarm.runner import RunSpec, model_size, recipe_config, resolve_config, run_training
+from seqwarm.run.spec import RunSpec, model_size, recipe_config, resolve_config, run_training
+from seqwarm.trainer.runlock import LOCK_FILE, run_lock
+from seqwarm.util.errors import UserError
 
 # Files `seqwarm train` writes into a run folder (a folder holding only these, with no checkpoint and
 # no summary, is a run that died before its first checkpoint and can be started again).
@@ -134,7 +134,7 @@ def clear_stale(run_dir: Path) -> None:
 
 def check_same_run(run_dir: Path, spec: RunSpec) -> None:
     """Refuse to reuse a run folder whose recorded settings differ from what this experiment asks for."""
-    from seqwarm.train import RESUME_KEYS
+    from seqwarm.trainer.loop import RESUME_KEYS
 
     path = Path(run_dir) / "config.json"
     if not path.is_file():

@@ -1,6 +1,6 @@
 """The compare report a person reads: ``report.md`` and two figures, from the dict ``report.json`` holds.
 
-The figures are drawn by :mod:`seqwarm.plots`; this module writes the files and the markdown.
+The figures are drawn by :mod:`seqwarm.trainer.plots`; this module writes the files and the markdown.
 
 - ``compare_val.png``: full-length validation loss against tokens and against wall-clock, with the
   target (the baseline's final loss) and where each run first reaches it.
@@ -15,12 +15,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from seqwarm.atomic import write_json, write_text
 from seqwarm.experiments import curves, spread
-from seqwarm.metrics import format_duration, read_metrics
-from seqwarm.plots import COMPARE_RUNS as RUNS
-from seqwarm.plots import plot_compare_stability, plot_compare_val
-from seqwarm.units import human_count
+from seqwarm.trainer.metrics import format_duration, read_metrics
+from seqwarm.trainer.plots import COMPARE_RUNS as RUNS
+from seqwarm.trainer.plots import plot_compare_stability, plot_compare_val
+from seqwarm.util.atomic import write_json, write_text
+from seqwarm.util.units import human_count
 
 FIGURES = ("compare_val.png", "compare_stability.png")
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from seqwarm.atomic import write_json, write_text
-from seqwarm.errors import UserError
 from seqwarm.experiments import curves, spread
+from seqwarm.util.atomic import write_json, write_text
+from seqwarm.util.errors import UserError
 from seqwarm.experiments.compare import (
     DEFAULT_SMOOTH_STEPS,
     DEFAULT_SPIKE_THRESHOLD,
@@ -34,9 +34,9 @@ from seqwarm.experiments.compare import (
     run_one,
 )
 from seqwarm.experiments.launch import check_same_data
-from seqwarm.metrics import read_metrics
-from seqwarm.plots import plot_sweep
-from seqwarm.runner import RunSpec, with_changes
+from seqwarm.run.spec import RunSpec, with_changes
+from seqwarm.trainer.metrics import read_metrics
+from seqwarm.trainer.plots import plot_sweep
 
 POSITIONS = ("learned", "rotary")
 

@@ -28,18 +28,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from seqwarm.atomic import write_json
-from seqwarm.errors import UserError
 from seqwarm.experiments import curves
+from seqwarm.util.atomic import write_json
+from seqwarm.util.errors import UserError
 from seqwarm.experiments.launch import (
     read_raw_config,
     total_curriculum_step_of,
     with_total_curriculum_step,
 )
-from seqwarm.metrics import read_metrics
-from seqwarm.plan import make_plan
-from seqwarm.run_command import command_line, train_argv
-from seqwarm.runner import RunSpec, resolve_config, run_training, with_changes
+from seqwarm.curriculum.plan import make_plan
+from seqwarm.run.command import command_line, train_argv
+from seqwarm.run.spec import RunSpec, resolve_config, run_training, with_changes
+from seqwarm.trainer.metrics import read_metrics
 
 DEFAULT_PROBE_MULTIPLE = 4.0
 DEFAULT_FLUCTUATION_PCT = 2.0
@@ -214,7 +214,7 @@ def read_probe(run_dir: Path, value: int) -> ProbeResult | None:
 
 def run_probe(spec: ProbeSpec, value: int) -> ProbeResult:
     """Train the probe for ``value`` (output to its log file) and return its evidence."""
-    from seqwarm.train import TrainingDiverged
+    from seqwarm.trainer.loop import TrainingDiverged
 
     if spec.threads:
         import torch

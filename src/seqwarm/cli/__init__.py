@@ -1,0 +1,102 @@
+"""Command-line interface: ``seqwarm <command> ...``.
+
+Each command lives in its own module exposing ``register(subparsers)``, which adds a sub-parser and
+sets ``func`` (``func(args) -> int`` exit code) as its default. User mistakes raise
+:class:`seqwarm.util.errors.UserError`; this module turns them into a message on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+from seqwarm.util.errors import SeqwarmError, UserError
+from seqwarm.util.version import __version__
+
+# The modules that provide the commands, in --help order.
+COMMAND_MODULES = (
+    "seqwarm.cli.commands.train",
+    "seqwarm.cli.commands.plan",
+    "seqwarm.cli.commands.check_config",
+    "seqwarm.cli.commands.prepare",
+    "seqwarm.cli.commands.eval",
+    "seqwarm.cli.commands.export",
+    "seqwarm.cli.commands.compare",
+    "seqwarm.cli.commands.tune",
+    "seqwarm.cli.commands.sweep",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse exits with 2 on a bad flag already; keep that, but print a hint to --help."""
+
+    def error(self, message: str):  # noqa: D401 - argparse API
+        self.print_usage(sys.stderr)
+        self.exit(2, f"{self.prog}: error: {message}\n(see '{self.prog} --help')\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="seqwarm",
+        description="Sequence-length curriculum learning (sequence length warmup) for GPT pretraining.",
+        allow_abbrev=False,  # else a command's own flag (tune's --lo) would be read as short for --local_rank
+    )
+    parser.add_argument("--version", action="version", version=f"seqwarm {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    # `deepspeed [--module] seqwarm train ...` puts its --local_rank=N before the command
+    parser.add_argument("--local_rank", "--local-rank", dest="launcher_local_rank", type=int, metavar="N",
+                        help="set by the deepspeed launcher before the command; passed on to `train`")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    for name in COMMAND_MODULES:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(message)s",
+        stream=sys.stderr,
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 0 if args.command is None else 2
+    if args.launcher_local_rank is not None:
+        if not hasattr(args, "local_rank"):
+            parser.error(f"--local_rank is the deepspeed launcher's: it runs `seqwarm train`, not `seqwarm {args.command}`")
+        if args.local_rank is None:
+            args.local_rank = args.launcher_local_rank
+    try:
+        return int(args.func(args) or 0)
+    except UserError as err:
+        print(f"seqwarm {args.command}: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except SeqwarmError as err:  # a run that failed for a reason we can name (e.g. diverged)
+        print(f"seqwarm {args.command}: {err}", file=sys.stderr)
+        return getattr(err, "exit_code", 1)
+    except KeyboardInterrupt:
+        print(f"seqwarm {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`seqwarm plan --json | head`): nothing more to say
+        _silence_stdout()
+        return 0
+    except OSError as err:  # the file system refused (disk full, read-only, permissions) where no
+        # caller named the file: still a clear exit 2 with the path and the reason, not a traceback
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"seqwarm {args.command}: error: {where}{err.strerror or err}", file=sys.stderr)
+        return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's final flush does not fail on the closed pipe."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a real file (e.g. captured by a test)
+        pass

@@ -1,0 +1,119 @@
+"""The clock that drives every schedule, and when a run stops.
+
+``Progress(step, samples, tokens)`` counts optimizer steps taken, samples (full-length sequences drawn
+from the data) and the tokens actually trained (after truncation/reshape, summed over data-parallel
+ranks). It also records ``warmup_end_tokens``: the token count at the end of the step in which LR
+warmup finished, where token-based decay starts. That value is set by :func:`advance` when the
+warmup boundary is first reached or crossed (a ``>=`` test, so warmup need not be a whole number of
+batches) and travels with the clock into checkpoints, so a resumed run decays exactly as before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from seqwarm.curriculum.lr import LRConfig
+
+
+class Budget(Protocol):
+    """What :func:`stop_reason` reads: the run's budgets (None = not set), e.g. a ``RunConfig``."""
+
+    @property
+    def train_tokens(self) -> int | None: ...
+    @property
+    def train_iters(self) -> int | None: ...
+    @property
+    def train_samples(self) -> int | None: ...
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Optimizer steps, samples and tokens trained so far (global, over all ranks)."""
+
+    step: int = 0
+    samples: int = 0
+    tokens: int = 0
+    warmup_end_tokens: int | None = None
+    """Tokens trained when LR warmup ended (None while it has not)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Progress:
+        return cls(step=int(d["step"]), samples=int(d["samples"]), tokens=int(d["tokens"]),
+                   warmup_end_tokens=None if d.get("warmup_end_tokens") is None else int(d["warmup_end_tokens"]))
+
+
+def warmup_done(progress: Progress, lr_cfg: LRConfig) -> bool:
+    """Whether LR warmup is complete at ``progress`` (always true for no warmup)."""
+    if lr_cfg.warmup_iters:
+        return progress.step >= lr_cfg.warmup_iters
+    if lr_cfg.warmup_samples:
+        return progress.samples >= lr_cfg.warmup_samples
+    if lr_cfg.warmup_tokens:
+        return progress.tokens >= lr_cfg.warmup_tokens
+    return True
+
+
+def advance(progress: Progress, samples: int, tokens: int, lr_cfg: LRConfig) -> Progress:
+    """The clock after one more optimizer step that trained ``samples`` sequences and ``tokens`` tokens."""
+    if samples < 0 or tokens < 0:
+        raise ValueError(f"a step cannot train a negative amount (samples={samples}, tokens={tokens})")
+    nxt = Progress(progress.step + 1, progress.samples + samples, progress.tokens + tokens,
+                   progress.warmup_end_tokens)
+    if nxt.warmup_end_tokens is None:
+        if not (lr_cfg.warmup_iters or lr_cfg.warmup_samples or lr_cfg.warmup_tokens):
+            return Progress(nxt.step, nxt.samples, nxt.tokens, 0)
+        if warmup_done(nxt, lr_cfg):
+            return Progress(nxt.step, nxt.samples, nxt.tokens, nxt.tokens)
+    return nxt
+
+
+def stop_reason(progress: Progress, cfg: Budget) -> str | None:
+    """Why the run is over at ``progress`` — the token budget first, then the iteration/sample caps."""
+    if cfg.train_tokens is not None and progress.tokens >= cfg.train_tokens:
+        return f"reached the token budget ({progress.tokens:,} >= {cfg.train_tokens:,} tokens)"
+    if cfg.train_iters is not None and progress.step >= cfg.train_iters:
+        return f"reached train_iters ({cfg.train_iters:,} steps)"
+    if cfg.train_samples is not None and progress.samples >= cfg.train_samples:
+        return f"reached train_samples ({cfg.train_samples:,} samples)"
+    return None
+
+
+def should_stop(progress: Progress, cfg: Budget) -> bool:
+    """True after the first optimizer step at which a budget is reached."""
+    return stop_reason(progress, cfg) is not None
+
+
+def micro_batch_shape(rows: int, seq: int, seqlen: int, mode: str | None) -> tuple[int, int]:
+    """``(rows, length)`` a micro-batch of ``rows`` sequences of ``seq`` tokens becomes at length ``seqlen``.
+
+    The one counting rule of :mod:`seqwarm.curriculum.batch`'s ops, as arithmetic (the engines count tokens and
+    ``seqwarm plan`` projects them with it). ``seqlen >= seq``: unchanged. ``"reshape"``: the
+    ``rows * seq`` tokens re-chunked into rows of ``seqlen``, the last ``(rows * seq) % seqlen``
+    dropped. Any other mode (``"truncate"``, ``"inject"``, None = auto): every row cut to ``seqlen``.
+    """
+    if rows < 1 or seq < 1 or seqlen < 1:
+        raise ValueError(f"a micro-batch needs rows, seq and seqlen >= 1, got {rows}, {seq}, {seqlen}")
+    if seqlen >= seq:
+        return rows, seq
+    if mode == "reshape":
+        return (rows * seq) // seqlen, seqlen
+    return rows, seqlen
+
+
+def tokens_per_step(cfg: Any, seqlen: int) -> int:  # cfg: a RunConfig (layer 3, not imported here)
+    """Tokens one optimizer step trains at length ``seqlen`` (global, all ranks).
+
+    truncate/inject: every sequence is cut to ``seqlen``. reshape: each micro-batch keeps its tokens,
+    re-chunked into rows of ``seqlen`` (up to ``seqlen - 1`` tokens per micro-batch dropped).
+    """
+    full = cfg.full_length
+    if full is None:
+        raise ValueError("the full sequence length is unknown: set seq_length")
+    mode = cfg.curriculum.mode if cfg.curriculum else None
+    rows, length = micro_batch_shape(cfg.micro_batch_size, full, seqlen, mode)
+    return rows * length * cfg.gradient_accumulation_steps * cfg.world_size

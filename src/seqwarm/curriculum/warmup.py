@@ -1,0 +1,496 @@
+"""SequenceLengthWarmup: the sequence-length curriculum of one training run, as one small object.
+
+Composer's ``SeqLengthWarmup`` is a thin class over a functional op; this is the same split. The
+ops (:func:`~seqwarm.curriculum.batch.truncate_batch`, :func:`~seqwarm.curriculum.batch.reshape_batch`,
+:func:`~seqwarm.curriculum.batch.bucket_batch`), the schedule (:func:`~seqwarm.curriculum.schedule.difficulty_at`), the
+clock (:func:`~seqwarm.curriculum.clock.advance`) and the LR (:func:`~seqwarm.curriculum.lr.lr_at`) stay pure;
+the object adds only what needs state — the length of the optimizer step in flight, decided once by
+:meth:`SequenceLengthWarmup.begin_step`, the tokens its micro-batches held once cut, and the clock::
+
+    slw = SequenceLengthWarmup(min_length=8, max_length=1024, steps=15000, multiple_of=8)
+    for batch in loader:                 # one full-length micro-batch per optimizer step here
+        length = slw.begin_step()        # the length of this step, decided once
+        loss = model(**slw.cut(batch)).loss
+        loss.backward(); optimizer.step(); optimizer.zero_grad()
+        slw.end_step()                   # the clock moves by the tokens cut (summed over ranks)
+
+With gradient accumulation, :meth:`~SequenceLengthWarmup.cut` every micro-batch between the two calls;
+for an fp16 step that was skipped, ``end_step(applied=False)`` leaves the clock where it was (the step is
+retried at the same length). :meth:`~SequenceLengthWarmup.from_deepspeed` reads DeepSpeed's JSON (the
+legacy ``curriculum_learning`` block or the ``data_efficiency`` form) and the Megatron-side recipe of the
+``seqwarm`` block: token budget, token-clock LR (:meth:`~SequenceLengthWarmup.step_lr`, the LR of the
+step in flight, to set before ``optimizer.step()``).
+
+How the length reaches the model (``mode``): ``truncate`` and ``reshape`` cut the batch; ``inject`` adds
+``curriculum_seqlen=L`` for a forward that cuts its inputs itself (auto, ``mode=None``: inject when the
+model's forward has a parameter of that name, else truncate; ``**kwargs`` does not count without
+``inject_via_kwargs=True``; a pipeline cannot inject). In inject mode the model's output is checked
+against the length it was given (:meth:`~SequenceLengthWarmup.check_output`).
+
+:class:`~seqwarm.curriculum.engine.CurriculumEngine`,
+:class:`~seqwarm.integrations.deepspeed.curriculum.DeepSpeedCurriculum`, the Hugging Face ``CurriculumTrainer`` and
+seqwarm's own loop are thin users of this object.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from seqwarm.config import RunConfig, load_config
+from seqwarm.config.run import COUNT_TOKENS_BY
+from seqwarm.curriculum.batch import batch_shape, bucket_batch, bucket_length, reshape_batch, truncate_batch
+from seqwarm.curriculum.clock import Progress, advance, micro_batch_shape, stop_reason
+from seqwarm.curriculum.lr import LRConfig, lr_at
+from seqwarm.curriculum.schedule import CURRICULUM_MODES, CurriculumConfig, CurriculumScheduler, validate_curriculum_block
+from seqwarm.util.problems import ConfigError, Problem
+
+__all__ = ["SequenceLengthWarmup", "Limits", "as_run_config", "check_state_format", "output_length",
+           "resolve_mode", "set_lr"]
+
+logger = logging.getLogger(__name__)
+
+SCHEDULES = {"linear": "fixed_linear", "root": "fixed_root", "discrete": "fixed_discrete"}
+"""The keyword constructor's schedule names -> DeepSpeed's ``schedule_type``."""
+_KEYWORD_NAMES = {"min_difficulty": "min_length", "max_difficulty": "max_length",
+                  "schedule_config.total_curriculum_step": "steps", "schedule_config.difficulty_step": "multiple_of",
+                  "schedule_config.root_degree": "root_degree", "schedule_config.difficulty": "lengths",
+                  "schedule_config.max_step": "until_steps", "schedule_type": "schedule"}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """When a run stops (None: no such limit): what :func:`~seqwarm.curriculum.clock.stop_reason` reads."""
+
+    train_tokens: int | None = None
+    train_iters: int | None = None
+    train_samples: int | None = None
+
+
+def as_run_config(config: Any, world_size: int) -> RunConfig:
+    """``config`` itself when a :class:`RunConfig`, else a DeepSpeed-style dict / JSON path checked with
+    :func:`~seqwarm.config.load_config` for ``world_size`` data-parallel ranks."""
+    if isinstance(config, RunConfig):
+        return config
+    if isinstance(config, (Mapping, str, os.PathLike)):
+        return load_config(config, world_size=world_size)
+    raise TypeError(f"config must be a RunConfig, a dict or a path, got {type(config).__name__}")
+
+
+def _forward_name(forward: Callable) -> str:
+    owner = getattr(forward, "__self__", None)
+    return f"{type(owner).__name__}.forward" if owner is not None else getattr(forward, "__qualname__", "forward")
+
+
+def resolve_mode(mode: str | None, forward: Callable | None, *, pipeline: bool = False,
+                 inject_via_kwargs: bool = False) -> str:
+    """The mode that delivers the length: ``mode`` checked against the model, or chosen (None / "auto").
+
+    auto: inject when ``forward`` has a parameter named ``curriculum_seqlen``, else truncate (also
+    without a ``forward``). An explicit inject needs that named parameter: a ``**kwargs`` forward
+    (every Hugging Face model) would swallow the keyword and train at full length while the clock
+    counts the short length. ``inject_via_kwargs=True`` is the opt-in for a forward that does read
+    ``curriculum_seqlen`` from its ``**kwargs`` (DeepSpeed's legacy test models). A pipeline engine
+    (``pipeline=True``) cannot pass keyword arguments through its stages: truncate by default.
+    """
+    if mode == "auto":
+        mode = None
+    if mode is not None and mode not in CURRICULUM_MODES:
+        raise ValueError(f"curriculum mode must be one of {CURRICULUM_MODES} or None (auto), got {mode!r}")
+    if pipeline:
+        if mode == "inject":
+            raise ValueError("a pipeline engine cannot pass curriculum_seqlen through its stages: use mode "
+                             "'truncate' (the same cut, made on the data) or 'reshape'")
+        return mode or "truncate"
+    if forward is None:
+        if mode == "inject":
+            raise ValueError("curriculum mode 'inject' needs the model's forward (forward=model.forward)")
+        return mode or "truncate"
+    signature = inspect.signature(forward)
+    params = signature.parameters
+    open_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    takes = "curriculum_seqlen" in params or (inject_via_kwargs and open_kwargs)
+    if mode is None:
+        return "inject" if takes else "truncate"
+    if mode == "inject" and not takes:
+        text = f"{_forward_name(forward)}{signature}"
+        shown = text if len(text) <= 160 else f"{_forward_name(forward)}(...)"
+        why = (" (its **kwargs would swallow the keyword: the model would train at full length while the "
+               "clock counts the short one)" if open_kwargs else "")
+        optin = ("; if that forward does read curriculum_seqlen from **kwargs, pass inject_via_kwargs=True"
+                 if open_kwargs and not inject_via_kwargs else "")
+        raise ValueError(
+            f"curriculum mode 'inject' needs a model whose forward takes curriculum_seqlen; {shown} has no such "
+            f"parameter{why}. Use mode 'truncate' or 'reshape' (the batch is then cut before the model sees "
+            f"it){optin}.")
+    return mode
+
+
+def output_length(output: Any, rows: int) -> int | None:
+    """The sequence length of a model output: logits ``(B, T, V)`` (a tensor, an object with
+    ``.logits`` or a dict with "logits"), per-token values ``(B, T)``, or the first such tensor of a
+    tuple; None when the output is only a loss (nothing to read a length from)."""
+    logits = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
+    candidates = [logits] if logits is not None else list(output) if isinstance(output, (tuple, list)) else [output]
+    for t in candidates:
+        if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[0] == rows:
+            return int(t.shape[1])
+    return None
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """Every param group gets ``lr * group.get("lr_scale", 1.0)`` (seqwarm owns the learning rate)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+
+
+def check_state_format(state: Mapping[str, Any], expected: str, owner: str) -> None:
+    """Raise ValueError unless ``state["format"]`` is ``expected`` (a state dict of ``owner``)."""
+    if state.get("format") != expected:
+        raise ValueError(f"not a {owner} state dict (format {state.get('format')!r}, expected {expected!r})")
+
+
+def _nccl(group: Any) -> bool:
+    """Whether ``group``'s collectives need CUDA tensors (NCCL)."""
+    try:
+        return "nccl" in str(torch.distributed.get_backend(group))
+    except (RuntimeError, ValueError):  # no such group: the caller's all_reduce says what is wrong
+        return False
+
+
+def _keyword_curriculum(min_length: Any, max_length: Any, steps: Any, multiple_of: Any, schedule: Any,
+                        root_degree: Any, lengths: Any, until_steps: Any) -> CurriculumConfig:
+    """The keyword constructor's schedule, checked like a DeepSpeed block; problems name the keywords."""
+    if schedule not in SCHEDULES:
+        raise ConfigError([Problem("schedule", schedule, f"must be one of {sorted(SCHEDULES)}",
+                                   "use 'linear' (recommended), 'root' or 'discrete'")], source="SequenceLengthWarmup")
+    block: dict[str, Any] = {"min_difficulty": min_length, "max_difficulty": max_length,
+                             "schedule_type": SCHEDULES[schedule]}
+    if schedule == "discrete":
+        block["schedule_config"] = {"difficulty": lengths, "max_step": until_steps}
+        if isinstance(lengths, (list, tuple)) and lengths and all(isinstance(n, int) for n in lengths):
+            block["min_difficulty"] = min(lengths) if min_length is None else min_length  # the lengths' range
+            block["max_difficulty"] = max(lengths) if max_length is None else max_length
+    else:
+        block["schedule_config"] = {"total_curriculum_step": steps, "difficulty_step": multiple_of,
+                                    **({"root_degree": root_degree} if schedule == "root" else {})}
+    block["schedule_config"] = {k: v for k, v in block["schedule_config"].items() if v is not None}
+    block = {k: v for k, v in block.items() if v is not None}
+    try:
+        return validate_curriculum_block(block, path="")
+    except ConfigError as err:
+        problems = []
+        for p in err.problems:
+            path = p.path.lstrip(".")
+            problems.append(Problem(_KEYWORD_NAMES.get(path, path), p.value, p.rule, p.fix))
+        raise ConfigError(problems, source="SequenceLengthWarmup") from None
+
+
+class SequenceLengthWarmup:
+    """The curriculum length per optimizer step, the one cut per micro-batch, the token clock and its state.
+
+    Keyword schedule: the length rises from ``min_length`` to ``max_length`` over ``steps`` optimizer
+    steps, every length a multiple of ``multiple_of`` (``schedule="linear"``; ``"root"`` with
+    ``root_degree``; ``"discrete"`` with ``lengths=[...]`` used up to ``until_steps=[...]``), with the
+    rounding and checks of DeepSpeed's blocks (every problem listed in one
+    :class:`~seqwarm.util.problems.ConfigError`). ``mode``: truncate (default) | reshape | inject | None
+    (auto, from ``forward``'s signature). ``length_bucket``: cut to the length rounded up to a multiple
+    of it, the loss masked past the length (truncate only). ``count_tokens_by``: ``shape`` (rows x
+    length) or ``loss_mask`` (its sum). ``lr``: an :class:`~seqwarm.curriculum.lr.LRConfig` for the
+    token-clock LR (None: the LR is not this object's). ``train_tokens`` / ``train_iters`` /
+    ``train_samples``: when :attr:`done` turns true. ``world_size``: data-parallel ranks the counts
+    are summed over (None: the size of ``process_group``, the default group, or 1 without
+    torch.distributed). ``process_group``: where loss-mask counts are summed.
+
+    ``curriculum``: instead of the schedule keywords, a checked
+    :class:`~seqwarm.curriculum.schedule.CurriculumConfig` (None: no curriculum — every batch passes at full
+    length and is counted). :meth:`from_deepspeed` and :meth:`from_config` build one from DeepSpeed's JSON.
+    """
+
+    def __init__(self, min_length: int | None = None, max_length: int | None = None, steps: int | None = None, *,
+                 multiple_of: int = 8, schedule: str = "linear", root_degree: float | None = None,
+                 lengths: list[int] | None = None, until_steps: list[int] | None = None,
+                 curriculum: CurriculumConfig | None = None, mode: str | None = "truncate",
+                 forward: Callable | None = None, inject_via_kwargs: bool = False, pipeline: bool = False,
+                 length_bucket: int | None = None, count_tokens_by: str = "shape", lr: LRConfig | None = None,
+                 train_tokens: int | None = None, train_iters: int | None = None, train_samples: int | None = None,
+                 world_size: int | None = None, process_group: Any = None):
+        keywords = (min_length, max_length, steps, lengths, until_steps)
+        if curriculum is not None and any(v is not None for v in keywords):
+            raise TypeError("pass either the schedule keywords or curriculum=, not both")
+        if curriculum is None and any(v is not None for v in keywords):
+            curriculum = _keyword_curriculum(min_length, max_length, steps, multiple_of, schedule, root_degree,
+                                             lengths, until_steps)
+        if count_tokens_by not in COUNT_TOKENS_BY:
+            raise ValueError(f"count_tokens_by must be 'shape' or 'loss_mask', got {count_tokens_by!r}")
+        self.curriculum = curriculum if curriculum is not None and curriculum.enabled else None
+        self.scheduler = CurriculumScheduler(self.curriculum) if self.curriculum is not None else None
+        self.bucket: int | None = length_bucket if self.scheduler else None
+        if self.bucket is not None and mode in (None, "auto"):
+            mode = "truncate"  # the cut is made on the data, into buckets; never injected
+        self.mode = (resolve_mode(mode, forward, pipeline=pipeline, inject_via_kwargs=inject_via_kwargs)
+                     if self.scheduler else None)
+        if self.bucket is not None and self.mode != "truncate":
+            raise ValueError(f"length_bucket works only in curriculum mode truncate, not {self.mode}")
+        self.count_tokens_by = count_tokens_by
+        self.lr_config = lr
+        self.limits = Limits(train_tokens, train_iters, train_samples)
+        self.world_size = world_size
+        self.process_group = process_group
+        self.model_name = _forward_name(forward).removesuffix(".forward") if forward is not None else "the model"
+        # a forward that names curriculum_seqlen declares it reads it; one reached via **kwargs does not
+        self._declares_seqlen = forward is not None and "curriculum_seqlen" in inspect.signature(forward).parameters
+        self.progress = Progress()
+        """Optimizer steps applied, samples and tokens trained (all ranks)."""
+        self.lr: float | None = lr_at(self.progress, lr) if lr is not None else None
+        """The learning rate of the last applied step (None without an LR config)."""
+        self.skipped_steps = 0
+        """Steps ended with ``applied=False`` (fp16 overflow): the clock did not move."""
+        self.current_seqlen: int | None = None
+        """The length of the step in flight (or the last one); the batch's own without a curriculum."""
+        self.micro_shape: tuple[int, int] | None = None
+        """(rows, length) of the last micro-batch as the model sees it (a pipeline resets on a change)."""
+        self._open = False
+        self._step_length: int | None = None
+        self._samples = 0
+        self._tokens: int | torch.Tensor = 0
+        self._totals: tuple[int, int] | None = None  # the open step's global counts, once summed
+        self._checked_top = False
+        self._warned_unchecked = False
+        self._injected: tuple[int, int] | None = None  # (rows, length) of the last injected micro-batch
+
+    # -- other constructors -----------------------------------------------------------------------
+    @classmethod
+    def from_config(cls, config: RunConfig, forward: Callable | None = None, *, mode: str | None = None,
+                    **kwargs: Any) -> SequenceLengthWarmup:
+        """From a checked :class:`~seqwarm.config.RunConfig`: its curriculum (and mode, unless ``mode``
+        is given), length bucket, token counting, LR, budget and data-parallel size."""
+        cur = config.curriculum
+        return cls(curriculum=cur, mode=mode if mode is not None else (cur.mode if cur is not None else None),
+                   forward=forward, length_bucket=config.length_bucket, count_tokens_by=config.count_tokens_by,
+                   lr=config.lr, train_tokens=config.train_tokens, train_iters=config.train_iters,
+                   train_samples=config.train_samples, world_size=config.world_size, **kwargs)
+
+    @classmethod
+    def from_deepspeed(cls, source: Any, forward: Callable | None = None, *, world_size: int = 1,
+                       **kwargs: Any) -> SequenceLengthWarmup:
+        """From a DeepSpeed JSON path or dict (either curriculum block, plus the ``seqwarm`` block), checked
+        for ``world_size`` data-parallel ranks; one error lists every problem."""
+        return cls.from_config(as_run_config(source, world_size), forward, **kwargs)
+
+    # -- the step ---------------------------------------------------------------------------------
+    @property
+    def step_open(self) -> bool:
+        """Whether a step was begun and not ended yet."""
+        return self._open
+
+    def begin_step(self) -> int | None:
+        """The length of the optimizer step about to run (step ``progress.step + 1``), decided here, once;
+        None without a curriculum. Every :meth:`cut` until :meth:`end_step` uses it."""
+        if self._open:
+            raise RuntimeError("begin_step() called twice: end the step in flight with end_step() first "
+                               "(applied=False when its update was skipped)")
+        self._open = True
+        self._totals = None
+        if self.scheduler is not None:  # DeepSpeed's engine called update_difficulty(global_steps + 1)
+            self._step_length = self.scheduler.update_difficulty(self.progress.step + 1)
+            self.current_seqlen = self._step_length
+        return self._step_length
+
+    def _need_open(self, what: str) -> None:
+        if not self._open:
+            raise RuntimeError(f"{what} outside a step: call begin_step() first (once per optimizer step)")
+
+    def cut(self, batch: Mapping[str, Any], *, trim: bool = False) -> dict[str, Any]:
+        """One micro-batch of the step in flight, cut to its length (a new dict; the input is not changed):
+        truncate / reshape (into buckets with a ``length_bucket``: :func:`~seqwarm.curriculum.batch.bucket_batch`), or
+        with ``curriculum_seqlen`` added (inject); as it is without a curriculum. Its tokens are counted.
+
+        ``trim``: in inject mode, also leave out the columns past the length, which the model drops
+        itself — what a loop does that copies batches to a device after the cut (only trained columns
+        travel); the model still gets ``curriculum_seqlen``."""
+        self._need_open("cut()")
+        _, rows, seq = batch_shape(batch)
+        mask = batch.get("loss_mask")
+        mask = mask if isinstance(mask, torch.Tensor) else None
+        if self.mode not in ("truncate", "reshape"):
+            seqlen = self.record(rows, seq, mask)
+            if seqlen is None:
+                return dict(batch)
+            return {**(truncate_batch(batch, seqlen) if trim else batch), "curriculum_seqlen": seqlen}
+        length = self._step_length
+        self._check_top(seq)
+        if self.bucket is not None:
+            out = bucket_batch(batch, length, self.bucket)
+        else:
+            out = (truncate_batch if self.mode == "truncate" else reshape_batch)(batch, length)
+        new_rows, new_len = micro_batch_shape(rows, seq, length, self.mode)
+        self._count(rows, new_rows, new_len, out.get("loss_mask") if mask is not None else None)
+        if self.bucket is not None:  # counted at the length; the model sees the bucket's columns
+            self.micro_shape = (new_rows, bucket_length(length, self.bucket, seq))
+        return out
+
+    def record(self, rows: int, seq: int, loss_mask: torch.Tensor | None = None) -> int | None:
+        """Count a micro-batch of ``rows x seq`` that is not cut here (inject mode with positional
+        arguments, or no curriculum; ``loss_mask`` cut to the length). Returns the ``curriculum_seqlen``
+        to pass to the model (None: pass nothing)."""
+        self._need_open("record()")
+        seqlen = self._step_length
+        if seqlen is not None:
+            self._check_top(seq)
+        length = seq if seqlen is None else min(seqlen, seq)
+        self._count(rows, rows, length, None if loss_mask is None else loss_mask[:, :length])
+        if seqlen is None:
+            self.current_seqlen = length
+        self._injected = None if seqlen is None else (rows, length)
+        return seqlen
+
+    def _check_top(self, full: int) -> None:
+        if self._checked_top:
+            return
+        self._checked_top = True
+        top = self.curriculum.max_difficulty
+        if top != full:
+            warnings.warn(
+                f"curriculum max_difficulty {top} != the batch's sequence length {full}: the "
+                f"curriculum {'never reaches' if top < full else 'stops growing at'} the full "
+                "length; set max_difficulty to the model's sequence length", stacklevel=4)
+
+    def _count(self, samples: int, rows: int, length: int, loss_mask: torch.Tensor | None) -> None:
+        if self.count_tokens_by == "loss_mask":
+            if loss_mask is None:
+                raise ValueError("count_tokens_by 'loss_mask' needs a loss_mask tensor in every training batch")
+            self._tokens = self._tokens + loss_mask.detach().sum(dtype=torch.int64)
+        else:
+            self._tokens += rows * length
+        self._samples += samples
+        self._totals = None
+        self.micro_shape = (rows, length)
+
+    def check_output(self, output: Any, shape: tuple[int, int] | None = None) -> None:
+        """After an injected training forward: raise ValueError when the model's output is not at the
+        length it was given (it ignored ``curriculum_seqlen``: it trained at another length than the
+        clock counts). ``shape``: the (rows, length) the model was given (default: those of the last
+        injected micro-batch). An output without a sequence dimension (a loss only) cannot be checked:
+        said once (a warning unless the forward names ``curriculum_seqlen``). No-op outside inject mode."""
+        if shape is None:
+            if self._injected is None:
+                return
+            shape, self._injected = self._injected, None
+        rows, length = shape
+        got = output_length(output, rows)
+        if got is None:
+            if not self._warned_unchecked:
+                self._warned_unchecked = True
+                msg = (f"{self.model_name} returned only a loss: seqwarm cannot check that it trains at the "
+                       f"curriculum_seqlen it is given ({length}); make sure its forward cuts its inputs to "
+                       "it, or use curriculum mode 'truncate'")
+                if self._declares_seqlen:  # its signature names the keyword: say it, quietly
+                    logger.info(msg)
+                else:  # reached through **kwargs (inject_via_kwargs): nothing vouches for it
+                    warnings.warn(msg, stacklevel=3)
+        elif got != length:
+            raise ValueError(
+                f"{self.model_name} was given curriculum_seqlen={length} but returned outputs of length "
+                f"{got}: it ignores the keyword, so it trained at {got} while the clock counts {length}. "
+                "Use curriculum mode 'truncate' or 'reshape' (seqwarm cuts the batch itself)")
+
+    def _step_totals(self) -> tuple[int, int]:
+        """The open step's samples and tokens over all ranks (summed once; shape counts x world size)."""
+        if self._totals is None:
+            samples, tokens = self._samples, self._tokens
+            dist = torch.distributed
+            live = dist.is_available() and dist.is_initialized()
+            world = self.world_size
+            if world is None:
+                world = dist.get_world_size(self.process_group) if live else 1
+            if isinstance(tokens, torch.Tensor):  # loss masks differ between ranks: sum them exactly
+                if world > 1 and live:
+                    if tokens.device.type == "cpu" and _nccl(self.process_group):  # counted on the host
+                        tokens = tokens.to(torch.device("cuda", torch.cuda.current_device()))
+                    dist.all_reduce(tokens, group=self.process_group)
+                    self._totals = (samples * world, int(tokens.item()))
+                    return self._totals
+                tokens = int(tokens.item())
+            self._totals = (samples * world, tokens * world)
+        return self._totals
+
+    def step_progress(self) -> Progress:
+        """The clock once the step in flight is applied (its micro-batches so far counted, over all ranks)."""
+        self._need_open("step_progress()")
+        samples, tokens = self._step_totals()
+        return advance(self.progress, samples, tokens, self.lr_config or LRConfig())
+
+    def step_lr(self) -> float | None:
+        """The learning rate of the step in flight — ``lr_at`` of the clock including it: set it on the
+        optimizer after the step's last :meth:`cut`, before ``optimizer.step()`` (None without an LR config)."""
+        return lr_at(self.step_progress(), self.lr_config) if self.lr_config is not None else None
+
+    def end_step(self, applied: bool = True) -> Progress:
+        """Close the step in flight. ``applied``: its update was made, so the clock advances by what was cut
+        (summed over ranks) and :attr:`lr` follows; False (an fp16 overflow skip): nothing moves, and the
+        next :meth:`begin_step` retries the same step at the same length. Returns the clock."""
+        self._need_open("end_step()")
+        if applied:
+            self.progress = self.step_progress()
+            if self.lr_config is not None:
+                self.lr = lr_at(self.progress, self.lr_config)
+        else:
+            self.skipped_steps += 1
+        self._open, self._step_length, self._totals = False, None, None
+        self._samples, self._tokens = 0, 0
+        return self.progress
+
+    # -- the budget -------------------------------------------------------------------------------
+    def stop_reason(self) -> str | None:
+        """Why training is over at the current clock (a budget reached), else None."""
+        return stop_reason(self.progress, self.limits)
+
+    @property
+    def done(self) -> bool:
+        """Whether a budget (``train_tokens`` / ``train_iters`` / ``train_samples``) is reached."""
+        return self.stop_reason() is not None
+
+    # -- checkpointing ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Clock, LR, skipped steps, the schedule's value and a step in flight's length and counts (small,
+        plain values)."""
+        pending = self._tokens
+        return {
+            "progress": self.progress.to_dict(),
+            "lr": self.lr,
+            "skipped_steps": self.skipped_steps,
+            "current_seqlen": self.current_seqlen,
+            "step_seqlen": self._step_length,
+            "pending_samples": self._samples,
+            "pending_tokens": int(pending.item()) if isinstance(pending, torch.Tensor) else pending,
+            "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s keys (other keys of a caller's larger state dict are ignored). A step
+        was in flight when the state holds its length or counts (the same keys as before the two-call
+        protocol, so older checkpoints load)."""
+        self.progress = Progress.from_dict(state["progress"])
+        self.lr = None if state.get("lr") is None else float(state["lr"])
+        self.skipped_steps = int(state["skipped_steps"])
+        self.current_seqlen = state["current_seqlen"]
+        self._step_length = state["step_seqlen"]
+        self._samples = int(state["pending_samples"])
+        self._tokens = int(state["pending_tokens"])
+        self._open = self._step_length is not None or self._samples > 0
+        self._totals = None
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+
+    def __repr__(self) -> str:
+        lr = "None" if self.lr is None else f"{self.lr:.3g}"
+        return (f"SequenceLengthWarmup(mode={self.mode}, step={self.progress.step}, tokens={self.progress.tokens}, "
+                f"seqlen={self.current_seqlen}, lr={lr})")

@@ -1,0 +1,342 @@
+"""DeepSpeed integration: give DeepSpeed back the curriculum it removed, for ZeRO and pipeline engines.
+
+DeepSpeed 0.19 dropped the legacy ``curriculum_learning`` block: its engine no longer advances a
+sequence-length schedule nor passes ``curriculum_seqlen`` to the model, and a config that still holds
+the block is refused. :class:`DeepSpeedCurriculum` does that job next to any DeepSpeed engine, plus
+the Megatron-side recipe: tokens counted after the cut and summed over data-parallel ranks, the
+token-based learning rate set on the optimizer before every optimizer step, and the pipeline's
+``reset_activation_shape()`` whenever the length changes::
+
+    engine, *_ = deepspeed.initialize(model=model, optimizer=optimizer, config=deepspeed_config(cfg))
+    curriculum = DeepSpeedCurriculum(engine, cfg)
+    for batch in loader:                        # full-length micro-batches
+        loss = engine(**curriculum.cut(batch))  # the first micro-batch of a step decides its length
+        engine.backward(loss)
+        curriculum.step()                       # engine.step(); at a boundary the LR first, the clock after
+
+``seqwarm train --deepspeed`` (:mod:`seqwarm.integrations.deepspeed.run`) is built on the same class;
+the GPT pipeline is in :mod:`seqwarm.integrations.deepspeed.pipeline`. The curriculum itself is a
+:class:`~seqwarm.curriculum.warmup.SequenceLengthWarmup` (``curriculum.slw``), as in
+:class:`~seqwarm.curriculum.engine.CurriculumEngine`; this class adds DeepSpeed's side (batch-size checks, the LR
+before ``engine.step()`` and whether DeepSpeed applied the step, pipeline activation shapes). No
+module outside ``integrations/`` imports this one, and it imports ``deepspeed`` only when a function
+needs it.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from seqwarm.config import RunConfig
+from seqwarm.curriculum.warmup import SequenceLengthWarmup, as_run_config, check_state_format, set_lr
+from seqwarm.trainer.optim import build_optimizer
+from seqwarm.trainer.trackers import TRACKER_BLOCKS
+from seqwarm.util.errors import MissingDependencyError, UserError
+
+__all__ = ["DeepSpeedCurriculum", "DeepSpeedEngineAdapter", "deepspeed_config", "require_deepspeed",
+           "build_deepspeed_optimizer", "is_pipeline_engine", "DEEPSPEED_VERSION"]
+
+logger = logging.getLogger(__name__)
+
+DEEPSPEED_VERSION = "0.19.8"
+"""The DeepSpeed release the integration is tested with (``pip install 'seqwarm[deepspeed]'``)."""
+STATE_FORMAT = "seqwarm.deepspeed_curriculum/1"
+# Keys seqwarm owns when it drives DeepSpeed: the optimizer is built by seqwarm (a torch optimizer
+# handed to deepspeed.initialize) and the learning rate is a pure function of seqwarm's clock.
+_OWNED_KEYS = ("optimizer", "scheduler")
+
+
+def require_deepspeed(purpose: str = "seqwarm train --deepspeed"):
+    """``import deepspeed``, or :class:`~seqwarm.util.errors.MissingDependencyError` naming the extra."""
+    try:
+        import deepspeed
+    except ImportError as err:
+        if err.name in (None, "deepspeed"):
+            raise MissingDependencyError("deepspeed", "deepspeed", purpose) from None
+        raise UserError(f"deepspeed is installed but does not import ({err}); reinstall it with "
+                        f"DS_BUILD_OPS=0 pip install 'seqwarm[deepspeed]'") from err
+    return deepspeed
+
+
+def is_pipeline_engine(engine: Any) -> bool:
+    """True for DeepSpeed's ``PipelineEngine`` (it trains whole steps with ``train_batch``)."""
+    return callable(getattr(engine, "train_batch", None)) and callable(getattr(engine, "reset_activation_shape", None))
+
+
+def _zero_stage(ds: Mapping[str, Any]) -> int:
+    zero = ds.get("zero_optimization")
+    if isinstance(zero, Mapping):
+        stage = zero.get("stage", 0)
+        return int(stage) if isinstance(stage, (int, float)) and not isinstance(stage, bool) else 0
+    return 0
+
+
+def _offloads_optimizer(ds: Mapping[str, Any]) -> bool:
+    zero = ds.get("zero_optimization")
+    if not isinstance(zero, Mapping):
+        return False
+    off = zero.get("offload_optimizer")
+    return isinstance(off, Mapping) and off.get("device") in ("cpu", "nvme")
+
+
+def deepspeed_config(cfg: RunConfig, *, pipeline: bool = False) -> dict[str, Any]:
+    """The dict for ``deepspeed.initialize(config=...)`` from a checked :class:`RunConfig`.
+
+    Starts from ``cfg.deepspeed`` (the user's config minus the curriculum and ``seqwarm`` blocks), so
+    ZeRO, offload, activation checkpointing, ... pass through untouched (the tensorboard / wandb /
+    csv_monitor blocks go to seqwarm's trackers instead, :mod:`seqwarm.trainer.trackers`). seqwarm then sets
+    what it resolved itself: the batch sizes (micro batch x accumulation x data-parallel size),
+    gradient clipping and precision (``--precision`` wins over the file's fp16/bf16 blocks). The
+    ``optimizer`` and ``scheduler`` blocks are dropped: seqwarm builds the optimizer from the former
+    and sets the learning rate from its own clock (the latter's warmup was mapped onto it).
+    """
+    ds = copy.deepcopy(dict(cfg.deepspeed))
+    for key in _OWNED_KEYS:
+        ds.pop(key, None)
+    for key in TRACKER_BLOCKS:  # seqwarm's trackers log them (with Megatron's tags), not DeepSpeed's monitor
+        ds.pop(key, None)
+    ds["train_batch_size"] = cfg.train_batch_size
+    ds["train_micro_batch_size_per_gpu"] = cfg.micro_batch_size
+    ds["gradient_accumulation_steps"] = cfg.gradient_accumulation_steps
+    ds["gradient_clipping"] = float(cfg.gradient_clipping or 0.0)
+    for name in ("fp16", "bf16"):
+        block = dict(ds.get(name) or {})
+        block["enabled"] = cfg.precision == name
+        if block["enabled"] or name in ds:
+            ds[name] = block
+    if cfg.precision == "fp16":  # seqwarm's view of the fp16 block (loss scaling) is the checked one
+        f = cfg.fp16
+        ds["fp16"].update(loss_scale=f.loss_scale, initial_scale_power=f.initial_scale_power,
+                          loss_scale_window=f.loss_scale_window, hysteresis=f.hysteresis,
+                          consecutive_hysteresis=f.consecutive_hysteresis, min_loss_scale=f.min_loss_scale)
+    stage = _zero_stage(ds)
+    if pipeline and stage > 1:
+        raise UserError(f"zero_optimization.stage = {stage}: DeepSpeed's pipeline engine supports ZeRO "
+                        "stage 0 or 1 only; use stage 1 with --pipeline-stages, or drop --pipeline-stages")
+    if stage > 0 and cfg.optimizer.type == "SGD":
+        ds.setdefault("zero_allow_untested_optimizer", True)  # torch SGD is not on ZeRO's list
+    return ds
+
+
+def build_deepspeed_optimizer(model: torch.nn.Module, cfg: RunConfig, ds_config: Mapping[str, Any]):
+    """seqwarm's torch optimizer (:func:`seqwarm.trainer.optim.build_optimizer`), or, when ZeRO offloads the
+    optimizer to the CPU and the config does not say ``"zero_force_ds_cpu_optimizer": false``,
+    DeepSpeed's ``DeepSpeedCPUAdam`` over the same parameter groups (built on first use by DeepSpeed)."""
+    opt = build_optimizer(model, cfg)
+    if not _offloads_optimizer(ds_config) or ds_config.get("zero_force_ds_cpu_optimizer") is False:
+        return opt
+    if not isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
+        raise UserError("ZeRO-Offload of the optimizer needs Adam/AdamW (DeepSpeedCPUAdam); for another optimizer "
+                        'add "zero_force_ds_cpu_optimizer": false to the config (slower)')
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in opt.param_groups]
+    return DeepSpeedCPUAdam(groups, lr=cfg.lr.lr, betas=cfg.optimizer.betas, eps=cfg.optimizer.eps,
+                            adamw_mode=isinstance(opt, torch.optim.AdamW))
+
+
+def skip_cpu_shm_comm(deepspeed_module) -> None:
+    """On DeepSpeed's CPU accelerator, use plain gloo collectives instead of its shared-memory op.
+
+    That op is C++ compiled on first use (about a minute, once per machine, and a compiler is
+    needed); it only speeds up CPU all-reduce. Set ``SEQWARM_DS_SHM_COMM=1`` to keep it.
+    """
+    if os.environ.get("SEQWARM_DS_SHM_COMM") == "1":
+        return
+    try:
+        from deepspeed.accelerator import get_accelerator
+
+        if get_accelerator().device_name() == "cpu":
+            deepspeed_module.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    except Exception as err:  # noqa: BLE001 - an optimisation switch; never fail a run over it
+        logger.debug("could not switch off DeepSpeed's shm comm op: %s", err)
+
+
+class DeepSpeedCurriculum:
+    """The sequence-length curriculum, clock and learning rate next to a DeepSpeed engine.
+
+    ``engine``: what ``deepspeed.initialize`` returned (``DeepSpeedEngine`` or ``PipelineEngine``).
+    ``config``: a :class:`~seqwarm.config.RunConfig`, or a DeepSpeed-style dict / JSON path (checked
+    with :func:`~seqwarm.config.load_config` for the engine's data-parallel size); its batch sizes
+    must be the engine's. ``mode``: truncate | reshape | inject (default: the config's, else inject
+    when the model's forward has a parameter named ``curriculum_seqlen``, else truncate; pipelines
+    cannot inject). ``inject_via_kwargs``: inject into a forward that reads the length from ``**kwargs``.
+
+    Per micro-batch call :meth:`cut` (on every rank, every pipeline stage included), then :meth:`step`
+    instead of ``engine.step()``; a pipeline engine: :meth:`cut` every micro-batch of the step, then
+    :meth:`train_batch`. The clock, length and LR are ``curriculum.slw``'s.
+    """
+
+    def __init__(self, engine: Any, config: Any, *, mode: str | None = None, inject_via_kwargs: bool = False):
+        self.engine = engine
+        self.pipeline = is_pipeline_engine(engine)
+        self.dp_world_size = int(getattr(engine, "dp_world_size", 1) or 1)
+        self.config = cfg = as_run_config(config, self.dp_world_size)
+        if cfg.world_size != self.dp_world_size:
+            raise ValueError(f"the config was checked for {cfg.world_size} data-parallel ranks but the engine "
+                             f"has {self.dp_world_size}: load it with world_size={self.dp_world_size}")
+        self._check_batch_sizes()
+        forward = None if self.pipeline else getattr(engine, "module", engine).forward
+        self.slw = SequenceLengthWarmup.from_config(
+            cfg, forward, mode=mode, pipeline=self.pipeline,
+            process_group=getattr(engine, "data_parallel_group", None), inject_via_kwargs=inject_via_kwargs)
+        self.scheduler = self.slw.scheduler
+        self.mode = self.slw.mode
+        if getattr(engine, "lr_scheduler", None) is not None:
+            logger.warning("the DeepSpeed engine has an LR scheduler: seqwarm sets the learning rate before "
+                           "every step, so drop the config's scheduler block")
+        self._pipe_shape: tuple[int, int] | None = None
+
+    # -- setup ------------------------------------------------------------------------------------
+    def _check_batch_sizes(self) -> None:
+        cfg, eng = self.config, self.engine
+        theirs = {}
+        for name, ours in (("train_micro_batch_size_per_gpu", cfg.micro_batch_size),
+                           ("gradient_accumulation_steps", cfg.gradient_accumulation_steps)):
+            fn = getattr(eng, name, None)
+            if callable(fn):
+                value = fn()
+                if value != ours:
+                    theirs[name] = (value, ours)
+        if theirs:
+            diff = "; ".join(f"{k}: engine {a}, seqwarm {b}" for k, (a, b) in theirs.items())
+            raise ValueError(f"the engine's batch sizes differ from the seqwarm config's ({diff}): build the "
+                             "engine with deepspeed_config(run_config)")
+
+    # -- per micro-batch --------------------------------------------------------------------------
+    def cut(self, batch: Mapping[str, Any], *, trim: bool = False) -> dict[str, Any]:
+        """The micro-batch at this step's length: cut (truncate / reshape) or with ``curriculum_seqlen``
+        added (inject; ``trim``: its columns past the length left out too), and counted; the first
+        micro-batch of a step decides its length. On a pipeline engine resets the activation shapes when
+        the micro-batch's shape changes. Call it for every training micro-batch, on every rank."""
+        if not self.slw.step_open:
+            self.slw.begin_step()
+        out = self.slw.cut(batch, trim=trim)
+        if self.pipeline and self._pipe_shape != self.slw.micro_shape:
+            self.engine.reset_activation_shape()
+            self._pipe_shape = self.slw.micro_shape
+        return out
+
+    def check_output(self, output: Any) -> None:
+        """In inject mode, after ``engine(**curriculum.cut(batch))``: raise when the model's output is not
+        at the length it was given (see :meth:`~seqwarm.curriculum.warmup.SequenceLengthWarmup.check_output`)."""
+        self.slw.check_output(output)
+
+    # -- per optimizer step -----------------------------------------------------------------------
+    def _applied(self) -> bool:
+        return self.engine.was_step_applied() if hasattr(self.engine, "was_step_applied") else True
+
+    def step(self) -> None:
+        """``engine.step()``; at a gradient-accumulation boundary the step's learning rate
+        (``lr_at(clock including this step) * group.get("lr_scale", 1)``) is set on every param group
+        first, and the clock advances after — unless DeepSpeed skipped the step on an fp16 overflow
+        (then the clock, the curriculum and the LR stay where they were)."""
+        boundary = self.engine.is_gradient_accumulation_boundary()
+        if boundary:
+            set_lr(self.engine.optimizer, self.slw.step_lr())
+        self.engine.step()
+        if boundary:
+            self.slw.end_step(applied=self._applied())
+
+    def train_batch(self, micro_batches: Any) -> Any:
+        """A pipeline engine's optimizer step over micro-batches :meth:`cut` already made (in DeepSpeed's
+        pipeline layout): the LR set, ``engine.train_batch``, the clock advanced. Returns its loss."""
+        set_lr(self.engine.optimizer, self.slw.step_lr())
+        loss = self.engine.train_batch(iter(micro_batches))
+        self.slw.end_step(applied=self._applied())
+        return loss
+
+    def before_eval(self) -> None:
+        """Before a full-length evaluation: a pipeline engine's activation shapes are reset (and again
+        at the next training micro-batch). Nothing to do for other engines."""
+        if self.pipeline:
+            self.engine.reset_activation_shape()
+            self._pipe_shape = None
+
+    # -- checkpointing ----------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Clock, scheduler, LR and step bookkeeping (small; put it in ``client_state``). Save between
+        optimizer steps: the model and optimizer are DeepSpeed's to save."""
+        return {"format": STATE_FORMAT, **self.slw.state_dict()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        check_state_format(state, STATE_FORMAT, "DeepSpeedCurriculum")
+        self.slw.load_state_dict(state)
+        self._pipe_shape = None
+
+    def __repr__(self) -> str:
+        return f"DeepSpeedCurriculum(pipeline={self.pipeline}, {self.slw!r})"
+
+
+class DeepSpeedEngineAdapter:
+    """A DeepSpeed engine with :class:`~seqwarm.curriculum.engine.CurriculumEngine`'s surface (``begin_step``, ``cut``,
+    ``run``, ``backward``, ``step``, the clock), so that :class:`seqwarm.trainer.loop.Run`'s loop, logging and
+    evaluation drive it unchanged."""
+
+    def __init__(self, ds_engine: Any, config: RunConfig, *, mode: str | None = None):
+        self.module = ds_engine
+        self.curriculum = DeepSpeedCurriculum(ds_engine, config, mode=mode)
+        self.slw = self.curriculum.slw
+        self.config = self.curriculum.config
+        self.mode = self.slw.mode
+
+    # the clock: the SequenceLengthWarmup's
+    progress = property(lambda self: self.slw.progress)
+    global_steps = property(lambda self: self.slw.progress.step)
+    current_seqlen = property(lambda self: self.slw.current_seqlen)
+    lr = property(lambda self: self.slw.lr)
+    skipped_steps = property(lambda self: self.slw.skipped_steps)
+    done = property(lambda self: self.slw.done)
+
+    @property
+    def grad_norm(self) -> float | None:
+        """DeepSpeed's global gradient norm of the last step (before clipping), when it measured one."""
+        norm = self.module.get_global_grad_norm()
+        return None if norm is None else float(norm)
+
+    def train(self, mode: bool = True) -> DeepSpeedEngineAdapter:
+        self.module.train(mode)  # DeepSpeed's train() sets the wrapped model's mode only:
+        self.module.training = mode  # keep the engine's own flag in step (evaluate() reads it)
+        return self
+
+    def eval(self) -> DeepSpeedEngineAdapter:
+        self.curriculum.before_eval()
+        return self.train(False)
+
+    def begin_step(self) -> int | None:
+        return self.slw.begin_step()
+
+    def cut(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """The loop's cut, made on the host before the copy (inject mode: trimmed to the length too)."""
+        return self.curriculum.cut(batch, trim=True)
+
+    def run(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The engine's forward on a micro-batch :meth:`cut` already made (checked in inject mode)."""
+        out = self.module(**batch)
+        if self.module.training:
+            self.curriculum.check_output(out)
+        return out
+
+    def __call__(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        if not self.module.training:
+            return self.module(**batch)
+        return self.run(self.cut(batch))
+
+    def backward(self, loss: torch.Tensor) -> torch.Tensor:
+        self.module.backward(loss)  # DeepSpeed divides by gradient_accumulation_steps
+        return loss
+
+    def step(self) -> None:
+        self.curriculum.step()
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.curriculum.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.curriculum.load_state_dict(state)

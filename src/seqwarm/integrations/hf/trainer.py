@@ -1,0 +1,324 @@
+"""Hugging Face Transformers integration: the token-clock LR scheduler and ``CurriculumTrainer``.
+
+- :class:`CurriculumLRScheduler`: a real ``torch.optim.lr_scheduler.LRScheduler`` whose LR is
+  :func:`~seqwarm.curriculum.lr.lr_at` of seqwarm's token clock, for Accelerate users and plain loops.
+  ``lr_at`` takes the clock *including* the step the LR is for, so feed it before the optimizer step::
+
+      scheduler.step(slw.step_progress())   # every group: lr_at(clock with this step) * lr_scale
+      optimizer.step()
+      slw.end_step()                        # (a SequenceLengthWarmup)
+
+  Built over a :class:`~seqwarm.curriculum.warmup.SequenceLengthWarmup` its state dict carries the curriculum's
+  (clock, schedule), so checkpointing the scheduler (``accelerator.register_for_checkpointing``, or the
+  Trainer's ``scheduler.pt``) checkpoints the curriculum. Do not wrap it in ``accelerator.prepare``:
+  Accelerate's wrapper steps a scheduler after the optimizer, one step late for this clock.
+- ``CurriculumTrainer`` (built on first access: ``transformers`` is imported only then): a
+  ``transformers.Trainer`` whose every micro-batch of an optimizer step is cut to the schedule's
+  length for that step. It hooks ``get_batch_samples``, where the Trainer draws all micro-batches of
+  an optimizer step before counting ``num_items_in_batch``: the cut happens there, so the loss
+  normalisation counts the tokens really trained; the step's LR is set there too. The step ends at
+  ``on_step_end`` (not applied when Accelerate skipped it on an fp16 overflow); the budget
+  (``train_tokens`` ...) stops training there.
+
+Hugging Face causal LMs shift labels themselves: they need ``labels = input_ids`` batches
+(:func:`seqwarm.data.dataset.build_batch` with ``label_style="hf"``). ``CurriculumTrainer`` switches
+a seqwarm :class:`~seqwarm.data.dataset.TokenWindows` dataset to that style for a
+``PreTrainedModel``; a plain loop passes ``label_style="hf"`` itself (:func:`label_style_for`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import weakref
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from seqwarm.config import LRConfig, RunConfig, load_config
+from seqwarm.config.reader import read_config_dict, without_seqwarm_blocks
+from seqwarm.curriculum.clock import Progress
+from seqwarm.curriculum.lr import lr_at
+from seqwarm.curriculum.warmup import SequenceLengthWarmup, as_run_config
+from seqwarm.data.dataset import TokenWindows
+from seqwarm.util.errors import MissingDependencyError, UserError
+
+__all__ = ["CurriculumLRScheduler", "CurriculumTrainer", "label_style_for", "require_transformers",
+           "trainer_deepspeed_config", "curriculum_config_for"]
+
+logger = logging.getLogger(__name__)
+
+CurriculumTrainer: type  # built by the module's __getattr__ on first access (it imports transformers)
+
+STATE_FORMAT = "seqwarm.hf_scheduler/1"
+
+
+def require_transformers(purpose: str = "seqwarm's Hugging Face integration"):
+    """``import transformers``, or :class:`~seqwarm.util.errors.MissingDependencyError` naming the extra."""
+    try:
+        import transformers
+    except ImportError as err:
+        if err.name in (None, "transformers") or (err.name or "").startswith("transformers."):
+            raise MissingDependencyError("transformers", "hf", purpose) from None
+        raise
+    return transformers
+
+
+def label_style_for(model: Any) -> str:
+    """``"hf"`` for a ``transformers.PreTrainedModel`` (it shifts labels itself), else ``"megatron"``."""
+    try:
+        from transformers import PreTrainedModel
+    except ImportError:
+        return "megatron"
+    inner = getattr(model, "module", model)
+    return "hf" if isinstance(inner, PreTrainedModel) or isinstance(model, PreTrainedModel) else "megatron"
+
+
+# -- the LR scheduler -------------------------------------------------------------------------------
+
+class CurriculumLRScheduler(torch.optim.lr_scheduler.LRScheduler):
+    """Every param group's LR is ``lr_at(progress, lr_config) * group.get("lr_scale", 1.0)``.
+
+    ``source``: a :class:`~seqwarm.curriculum.warmup.SequenceLengthWarmup` (its LR config; its state is saved with
+    the scheduler's), a :class:`~seqwarm.config.RunConfig`, an :class:`~seqwarm.curriculum.lr.LRConfig`,
+    or a DeepSpeed-style dict / JSON path. :meth:`step` takes the clock of the step about to be applied
+    (the clock *including* it: call it before ``optimizer.step()``); without an argument it re-applies
+    the last clock given (so a caller that steps it after the optimizer, like ``Trainer``, changes nothing).
+    ``get_last_lr()`` is the LR of the step in flight.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, source: Any, last_epoch: int = -1):
+        self.slw = source if isinstance(source, SequenceLengthWarmup) else None
+        if self.slw is not None:
+            if source.lr_config is None:
+                raise ValueError("the SequenceLengthWarmup has no LR config (lr=...): it sets no learning rate")
+            self.lr_config = source.lr_config
+        elif isinstance(source, LRConfig):
+            self.lr_config = source
+        else:
+            self.lr_config = as_run_config(source, 1).lr
+        self.progress = self.slw.progress if self.slw is not None else Progress()
+        super().__init__(optimizer, last_epoch)
+
+    def get_lr(self) -> list[float]:
+        lr = lr_at(self.progress, self.lr_config)
+        return [lr * group.get("lr_scale", 1.0) for group in self.optimizer.param_groups]
+
+    def step(self, progress: Progress | None = None) -> None:  # type: ignore[override]
+        """Set every group's LR for the clock ``progress`` (None: the last clock given)."""
+        if progress is not None:
+            self.progress = progress
+        self.last_epoch += 1
+        values = self.get_lr()
+        for group, lr in zip(self.optimizer.param_groups, values):
+            group["lr"] = lr
+        self._last_lr = values
+
+    def state_dict(self) -> dict[str, Any]:
+        """The clock, the last LRs and, over a SequenceLengthWarmup, its state (plain types: ``weights_only`` loads)."""
+        return {"format": STATE_FORMAT, "last_epoch": self.last_epoch, "last_lr": list(self._last_lr),
+                "progress": self.progress.to_dict(),
+                "core": self.slw.state_dict() if self.slw is not None else None}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"not a CurriculumLRScheduler state dict (format {state.get('format')!r})")
+        self.last_epoch = int(state["last_epoch"])
+        self._last_lr = [float(v) for v in state["last_lr"]]
+        self.progress = Progress.from_dict(state["progress"])
+        if self.slw is not None and state.get("core") is not None:
+            self.slw.load_state_dict(state["core"])
+
+
+# -- configs ----------------------------------------------------------------------------------------
+
+def _read(source: Any) -> dict[str, Any]:
+    if not isinstance(source, (Mapping, str, os.PathLike)):
+        raise TypeError(f"config must be a RunConfig, a dict or a JSON path, got {type(source).__name__}")
+    return read_config_dict(source)[0]
+
+
+def trainer_deepspeed_config(source: Any) -> dict[str, Any]:
+    """The DeepSpeed config for ``TrainingArguments(deepspeed=...)``: the user's (dict or JSON path)
+    without the keys seqwarm handles (``curriculum_learning``, the ``seqwarm`` block, the curriculum
+    of ``data_efficiency``, the ``scheduler``); ``"auto"`` values stay, for the Trainer to fill."""
+    ds = without_seqwarm_blocks(_read(source))
+    ds.pop("scheduler", None)  # seqwarm's clock sets the LR; a DeepSpeed scheduler would fight it
+    return ds
+
+
+def curriculum_config_for(source: Any, args: Any) -> RunConfig:
+    """The checked :class:`RunConfig` of ``source`` (dict / JSON path / RunConfig) for the Trainer's
+    ``args``: batch keys, clipping and optimizer values missing or ``"auto"`` are the Trainer's; batch
+    sizes that are set must be the Trainer's (a :class:`UserError` says which differ)."""
+    if isinstance(source, RunConfig):
+        cfg = source
+    else:
+        raw = _read(source)
+        fill = {"train_micro_batch_size_per_gpu": args.per_device_train_batch_size,
+                "gradient_accumulation_steps": args.gradient_accumulation_steps,
+                "train_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps
+                * args.world_size}
+        for key, value in fill.items():  # a missing train_batch_size follows from the other two
+            if raw.get(key, "auto" if key != "train_batch_size" else None) == "auto":
+                raw[key] = value
+        if raw.get("gradient_clipping") == "auto":
+            raw["gradient_clipping"] = args.max_grad_norm
+        params = raw.get("optimizer", {}).get("params", {}) if isinstance(raw.get("optimizer"), dict) else {}
+        hf = {"lr": args.learning_rate, "betas": [args.adam_beta1, args.adam_beta2], "eps": args.adam_epsilon,
+              "weight_decay": args.weight_decay}
+        for key, value in hf.items():
+            if params.get(key) == "auto":
+                params[key] = value
+        for name in ("fp16", "bf16"):
+            if isinstance(raw.get(name), dict) and raw[name].get("enabled") == "auto":
+                raw[name]["enabled"] = bool(getattr(args, name, False))
+        cfg = load_config(raw, world_size=args.world_size)
+    ours = {"per_device_train_batch_size": (cfg.micro_batch_size, args.per_device_train_batch_size),
+            "gradient_accumulation_steps": (cfg.gradient_accumulation_steps, args.gradient_accumulation_steps),
+            "world_size": (cfg.world_size, args.world_size)}
+    diff = [f"{k}: curriculum config {a}, TrainingArguments {b}" for k, (a, b) in ours.items() if a != b]
+    if diff:
+        raise UserError("the curriculum config's batch sizes differ from the Trainer's (" + "; ".join(diff)
+                        + "): set them to 'auto' or leave them out of the config, or make them equal")
+    return cfg
+
+
+def _hand_deepspeed_config(args: Any) -> None:
+    """Give the Trainer's DeepSpeed plugin the config without seqwarm's keys (rebuilt the way
+    ``Trainer`` rebuilds it between hyper-parameter trials)."""
+    if not getattr(args, "deepspeed", None):
+        return
+    raw = _read(args.deepspeed)
+    ds = trainer_deepspeed_config(raw)
+    if ds == raw:
+        return
+    from accelerate.utils import DeepSpeedPlugin
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    args.deepspeed = ds
+    args.hf_deepspeed_config = HfTrainerDeepSpeedConfig(ds)
+    args.hf_deepspeed_config.trainer_config_process(args)
+    args.deepspeed_plugin = DeepSpeedPlugin(hf_ds_config=args.hf_deepspeed_config)
+
+
+# -- the Trainer ------------------------------------------------------------------------------------
+
+def _build_trainer_class() -> type:
+    transformers = require_transformers("CurriculumTrainer")
+
+    class _CurriculumCallback(transformers.TrainerCallback):
+        """End the step (applied unless Accelerate skipped it on an fp16 overflow), and stop at the budget."""
+
+        def __init__(self, trainer: Any):
+            self.trainer = weakref.proxy(trainer)  # the trainer holds its callbacks: no reference cycle
+
+        def on_step_end(self, args, state, control, **kwargs):
+            slw = self.trainer.curriculum
+            if slw.step_open:
+                slw.end_step(applied=not self.trainer.accelerator.optimizer_step_was_skipped)
+            if slw.done:
+                control.should_training_stop = True
+                if args.save_strategy != "no":
+                    control.should_save = True
+            return control
+
+    class CurriculumTrainer(transformers.Trainer):
+        """``transformers.Trainer`` with seqwarm's sequence-length curriculum, token clock and LR.
+
+        ``curriculum``: a DeepSpeed JSON path or dict (read with :func:`~seqwarm.config.load_config`;
+        batch keys missing or ``"auto"`` are the Trainer's) or a :class:`RunConfig`; default: the
+        ``deepspeed=`` config of the ``TrainingArguments``. The LR is seqwarm's (peak, warmup, decay
+        from that config; ``learning_rate`` / ``lr_scheduler_type`` / ``warmup_*`` are not used);
+        the optimizer is the Trainer's. Every other argument is ``Trainer``'s.
+        ``self.curriculum`` is the :class:`~seqwarm.curriculum.warmup.SequenceLengthWarmup` (clock, length, mode).
+        """
+
+        def __init__(self, *args: Any, curriculum: Any = None, inject_via_kwargs: bool = False, **kwargs: Any):
+            targs = kwargs.get("args", args[1] if len(args) > 1 else None)
+            model = kwargs.get("model", args[0] if args else None)
+            if targs is None or model is None:
+                raise UserError("CurriculumTrainer needs model= and args= (TrainingArguments)")
+            if curriculum is None:
+                curriculum = targs.deepspeed
+                if not curriculum:
+                    raise UserError("CurriculumTrainer needs curriculum= (a DeepSpeed JSON path or dict)")
+            optimizers = kwargs.get("optimizers", (None, None))
+            if optimizers[1] is not None and not isinstance(optimizers[1], CurriculumLRScheduler):
+                raise UserError("CurriculumTrainer sets the learning rate from seqwarm's token clock: pass "
+                                "optimizers=(optimizer, None), not an LR scheduler")
+            if label_style_for(model) == "hf":  # HF causal LMs shift labels: give them labels = input_ids
+                for key in ("train_dataset", "eval_dataset"):
+                    if isinstance(kwargs.get(key), TokenWindows):
+                        kwargs[key] = kwargs[key].with_label_style("hf")
+                    elif isinstance(kwargs.get(key), dict):
+                        kwargs[key] = {k: v.with_label_style("hf") if isinstance(v, TokenWindows) else v
+                                       for k, v in kwargs[key].items()}
+            self.curriculum_config = curriculum_config_for(curriculum, targs)
+            _hand_deepspeed_config(targs)
+            super().__init__(*args, **kwargs)
+            self.curriculum = SequenceLengthWarmup.from_config(self.curriculum_config, self.model.forward,
+                                                               inject_via_kwargs=inject_via_kwargs)
+            self.add_callback(_CurriculumCallback(self))
+            # Trainer normalises by labels[..., 1:] only for models whose class name maps to the causal
+            # LM loss; GPT2LMHeadModel does not, so it divides by labels that have no target: the loss
+            # shrinks by (L - 1) / L, a factor that changes with the curriculum length. Every causal LM
+            # shifts its labels: count them the same way.
+            from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+            if (getattr(self, "_loss_shifts_labels", None) is False
+                    and type(self.model).__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+                    and not getattr(getattr(self.model, "config", None), "is_encoder_decoder", False)):
+                self._loss_shifts_labels = True
+
+        def create_scheduler(self, num_training_steps: int, optimizer: Any = None):
+            if self.lr_scheduler is None:
+                self.lr_scheduler = CurriculumLRScheduler(optimizer or self.optimizer, self.curriculum)
+                self._created_lr_scheduler = True
+            return self.lr_scheduler
+
+        def get_batch_samples(self, epoch_iterator, num_batches, device):
+            """All micro-batches of one optimizer step, cut to its length (before the Trainer counts
+            their label tokens); the step's LR is set from them."""
+            batches, num_items = super().get_batch_samples(self._cut_step(epoch_iterator), num_batches, device)
+            if batches:
+                self.lr_scheduler.step(self.curriculum.step_progress())
+            return batches, num_items
+
+        def _cut_step(self, batches):
+            """Each batch cut; the first one drawn begins the step (an exhausted iterator begins none)."""
+            slw = self.curriculum
+            for batch in batches:
+                if not slw.step_open:
+                    slw.begin_step()
+                yield slw.cut(batch)
+
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            if self.curriculum.mode != "inject" or not model.training:
+                return super().compute_loss(model, inputs, return_outputs=return_outputs,
+                                            num_items_in_batch=num_items_in_batch)
+            length, tokens = inputs.get("curriculum_seqlen"), inputs.get("input_ids")
+            loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
+                                                 num_items_in_batch=num_items_in_batch)
+            if length is not None and isinstance(tokens, torch.Tensor):  # the model ran at that length
+                self.curriculum.check_output(outputs, (tokens.shape[0], min(length, tokens.shape[1])))
+            return (loss, outputs) if return_outputs else loss
+
+        def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+            """Every log (so every reporting callback) also gets ``curriculum/seqlen`` and ``progress/tokens``."""
+            core = self.curriculum
+            if core.current_seqlen is not None:
+                logs = {**logs, "curriculum/seqlen": core.current_seqlen, "progress/tokens": core.progress.tokens}
+            super().log(logs, start_time)
+
+    CurriculumTrainer.__module__ = __name__
+    return CurriculumTrainer
+
+
+def __getattr__(name: str) -> Any:
+    if name == "CurriculumTrainer":  # transformers is imported here, on first use, not with the module
+        cls = _build_trainer_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

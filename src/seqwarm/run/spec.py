@@ -1,0 +1,489 @@
+"""A training run from Python: a frozen :class:`RunSpec` and :func:`run_training` (what ``seqwarm train``,
+``compare`` and ``tune`` call).
+
+::
+
+    from seqwarm.run.spec import RunSpec, run_training
+
+    result = run_training(RunSpec(config="examples/tiny_cpu.json", settings={"train_tokens": 20_000},
+                                  out="runs/demo", device="cpu"))  # paths may be str or Path
+    print(result.final_val_loss, result.run_dir)
+
+A spec holds everything ``seqwarm train`` takes: the config file (or None for the built-in recipe,
+:func:`seqwarm.config.defaults.default_train_config`), ``settings`` (``load_config`` overrides, keyed as the
+settings table :mod:`seqwarm.config.settings`), and the run's options. The ``seqwarm train`` flags are
+generated from these fields (name from the field name, help from the field docstring: see
+:mod:`seqwarm.run.command` for the rule); change the spec with :func:`dataclasses.replace` or
+:func:`with_changes`. Bad input raises :class:`~seqwarm.util.errors.UserError` (config and run-policy problems
+together as one :class:`~seqwarm.util.problems.ConfigError`), which the CLI turns into exit code 2.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from seqwarm.config import RunConfig, load_config
+from seqwarm.config.defaults import PRESETS, default_train_config
+from seqwarm.config.settings import SETTING_KEYS, flag_for, negative_flag
+from seqwarm.curriculum.plan import data_use, make_plan
+from seqwarm.trainer.metrics import format_results
+from seqwarm.util.errors import UserError
+from seqwarm.util.problems import ConfigError, Problem
+
+if TYPE_CHECKING:  # seqwarm.trainer.loop imports torch: only when a run starts
+    from seqwarm.trainer.loop import TrainResult
+
+__all__ = ["RunSpec", "run_training", "resolve_config", "recipe_config", "policy_problems", "spec_problems",
+           "with_changes"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One ``seqwarm train`` run. Field metadata (``flag``, ``metavar``, ``group``, ``parse``) shapes its
+    command-line flag; the docstring under a field is that flag's ``--help``."""
+
+    config: Path | None = field(default=None, metadata={"metavar": "FILE",
+                                                         "aliases": ("--deepspeed_config", "--deepspeed-config")})
+    """DeepSpeed JSON config (curriculum_learning or data_efficiency block, batch sizes, optimizer,
+    clipping, precision; optional 'seqwarm' block). Default: the built-in CPU demo recipe
+    (examples/tiny_cpu.json)"""
+    data: Path | None = field(default=None, metadata={"metavar": "DIR"})
+    """a folder written by `seqwarm prepare` (default: the embedded corpus, prepared once into the cache)"""
+    data_path: tuple[str, ...] = field(default=(), metadata={"metavar": "PREFIX"})
+    """Megatron indexed data read in place instead of --data: PREFIX for PREFIX.bin + PREFIX.idx, or a blend
+    W1 PREFIX1 W2 PREFIX2 ... (see docs/MIGRATING.md)"""
+    split: str = field(default="969,30,1", metadata={"metavar": "T,V,E"})
+    """with --data-path: Megatron's train,valid,test split of the documents (default 969,30,1; the test part
+    is not used)"""
+    tokenizer: str | None = field(default=None, metadata={"metavar": "NAME"})
+    """with --data-path: the tokenizer the data was made with (gpt2, hf:PATH), for its vocabulary and EOD id"""
+    vocab_size: int | None = field(default=None, metadata={"parse": "int", "metavar": "N"})
+    """with --data-path: the vocabulary size (default: the tokenizer's; e.g. Megatron's padded size)"""
+    eod_id: int | None = field(default=None, metadata={"parse": "int", "metavar": "ID"})
+    """with --data-path: the end-of-document token id (default: the tokenizer's)"""
+    model: str = "tiny"
+    """model size preset: tiny (default), nano (for sweeps on CPU), gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b; or hf:PATH, a
+    Hugging Face causal LM built from a local config.json (AutoModelForCausalLM.from_config, nothing is
+    downloaded)"""
+    n_layer: int | None = field(default=None, metadata={"metavar": "N", "parse": "int"})
+    """transformer layers (default: the --model preset's); with --n-head and --n-embd, a GPT of any size
+    for cheap experiments"""
+    n_head: int | None = field(default=None, metadata={"metavar": "N", "parse": "int"})
+    """attention heads (default: the --model preset's; must divide --n-embd)"""
+    n_embd: int | None = field(default=None, metadata={"metavar": "N", "parse": "int"})
+    """model width (default: the --model preset's)"""
+    rotary: bool = False
+    """rotary position embeddings instead of learned ones"""
+    fsdp: bool = False
+    """under torchrun: shard the model with FSDP2 (fully_shard per block) instead of DDP"""
+    deepspeed: bool = field(default=False, metadata={"group": "deepspeed"})
+    """train on a DeepSpeed engine (under torchrun or the deepspeed launcher); ZeRO stage, offload,
+    precision and batch sizes come from --config"""
+    pipeline_stages: int = field(default=0, metadata={"group": "deepspeed", "metavar": "K",
+                                                      "aliases": ("--pipeline-model-parallel-size",)})
+    """with --deepspeed: a K-stage (K >= 2) DeepSpeed pipeline of the GPT (ZeRO stage 0 or 1; K must divide
+    the number of processes)"""
+    local_rank: int | None = field(default=None, metadata={"group": "deepspeed", "parse": "int", "metavar": "N",
+                                                           "aliases": ("--local_rank",), "launcher": True})
+    """set by the deepspeed launcher (--local_rank=N); checked against its LOCAL_RANK, which seqwarm uses"""
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    """``load_config`` overrides, keyed as the settings table (``{"train_tokens": 2_000_000, "lr": 3e-4,
+    "curriculum": False}``); each key is a flag of its own (``--train-tokens``, ``--lr``, ``--no-curriculum``)"""
+    out: Path | None = field(default=None, metadata={"group": "run", "metavar": "RUN", "aliases": ("--save",)})
+    """run folder (default: runs/<model>-<date>-<time>)"""
+    resume: bool = field(default=False, metadata={"group": "run"})
+    """continue the run in --out from its latest valid checkpoint"""
+    allow_config_change: bool = field(default=False, metadata={"group": "run"})
+    """resume even if the curriculum/budget/batch settings differ from the checkpoint's"""
+    seed: int = field(default=1234, metadata={"group": "run", "parse": "int"})
+    """seed of the initial weights and of the data order (default 1234)"""
+    device: str = field(default="auto", metadata={"group": "run"})
+    """auto (cuda if available), cpu, cuda, cuda:N"""
+    eval_interval: int = field(default=50, metadata={"group": "run", "metavar": "N"})
+    """validate every N steps (0: only at the end)"""
+    eval_iters: int = field(default=8, metadata={"group": "run", "metavar": "N"})
+    """validation micro-batches per evaluation"""
+    save_interval: int = field(default=100, metadata={"group": "run", "metavar": "N"})
+    """checkpoint every N steps (and at the end)"""
+    keep_checkpoints: int = field(default=3, metadata={"group": "run", "metavar": "N"})
+    """checkpoints kept in the run folder, the newest ones (0: all; default 3)"""
+    log_interval: int = field(default=10, metadata={"group": "run", "metavar": "N"})
+    """a metrics row and a console line every N steps (default 10)"""
+    progress_bar: bool = field(default=True, metadata={"group": "run", "flag": "--no-progress"})
+    """no progress bar"""
+    eval_wikitext: Path | None = field(default=None, metadata={"group": "run", "metavar": "FILE"})
+    """after training, WikiText-103 perplexity on this local wiki.test.raw (see docs/EVALUATION.md)"""
+    eval_lambada: Path | None = field(default=None, metadata={"group": "run", "metavar": "FILE"})
+    """after training, LAMBADA zero-shot accuracy on this local lambada_test.jsonl"""
+    tensorboard: bool = field(default=True, metadata={"group": "run", "flag": "--no-tensorboard"})
+    """no TensorBoard event files"""
+    tensorboard_dir: Path | None = field(default=None, metadata={"group": "run", "metavar": "DIR"})
+    """TensorBoard event files here instead of RUN/tensorboard (also the config's "tensorboard" block)"""
+    wandb_project: str | None = field(default=None, metadata={"group": "run", "metavar": "NAME"})
+    """log to Weights & Biases, this project (pip install 'seqwarm[wandb]'; also the config's "wandb"
+    block; WANDB_MODE=offline keeps it local)"""
+    wandb_run_name: str | None = field(default=None, metadata={"group": "run", "metavar": "NAME",
+                                                               "aliases": ("--wandb-exp-name",)})
+    """the W&B run's name (default: the run folder's name)"""
+
+    def __post_init__(self) -> None:
+        # paths given as strings become Paths and settings a private dict, so that equal runs compare equal
+        for name in _PATH_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, Path):
+                object.__setattr__(self, name, Path(value))
+        object.__setattr__(self, "settings", dict(self.settings))
+        object.__setattr__(self, "data_path", tuple(str(p) for p in self.data_path))
+
+
+_FIELDS = tuple(f.name for f in fields(RunSpec) if f.name != "settings")
+_PATH_FIELDS = tuple(name for name, hint in typing.get_type_hints(RunSpec).items() if Path in typing.get_args(hint))
+
+
+def with_changes(spec: RunSpec, **changes: Any) -> RunSpec:
+    """``spec`` with fields and settings changed by name; a setting given as None is removed (its
+    value then comes from the config again)."""
+    direct: dict[str, Any] = {}
+    settings = dict(spec.settings)
+    for key, value in changes.items():
+        if key in _FIELDS:
+            direct[key] = value
+        elif key in SETTING_KEYS:
+            if value is None:
+                settings.pop(key, None)
+            else:
+                settings[key] = value
+        else:
+            raise KeyError(f"{key!r} is neither a RunSpec field nor a setting ({', '.join(SETTING_KEYS)})")
+    return replace(spec, settings=settings, **direct)
+
+
+# --------------------------------------------------------------------------------------------------
+# the run's config and the run-level policy
+
+
+def policy_problems(cfg: RunConfig) -> list[Problem]:
+    """What ``seqwarm train``'s loop cannot run although the config itself is valid (all of it at once)."""
+    problems = []
+    if cfg.rampup_batch_size:
+        ramp = f"rampup_batch_size ({flag_for('rampup_batch_size')})"
+        if cfg.curriculum is not None:
+            problems.append(Problem(ramp, " ".join(map(str, cfg.rampup_batch_size)),
+                                    "cannot be combined with a sequence-length curriculum: both cut the tokens per "
+                                    "batch and SLW is the more stable of the two (Li et al. 2022, §5.4)",
+                                    "keep the global batch fixed (consider a larger micro-batch) and drop the ramp"))
+        else:
+            problems.append(Problem(ramp, " ".join(map(str, cfg.rampup_batch_size)),
+                                    "Megatron's batch-size warmup is not implemented by seqwarm's loop",
+                                    "drop the ramp"))
+    if cfg.curriculum is not None and cfg.curriculum.schedule_type == "custom":
+        problems.append(Problem("curriculum_learning.schedule_type", "custom",
+                                "a 'custom' schedule is a Python function: `seqwarm train` cannot run it from a "
+                                "config file", "use the library (CurriculumScheduler.set_custom_get_difficulty "
+                                "with CurriculumEngine), or a fixed_linear / fixed_root / fixed_discrete schedule"))
+    if cfg.train_tokens is None and cfg.train_iters is None and cfg.train_samples is None:
+        problems.append(Problem("train_tokens", None, "no budget: the run needs train_tokens, train_iters or "
+                                "train_samples", "give --train-tokens (or --train-iters / --train-samples), or "
+                                "a 'seqwarm' block with train_tokens in the config"))
+    return problems
+
+
+_DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
+
+
+def spec_problems(spec: RunSpec) -> list[Problem]:
+    """The run options no loop can use, found before anything is trained (all of them at once)."""
+    problems = []
+    for name, least in (("eval_iters", 1), ("eval_interval", 0), ("save_interval", 0), ("keep_checkpoints", 0),
+                        ("log_interval", 0), ("pipeline_stages", 0)):
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            flag = "--" + name.replace("_", "-")
+            problems.append(Problem(flag, value, f"must be a whole number >= {least}",
+                                    f"give {flag} {max(least, 1)} or more" if least else f"give {flag} 0 or more"))
+    if not isinstance(spec.device, str) or not _DEVICE.match(spec.device):
+        problems.append(Problem("--device", spec.device, "seqwarm trains on auto, cpu, cuda or cuda:N",
+                                "give --device auto (cuda when available, else cpu)"))
+    if spec.data and spec.data_path:
+        problems.append(Problem("--data-path", " ".join(map(str, spec.data_path)), "--data (a seqwarm prepared "
+                                "folder) and --data-path (Megatron indexed files) both name the training data",
+                                "give one of them"))
+    if not spec.data_path:  # these describe Megatron indexed files; a prepared folder carries its own
+        for name in ("split", "tokenizer", "vocab_size", "eod_id"):
+            value = getattr(spec, name)
+            if value != getattr(RunSpec, name):
+                flag = "--" + name.replace("_", "-")
+                problems.append(Problem(flag, value, "only applies with --data-path (Megatron indexed files); a "
+                                        "prepared folder (--data) carries its own tokenizer and split",
+                                        f"drop {flag}, or give --data-path PREFIX"))
+    return problems
+
+
+def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
+    """The run's RunConfig: the config file (or the default recipe) with the settings applied; raises one
+    ConfigError listing every run-policy problem."""
+
+    overrides = dict(spec.settings)
+    source: Any = str(spec.config) if spec.config else recipe_config(spec)
+    cfg = load_config(source, overrides=overrides, world_size=world_size)
+    if cfg.seq_length is None:
+        seq = cfg.full_length or _model_seq_length(spec.model)
+        cfg = load_config(source, overrides={**overrides, "seq_length": seq}, world_size=world_size)
+    problems = spec_problems(spec) + policy_problems(cfg)
+    if spec.model.startswith("hf:") and cfg.count_tokens_by == "loss_mask":
+        problems.append(Problem("count_tokens_by", "loss_mask", "an hf: model takes HF-style batches, which carry "
+                                "no loss_mask to count", "count by shape (drop --count-tokens-by loss_mask)"))
+    if cfg.compile and (spec.deepspeed or spec.model.startswith("hf:")):
+        problems.append(Problem(f"compile ({flag_for('compile')})", True, "compiles seqwarm's own GPT on its own "
+                                "engine, not a DeepSpeed engine or an hf: model",
+                                f"drop it ({negative_flag('compile')} over a config's seqwarm.compile), or use "
+                                "DeepSpeed's config key \"compile\" (or Hugging Face's torch_compile) for those"))
+    if problems:
+        raise ConfigError(problems, str(spec.config) if spec.config else "the built-in recipe")
+    for message in cfg.warnings:
+        logger.warning("warning: %s", message)
+    return cfg
+
+
+def recipe_config(spec: RunSpec) -> dict[str, Any]:
+    """The built-in recipe a run without ``--config`` trains (a fresh dict): it follows the user's length
+    (``--seq-length``, else the model's), budget and global batch (an explicit config is checked strictly)."""
+    return default_train_config(spec.settings.get("seq_length") or _recipe_length(spec.model),
+                                train_tokens=spec.settings.get("train_tokens"),
+                                train_batch_size=spec.settings.get("train_batch_size"))
+
+
+def _recipe_length(model: str) -> int | None:
+    """The length the built-in recipe follows without --seq-length: the preset's, or an hf: config's
+    context (None, the recipe's own length, when it names none or the model is unknown)."""
+    if model.startswith("hf:"):
+        from seqwarm.integrations.hf.run import hf_model_path, hf_seq_length
+        return hf_seq_length(hf_model_path(model))
+    return PRESETS[model]["seq_length"] if model in PRESETS else None
+
+
+def _model_seq_length(model: str) -> int:
+    """The full length of a model without a configured one: the preset's, or an hf: config's context."""
+    if model.startswith("hf:"):
+        from seqwarm.integrations.hf.run import hf_model_path, hf_seq_length
+        seq = hf_seq_length(hf_model_path(model))
+        if seq is None:
+            raise UserError(f"--model {model}: its config.json has no max_position_embeddings; give --seq-length")
+        return seq
+    return PRESETS[model]["seq_length"]
+
+
+SIZE_FLAGS = ("n_layer", "n_head", "n_embd")
+"""RunSpec fields that override the size of the --model preset."""
+
+
+def size_overrides(spec: RunSpec) -> dict[str, int]:
+    """The model sizes given by --n-layer / --n-head / --n-embd (the others come from the preset)."""
+    return {k: int(getattr(spec, k)) for k in SIZE_FLAGS if getattr(spec, k) is not None}
+
+
+def model_size(spec: RunSpec) -> dict[str, int]:
+    """Layers, heads and width of the GPT ``spec`` trains (preset, then the size flags)."""
+    preset = PRESETS[spec.model]
+    return {**{k: preset[k] for k in SIZE_FLAGS}, **size_overrides(spec)}
+
+
+def size_problems(spec: RunSpec) -> None:
+    """UserError listing every bad --n-layer / --n-head / --n-embd (each >= 1; heads divide the width)."""
+    given = size_overrides(spec)
+    bad = [f"--{k.replace('_', '-')} {v}: must be >= 1" for k, v in given.items() if v < 1]
+    size = model_size(spec)
+    if not bad and size["n_embd"] % size["n_head"]:
+        bad.append(f"--n-embd {size['n_embd']} is not a multiple of --n-head {size['n_head']} (each head gets "
+                   "n_embd / n_head channels); choose e.g. --n-embd "
+                   f"{size['n_head'] * max(1, round(size['n_embd'] / size['n_head']))}")
+    if bad:
+        raise UserError("; ".join(bad))
+
+
+def check_spec(spec: RunSpec) -> None:
+    """Refuse option combinations no backend runs (before any process group is set up)."""
+    if spec.model.startswith("hf:"):
+        bad = [flag for flag, on in (("--rotary", spec.rotary), ("--fsdp", spec.fsdp), ("--deepspeed", spec.deepspeed))
+               if on]
+        bad += [f"--{k.replace('_', '-')}" for k in size_overrides(spec)]
+        if bad:
+            raise UserError(f"--model {spec.model}: {', '.join(bad)} cannot be combined with a Hugging Face model "
+                            "(its config.json sets the architecture; for DeepSpeed or FSDP use "
+                            "seqwarm.integrations.hf.trainer.CurriculumTrainer)")
+    elif spec.model not in PRESETS:
+        raise UserError(f"--model {spec.model!r}: choose one of {', '.join(PRESETS)}, or hf:PATH (a local "
+                        "Hugging Face config.json)")
+    else:
+        size_problems(spec)
+    if spec.pipeline_stages and not spec.deepspeed:
+        raise UserError("--pipeline-stages needs --deepspeed (the pipeline is DeepSpeed's PipelineEngine)")
+    if spec.deepspeed and spec.fsdp:
+        raise UserError("--deepspeed and --fsdp both shard the model: choose one (ZeRO-3 in the DeepSpeed config "
+                        "is the DeepSpeed counterpart of --fsdp)")
+    env_rank = os.environ.get("LOCAL_RANK")
+    if spec.local_rank is not None and env_rank is not None and int(env_rank) != spec.local_rank:
+        raise UserError(f"--local_rank={spec.local_rank} but the launcher set LOCAL_RANK={env_rank}: launch with "
+                        "deepspeed or torchrun, which set both alike")
+    if spec.deepspeed:
+        from seqwarm.integrations.deepspeed.curriculum import require_deepspeed
+        require_deepspeed()
+
+
+# --------------------------------------------------------------------------------------------------
+# running
+
+
+def run_training(spec: RunSpec) -> TrainResult:
+    """Train as ``seqwarm train`` does and return the :class:`~seqwarm.trainer.loop.TrainResult`.
+
+    Under torchrun every rank calls this: DDP (or FSDP2 with ``fsdp``) over the process group torchrun
+    describes; rank 0 alone prints, logs and writes files. With ``deepspeed`` a process group is made
+    for a single process too (DeepSpeed needs one).
+    """
+    from seqwarm.trainer.distributed import barrier, cleanup, init_distributed
+
+    check_spec(spec)
+    info = init_distributed(spec.device)
+    if not info.is_main:
+        logging.getLogger().setLevel(logging.ERROR)
+    try:
+        if spec.deepspeed:
+            from seqwarm.integrations.deepspeed.run import deepspeed_process_group
+            with deepspeed_process_group(spec.device):
+                return _run(spec, info)
+        result = _run(spec, info)
+        barrier(info)  # no rank tears the process group down while another still sends (or is still saving)
+        return result
+    finally:
+        cleanup(info)
+
+
+def _print_plan(cfg: RunConfig, start_step: int, train_windows: int | None = None) -> None:
+    """What the run will do, from the same pure schedules the engine uses; with ``train_windows`` (the
+    training split's windows), how many passes over the data the budget makes."""
+
+    try:
+        plan = make_plan(cfg)
+    except UserError:
+        return
+    ends = (f"; the curriculum reaches full length at step {plan.curriculum_end_step:,}"
+            if plan.curriculum_end_step else "")
+    print(f"plan:        about {plan.total_steps:,} steps{ends}" + (f" (resuming at {start_step:,})" if start_step else ""),
+          flush=True)
+    warnings = list(plan.warnings)
+    if train_windows:
+        line, too_many = data_use(plan, train_windows)
+        print(line, flush=True)
+        warnings += [too_many] if too_many else []
+    for message in warnings:
+        if message not in cfg.warnings:
+            logger.warning("warning: %s", message)
+
+
+def _data_dir(spec: RunSpec, info) -> Path:
+    from seqwarm.data import embedded_data_dir
+    from seqwarm.trainer.distributed import barrier
+
+    if spec.data:
+        data_dir = Path(spec.data)
+    else:  # rank 0 prepares the embedded corpus once; the others wait for it
+        if info.is_main:
+            embedded_data_dir()
+        barrier(info)
+        data_dir = embedded_data_dir()
+    if not data_dir.exists():
+        raise UserError(f"--data {data_dir}: no such folder (create it with `seqwarm prepare --out {data_dir}`)")
+    return data_dir
+
+
+def _run(spec: RunSpec, info) -> TrainResult:
+    from seqwarm.trainer.loop import TrainOptions
+    from seqwarm.trainer.run_folder import prepare_run_dir
+
+    say = print if info.is_main else (lambda *a, **k: None)
+    stages = spec.pipeline_stages or 1  # pipeline stages share one data-parallel replica
+    if info.world_size % stages:
+        raise UserError(f"--pipeline-stages {stages} must divide the number of processes ({info.world_size})")
+    cfg = resolve_config(spec, world_size=info.world_size // stages)
+    if spec.eval_wikitext or spec.eval_lambada:
+        from seqwarm.evaluation import check_eval_files
+        check_eval_files(wikitext=spec.eval_wikitext, lambada=spec.eval_lambada)  # fail before training
+    if info.enabled and not spec.out:
+        raise UserError("under torchrun, give --out (every rank must agree on the run folder)")
+    name = spec.model if not spec.model.startswith("hf:") else "hf-" + Path(spec.model[3:]).stem
+    out = Path(spec.out) if spec.out else Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    opts = TrainOptions(out=out, data=Path(spec.data) if spec.data else None, model=spec.model, seed=spec.seed,
+                        device=spec.device, eval_interval=spec.eval_interval, eval_iters=spec.eval_iters,
+                        save_interval=spec.save_interval, keep_checkpoints=spec.keep_checkpoints,
+                        log_interval=max(1, spec.log_interval), resume=spec.resume,
+                        allow_config_change=spec.allow_config_change, progress_bar=spec.progress_bar,
+                        tensorboard=spec.tensorboard, tensorboard_dir=spec.tensorboard_dir,
+                        wandb_project=spec.wandb_project, wandb_run_name=spec.wandb_run_name)
+    folder = prepare_run_dir(opts, info)  # locked until the run ends; removed again if it stays empty
+    try:
+        return _train_in(folder, spec, cfg, opts, info, say)
+    finally:
+        folder.close()
+
+
+def _train_in(folder, spec: RunSpec, cfg: RunConfig, opts, info, say) -> TrainResult:
+    """The run in its locked folder (see :func:`_run`)."""
+    from seqwarm.data import open_prepared
+    from seqwarm.trainer.backends import TorchEngineBuilder
+    from seqwarm.trainer.loop import Run, finish_lines, format_start, write_resolved_config
+    from seqwarm.trainer.model import GPTConfig
+
+    stages = spec.pipeline_stages or 1
+    if spec.data_path:
+        from seqwarm.data.megatron import open_megatron
+        data = open_megatron(spec.data_path, split=spec.split, tokenizer=spec.tokenizer,
+                             vocab_size=spec.vocab_size, eod_id=spec.eod_id)
+    else:
+        data = open_prepared(_data_dir(spec, info))
+    if spec.model.startswith("hf:"):
+        from seqwarm.integrations.hf.run import HFEngineBuilder, HFModelConfig, hf_model_path
+        model_cfg = HFModelConfig.from_path(hf_model_path(spec.model), vocab_size=data.vocab_size,
+                                            seq_length=cfg.seq_length)
+        builder = HFEngineBuilder()
+    else:
+        model_cfg = GPTConfig.preset(spec.model, vocab_size=data.vocab_size, seq_length=cfg.seq_length,
+                                     rotary=spec.rotary, **size_overrides(spec))
+        if spec.deepspeed:
+            from seqwarm.integrations.deepspeed.run import DeepSpeedEngineBuilder
+            builder = DeepSpeedEngineBuilder(pipeline_stages=stages if stages > 1 else 0)
+        else:
+            builder = TorchEngineBuilder(fsdp=spec.fsdp, compile=cfg.compile)
+    run = Run(cfg, opts, data, model_cfg, dist_info=info, builder=builder)
+    resumed = run.resume() if opts.resume else False
+    if opts.resume and not resumed:
+        say(f"{opts.out} has no checkpoint yet (the run stopped before its first one): starting it again "
+            "from step 0", flush=True)
+    if info.is_main:
+        write_resolved_config(run)
+    for line in format_start(run):
+        say(line, flush=True)
+    if resumed:
+        say(f"resuming at step {run.engine.global_steps:,} ({run.engine.progress.tokens:,} tokens)", flush=True)
+    if info.is_main:
+        _print_plan(cfg, run.engine.global_steps, len(run.batches.windows))
+    result = run.train()
+    for line in finish_lines(result):
+        say(line, flush=True)
+    if (spec.eval_wikitext or spec.eval_lambada) and info.is_main:
+        from seqwarm.evaluation import run_paper_evals
+        res = run_paper_evals(run.run_dir, wikitext=spec.eval_wikitext, lambada=spec.eval_lambada,
+                              device=spec.device, progress=spec.progress_bar)
+        for line in format_results(res):
+            print(line, flush=True)
+    return result

@@ -1,0 +1,189 @@
+"""Atomic checkpoints of everything a resume needs, named by step, the last few kept.
+
+A checkpoint is written to a temporary name in the same folder, flushed to disk, then renamed into
+place (:func:`seqwarm.util.atomic.atomic_path`), so a crash (even SIGKILL) mid-write never leaves a file
+under a checkpoint name that does not load. :func:`load_newest` skips files that fail to load
+and falls back to the previous one.
+
+Loading never runs code from the file: ``torch.load(weights_only=True)`` accepts tensors and plain
+Python values only, so everything a checkpoint holds is one of those (the numpy RNG state is stored as
+a tensor). Checkpoints written before this rule hold the numpy state as a ``uint32`` array; those load
+through a narrow allow-list (numpy's array rebuild for unsigned 32-bit arrays, torch's version string)
+and nothing else. Any other file — foreign, damaged or crafted — is a :class:`CheckpointError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from seqwarm.util.atomic import TMP_MARK, atomic_path
+from seqwarm.util.errors import UserError
+
+logger = logging.getLogger(__name__)
+
+FORMAT = "seqwarm.checkpoint/1"
+_NAME = re.compile(r"^step_(\d{8})\.pt$")
+
+
+def checkpoint_path(folder: Path, step: int) -> Path:
+    return folder / f"step_{step:08d}.pt"
+
+
+def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the files named like checkpoints, oldest first."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        match = _NAME.match(path.name)
+        if match:
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+class CheckpointError(UserError):
+    """A file under a checkpoint name that is not a loadable seqwarm checkpoint (the message says why)."""
+
+
+def rng_state() -> dict[str, Any]:
+    """The RNG states as tensors and plain values (what ``weights_only`` loading accepts)."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    state = {"torch": torch.get_rng_state(),
+             "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)],
+             "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _numpy_state(saved: Any) -> tuple:
+    """``np.random.set_state``'s tuple from a checkpoint's (keys as a tensor, or as an array in old files)."""
+    kind, keys, pos, has_gauss, gauss = saved
+    keys = keys.numpy() if isinstance(keys, torch.Tensor) else np.asarray(keys)
+    if str(kind) != "MT19937" or keys.shape != (624,):
+        raise ValueError(f"expected MT19937 with 624 keys, got {kind!r} with shape {keys.shape}")
+    return str(kind), keys.astype(np.uint32), int(pos), int(has_gauss), float(gauss)
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(_numpy_state(state["numpy"]))
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def save_checkpoint(folder: Path, step: int, payload: dict[str, Any], keep: int = 3) -> Path:
+    """Write ``payload`` as the checkpoint of ``step`` atomically; delete all but the newest ``keep``."""
+    final = checkpoint_path(folder, step)
+    with atomic_path(final) as tmp:  # fsync the file, rename, fsync the folder
+        with open(tmp, "wb") as fh:  # a file object: a failed write surfaces as the OSError behind it
+            torch.save({"format": FORMAT, "step": step, **payload}, fh)
+    if keep > 0:
+        for _, old in list_checkpoints(folder)[:-keep]:
+            if old != final:  # never the one just written, whatever other step numbers lie about
+                old.unlink(missing_ok=True)
+    for stale in folder.glob(f".step_*.pt{TMP_MARK}*"):  # left by a run killed mid-write
+        stale.unlink(missing_ok=True)
+    return final
+
+
+def _legacy_globals() -> list:
+    """What checkpoints of earlier versions hold besides tensors: numpy's uint32 RNG keys, torch's version."""
+    from torch.torch_version import TorchVersion
+
+    reconstruct = (getattr(np, "_core", None) or np.core).multiarray._reconstruct
+    return [reconstruct, (reconstruct, "numpy.core.multiarray._reconstruct"),  # numpy 1 pickles name it so
+            np.ndarray, np.dtype, type(np.dtype(np.uint32)), TorchVersion]
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    refused = re.search(r"GLOBAL ([\w.]+)", text)
+    if refused:  # torch's message is a page long (and suggests weights_only=False): name what it refused
+        return f"it asks to run {refused.group(1)}, which a checkpoint never needs (refused, not run)"
+    if "Weights only load failed" in text:
+        return "it holds objects that are not tensors or plain values (refused, not run)"
+    return (text.splitlines() or [type(err).__name__])[0][:300]
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    """The checkpoint at ``path``, loaded without running any code from it; CheckpointError otherwise."""
+    try:
+        with torch.serialization.safe_globals(_legacy_globals()):
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as err:
+        raise CheckpointError(f"checkpoint {path}: cannot read it ({err.strerror or err})") from None
+    except Exception as err:  # noqa: BLE001 - any unpickling failure: not a file we wrote
+        raise CheckpointError(f"checkpoint {path} does not load: {_first_line(err)}") from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not a seqwarm checkpoint (no format {FORMAT!r} in it)")
+    rng = state.get("rng")
+    if rng is not None:
+        try:
+            _numpy_state(rng["numpy"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"checkpoint {path}: its RNG state is malformed ({err})") from None
+    return state
+
+
+def require_keys(path: Path, state: dict[str, Any], keys: dict[str, type]) -> None:
+    """CheckpointError unless ``state`` has each key with a value of its type (a checkpoint of another
+    program, or of a run that cannot be resumed)."""
+    wrong = [k for k, kind in keys.items() if not isinstance(state.get(k), kind)]
+    if wrong:
+        raise CheckpointError(f"checkpoint {path} lacks {', '.join(wrong)} (or holds the wrong kind of value "
+                              "there): not a checkpoint seqwarm wrote for this")
+
+
+def _newest_loadable(folder: Path) -> tuple[tuple[Path, dict[str, Any]] | None, list[tuple[Path, str]]]:
+    """The newest checkpoint that loads (or None), and the newer ones that did not, with why."""
+    failures = []
+    for _, path in reversed(list_checkpoints(folder)):
+        try:
+            return (path, load_checkpoint(path)), failures
+        except CheckpointError as err:
+            failures.append((path, str(err)))
+    return None, failures
+
+
+def _none_loads(folder: Path, failures: list[tuple[Path, str]], fix: str) -> CheckpointError:
+    lines = "\n".join(f"  {why}" for _, why in failures)
+    return CheckpointError(f"none of the checkpoints in {folder} loads:\n{lines}\n{fix}")
+
+
+def load_newest(folder: Path) -> tuple[Path, dict[str, Any]]:
+    """The newest checkpoint that loads; CheckpointError naming every file and why when none does."""
+    found, failures = _newest_loadable(folder)
+    if found is None:
+        raise _none_loads(folder, failures, "Point at another run, or restore the files from a copy")
+    for _, why in failures:
+        logger.warning("skipping checkpoint: %s", why)
+    return found
+
+
+def load_latest_for_resume(folder: Path, move_aside: bool = True) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint that loads, for a resume: None when there is none at all; CheckpointError
+    naming every file and why when there are some but none loads. Newer files that do not load are
+    renamed ``step_XXXXXXXX.pt.unloadable`` (kept for inspection, out of the rotation, which would
+    otherwise delete the fresh checkpoints because the broken ones carry higher step numbers); only
+    where ``move_aside`` (rank 0: the others read the same files)."""
+    found, failures = _newest_loadable(folder)
+    if found is None:
+        if failures:
+            raise _none_loads(folder, failures, "--resume never starts over silently: move them away (or "
+                              "restore them from a copy) and pass --resume again to start from step 0")
+        return None
+    for bad, why in failures if move_aside else ():
+        aside = bad.with_name(bad.name + ".unloadable")
+        os.replace(bad, aside)
+        logger.warning("%s; moved aside to %s, resuming from %s", why, aside.name, found[0].name)
+    return found

@@ -1,0 +1,488 @@
+"""The pretraining loop: budget by tokens, logging, full-length evaluation, atomic checkpoints, exact resume.
+
+:class:`Run` is the loop. An *engine builder* (:mod:`seqwarm.trainer.backends`: one device, DDP or
+FSDP2; the DeepSpeed one in :mod:`seqwarm.integrations.deepspeed.run`) builds the GPT, its optimizer and
+the engine the loop drives, says how one optimizer step is taken and supplies the checkpointer
+(:mod:`seqwarm.trainer.checkpointer`). Each optimizer step, the loop asks the engine for the step's
+length once (``engine.begin_step()``), draws ``gradient_accumulation_steps`` micro-batches that the feed
+cuts once (``engine.cut``) before they reach the device, and takes one optimizer step, until the clock
+reaches the budget, calling the evaluator (:mod:`seqwarm.trainer.evaluator`, always full length), the
+metrics logger (:mod:`seqwarm.trainer.metrics_logger`) and the checkpointer. :func:`seqwarm.run.spec.run_training`
+sets a run up from a :class:`~seqwarm.run.spec.RunSpec`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import platform
+import time
+from dataclasses import asdict, dataclass, replace
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from seqwarm.config import RunConfig, resolve_precision
+from seqwarm.config.describe import describe
+from seqwarm.curriculum.clock import stop_reason
+from seqwarm.data.indexed import data_fingerprint
+from seqwarm.trainer.backends import EngineBuilder, TorchEngineBuilder, accumulate_step
+from seqwarm.trainer.checkpoint import list_checkpoints, rng_state, set_rng_state
+from seqwarm.trainer.distributed import DistInfo, device_for, gather_floats
+from seqwarm.trainer.evaluator import Evaluator
+from seqwarm.trainer.feed import DeviceFeed
+from seqwarm.trainer.metrics import format_duration, truncate_metrics
+from seqwarm.trainer.metrics_logger import MetricsLogger, adam_stats
+from seqwarm.trainer.trackers import forget_wandb_run, tracker_config
+from seqwarm.util.atomic import write_json
+from seqwarm.util.errors import SeqwarmError, UserError
+from seqwarm.util.version import __version__
+
+logger = logging.getLogger(__name__)
+
+RESUME_KEYS = ("train_batch_size", "micro_batch_size", "gradient_accumulation_steps", "seq_length", "lr",
+               "curriculum", "train_tokens", "train_iters", "train_samples", "count_tokens_by", "precision")
+
+
+MAX_SKIPS_IN_A_ROW = 50
+"""fp16 overflow-skipped steps in a row that end a run (dynamic scaling reaches the minimum scale from
+2**16 in 16 halvings, 32 with DeepSpeed's default hysteresis of 2)."""
+
+
+def first_nonfinite(model: torch.nn.Module, optimizer: Any) -> str | None:
+    """This rank's first model parameter (in ``named_parameters`` order), then optimizer state tensor, that
+    holds a NaN or inf, as ``"parameter NAME"`` / ``"optimizer state KEY"``; None when all are finite.
+
+    The checks of all tensors on one device are stacked there and read back at once: one host read per
+    device (the old loop synced once per tensor at every save). Not ``torch._foreach_norm``: the norm of a
+    large but finite fp16 tensor overflows to inf. FSDP2's sharded tensors are checked in this rank's part.
+    """
+    names: list[str] = []
+    tensors: list[torch.Tensor] = []
+    for name, param in model.named_parameters():
+        names.append(f"parameter {name}")
+        tensors.append(param.to_local() if hasattr(param, "to_local") else param)
+    optim_state = optimizer.state if isinstance(optimizer, torch.optim.Optimizer) else {}
+    for state in optim_state.values():
+        for key, value in (state.items() if isinstance(state, dict) else ()):
+            local = value.to_local() if hasattr(value, "to_local") else value
+            if isinstance(local, torch.Tensor):
+                names.append(f"optimizer state {key}")
+                tensors.append(local)
+    on_device: dict[torch.device, list[int]] = {}
+    for i, tensor in enumerate(tensors):
+        if tensor.numel():
+            on_device.setdefault(tensor.device, []).append(i)
+    first = None
+    with torch.no_grad():
+        for indices in on_device.values():
+            finite = torch.stack([torch.isfinite(tensors[i]).all() for i in indices]).tolist()  # the one read
+            hit = next((i for i, ok in zip(indices, finite) if not ok), None)
+            if hit is not None and (first is None or hit < first):
+                first = hit
+    return None if first is None else names[first]
+
+
+class TrainingDiverged(SeqwarmError):
+    """The loss became NaN or infinite."""
+
+    exit_code = 3
+
+
+@dataclass
+class TrainOptions:
+    """Everything about a run that is not the training recipe (RunConfig)."""
+
+    out: Path
+    data: Path | None = None
+    model: str = "tiny"
+    seed: int = 1234
+    device: str = "auto"
+    eval_interval: int = 50
+    eval_iters: int = 8
+    """Validation micro-batches per evaluation (each ``micro_batch_size`` full-length windows)."""
+    save_interval: int = 100
+    keep_checkpoints: int = 3
+    log_interval: int = 10
+    resume: bool = False
+    allow_config_change: bool = False
+    progress_bar: bool = True
+    tensorboard: bool = True
+    tensorboard_dir: Path | None = None
+    """TensorBoard here instead of RUN/tensorboard (see :func:`seqwarm.trainer.trackers.tracker_config`)."""
+    wandb_project: str | None = None
+    wandb_run_name: str | None = None
+    memory_probe: bool | None = None
+    """One forward + backward at the full length and micro-batch before the first step, so an OOM
+    comes in the first minute (None: on CUDA only). The run's numbers are the same with or without it."""
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    tokens: int
+    final_val_loss: float | None
+    stop_reason: str
+    summary: dict[str, Any]
+
+
+def versions() -> dict[str, str]:
+    out = {"seqwarm": __version__, "torch": str(torch.__version__), "numpy": np.__version__,
+           "python": platform.python_version()}
+    try:  # the installed version, without importing deepspeed (its import prints and is slow)
+        out["deepspeed"] = version("deepspeed")
+    except PackageNotFoundError:
+        pass
+    return out
+
+
+def jsonable(obj: Any) -> Any:
+    """``obj`` as plain JSON values (tuples become lists, anything else unknown a string)."""
+    return json.loads(json.dumps(obj, default=lambda o: list(o) if isinstance(o, tuple) else str(o)))
+
+
+class Run:
+    """One training run in a folder: the loop, calling its engine, checkpointer, evaluator and logger."""
+
+    def __init__(self, cfg: RunConfig, opts: TrainOptions, data, model_cfg, *,
+                 dist_info: DistInfo | None = None, builder: EngineBuilder | None = None):
+        self.cfg, self.opts, self.data, self.model_cfg = cfg, opts, data, model_cfg
+        self.info = dist_info or DistInfo()
+        self.is_main = self.info.is_main
+        builder = builder or TorchEngineBuilder()
+        dp_rank, dp_world = builder.data_parallel(self.info)
+        if dp_world != cfg.world_size:
+            raise ValueError(f"config world_size {cfg.world_size} != {dp_world} data-parallel processes")
+        self.device = device_for(self.info, opts.device)
+        self.run_dir = Path(opts.out)
+        self.ckpt_dir = self.run_dir / "checkpoints"
+        cfg = self.cfg = self._resolve_precision(cfg)
+        saved_model = _saved(self.run_dir, "model") if opts.resume else {}
+        if saved_model and hasattr(model_cfg, "vocab_multiple") and "vocab_multiple" not in saved_model:
+            # written before the vocabulary was padded: the resumed run keeps its (unpadded) shapes
+            model_cfg = self.model_cfg = model_cfg.replace(vocab_multiple=1)
+        torch.manual_seed(opts.seed)  # same initial weights on every rank
+        built = builder.build(model_cfg, cfg, self.info, self.device)
+        self.model, self.optimizer, self.engine = built.model, built.optimizer, built.engine
+        mode = getattr(self.engine, "mode", None)
+        if cfg.curriculum is not None and mode and cfg.curriculum.mode != mode:  # record what auto chose
+            cfg = self.cfg = cfg.replace(curriculum=replace(cfg.curriculum, mode=mode))
+        self._step = built.train_step or accumulate_step
+        self.checkpointer = builder.checkpointer(built, self.ckpt_dir, self.info, opts.keep_checkpoints,
+                                                 opts.save_interval)
+        self.evaluator = Evaluator(data, model_cfg.seq_length, cfg.micro_batch_size, opts.eval_iters, self.device,
+                                   label_style=built.label_style, interval=opts.eval_interval)
+        data.windows("val", model_cfg.seq_length)  # a val split too short for one window fails now, not at the end
+        if self.is_main and not list_checkpoints(self.ckpt_dir):  # nothing to resume: a new W&B run
+            forget_wandb_run(self.run_dir)
+        self.log = MetricsLogger(self.run_dir, budget_tokens=cfg.train_tokens, is_main=self.is_main,
+                                 log_interval=opts.log_interval, progress_bar=opts.progress_bar,
+                                 tensorboard=opts.tensorboard,
+                                 trackers=tracker_config(cfg.deepspeed, self.run_dir, tensorboard=opts.tensorboard,
+                                                         tensorboard_dir=opts.tensorboard_dir,
+                                                         wandb_project=opts.wandb_project,
+                                                         wandb_run_name=opts.wandb_run_name))
+        self.batches = data.train_batches(model_cfg.seq_length, cfg.micro_batch_size, seed=opts.seed,
+                                          rank=dp_rank, world_size=dp_world, label_style=built.label_style)
+        # seqwarm's GPT: a trivial loss mask / positions are its defaults, so they need not be copied
+        self.feed = DeviceFeed(self.batches, self.device, drop_trivial=built.label_style == "megatron")
+        """The batches on the device: cut to the step's length before the copy, read one ahead on CUDA."""
+        self.elapsed_before = 0.0
+        self.t_start = time.perf_counter()
+        self.last_val: float | None = None
+        self.last_saved: Path | None = None
+        """The newest checkpoint this run wrote or resumed from (every saved one is finite)."""
+        self.resolved = {
+            "run": jsonable(cfg.to_dict()),
+            "model": {"preset": opts.model, **asdict(model_cfg), "num_params": model_cfg.num_params()},
+            "data": {"folder": str(Path(data.folder).resolve()), "tokenizer": data.meta.get("tokenizer"),
+                     "vocab_size": data.vocab_size, "fingerprint": data_fingerprint(data.meta),
+                     "train_tokens": data.meta["splits"]["train"]["tokens"],
+                     "val_tokens": data.meta["splits"]["val"]["tokens"],
+                     **({"megatron": {k: data.meta[k] for k in ("sources", "split", "eod_id")}}
+                        if data.meta.get("format") == "megatron" else {})},
+            "options": jsonable({k: v for k, v in asdict(opts).items() if k not in ("resume",)}),
+            "world_size": cfg.world_size,
+            "parallelism": built.parallelism,
+            "device": str(self.device),
+            "precision": self.precision_info,
+            "versions": versions(),
+            **built.resolved,
+        }
+
+    def _resolve_precision(self, cfg: RunConfig) -> RunConfig:
+        """The precision the run trains in: the config's; else the resumed run's (a checkpoint keeps
+        what it was trained in); else the device's default (bf16 on CUDA). TF32 matmuls for fp32 on CUDA."""
+        from seqwarm.curriculum.engine import bf16_supported
+
+        kind = self.device.type
+        saved = _saved(self.run_dir, "run").get("precision") if self.opts.resume else None
+        source = "config" if cfg.precision_named else "resumed run" if saved is not None else f"default on {kind}"
+        cfg = resolve_precision(cfg, kind, bf16_supported(kind), resumed=saved)
+        tf32 = self.device.type == "cuda" and cfg.precision == "fp32"
+        if tf32:  # fp32 weights and reductions, TF32 tensor-core matmuls (~8x fp32 on an A100/H100)
+            torch.set_float32_matmul_precision("high")
+        self.precision_info = {"precision": cfg.precision, "source": source, "tf32_matmul": tf32}
+        logger.info("precision %s (%s)%s", cfg.precision, source, ", TF32 matmuls" if tf32 else "")
+        return cfg
+
+    def elapsed(self) -> float:
+        """Training wall-clock seconds of the run, earlier sessions included."""
+        return self.elapsed_before + (time.perf_counter() - self.t_start)
+
+    # -- checkpoints ------------------------------------------------------------------------------
+    def _check_resume_config(self, path, saved: dict) -> None:
+        """UserError when the checkpoint's recipe or model differs (unless --allow-config-change)."""
+        old, new = saved["run"], self.resolved["run"]
+        if (old.get("curriculum") or {}).get("mode", "") is None and new.get("curriculum"):
+            # written before the resolved mode was recorded: the same config resolves to the same mode
+            old = {**old, "curriculum": {**old["curriculum"], "mode": new["curriculum"]["mode"]}}
+        changed = [k for k in RESUME_KEYS if old.get(k) != new.get(k)]
+        old_model = saved["model"]
+        if "vocab_multiple" in self.resolved["model"] and "vocab_multiple" not in old_model:  # before padding
+            old_model = {**old_model, "vocab_multiple": 1}
+        if old_model != self.resolved["model"]:
+            shape = [f"{k} {old_model.get(k)!r} -> {v!r}" for k, v in self.resolved["model"].items()
+                     if old_model.get(k) != v]
+            if self.opts.allow_config_change:  # the weights would not fit: no flag can make that work
+                raise UserError(f"{path} holds a different model ({', '.join(shape)}); --allow-config-change "
+                                "covers the recipe, not the model or its sequence length: resume with the "
+                                "same --model, --seq-length and data, or start a new run")
+            changed.append("model")
+        if changed and not self.opts.allow_config_change:
+            raise UserError(f"{path} was written with a different {', '.join(changed)}; resume with the same "
+                            "settings, or pass --allow-config-change to continue anyway")
+
+    def last_good(self) -> str:
+        """The divergence message's pointer to the newest finite checkpoint that exists."""
+        path = self.last_saved
+        if path is not None and Path(path).exists():
+            return f"the last good checkpoint is {path} (resume from it with --resume)"
+        return "no checkpoint was written before it (nothing to resume from)"
+
+    def _nonfinite_state(self) -> str | None:
+        """The first model parameter or optimizer state holding NaN/inf on any rank, else None."""
+        bad = first_nonfinite(self.model, self.optimizer)
+        if self.info.enabled:  # every rank must agree, or the save (a collective) would hang
+            device = self.device if self.info.backend == "nccl" else torch.device("cpu")
+            flags = gather_floats([1.0 if bad else 0.0], self.info, device)
+            if bad is None and any(f[0] for f in flags):
+                bad = "the state of another rank"
+        return bad
+
+    def save(self) -> Path | None:
+        bad = self._nonfinite_state()
+        if bad is not None:  # never write a checkpoint a resume would diverge from at once
+            raise TrainingDiverged(
+                f"the {bad} became NaN or infinite by step {self.engine.global_steps} (the loss was still finite); "
+                f"not saving it: {self.last_good()}. Lower the learning rate, raise min_difficulty, or "
+                "lengthen the curriculum")
+        loop_state = {"data": self.feed.state_dict(), "rng": rng_state(), "config": self.resolved,
+                      "elapsed_s": self.elapsed(), "last_val": self.last_val}
+        path = self.checkpointer.save(self.engine.global_steps, loop_state)
+        if path is not None:
+            self.last_saved = Path(path)
+        return path
+
+    def resume(self) -> bool:
+        """Continue from the latest checkpoint in the run folder; False when there is none."""
+        found = self.checkpointer.load(self._check_resume_config)
+        if found is None:
+            if self.is_main:  # a run killed before its first checkpoint: its rows are written again
+                truncate_metrics(self.run_dir / "metrics.jsonl", 0)
+            return False
+        path, state = found
+        self.last_saved = Path(path)
+        self.feed.load_state_dict(state["data"])
+        set_rng_state(state["rng"])
+        self.elapsed_before = float(state.get("elapsed_s", 0.0))
+        self.last_val = state.get("last_val")
+        if self.is_main:
+            truncate_metrics(self.run_dir / "metrics.jsonl", self.engine.global_steps)
+            logger.info("resumed from %s (step %d, %s tokens)", path, self.engine.global_steps,
+                        f"{self.engine.progress.tokens:,}")
+        return True
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def _evaluate(self) -> float:
+        val = self.evaluator(self.engine)
+        self.last_val = val
+        p = self.engine.progress
+        self.log.eval_row({"kind": "eval", "step": p.step, "tokens": p.tokens, "samples": p.samples,
+                           "val_loss": val, "val_ppl": math.exp(min(val, 50.0)),
+                           "seqlen": self.evaluator.seq_length, "elapsed_s": self.elapsed()})
+        return val
+
+    def _probe_memory(self) -> None:
+        """The engine's :meth:`~seqwarm.curriculum.engine.CurriculumEngine.probe_memory` on random tokens at the
+        full length; RNG restored, no data drawn, so the run is bit-identical with or without it."""
+        probe = getattr(self.engine, "probe_memory", None)
+        wanted = self.opts.memory_probe
+        if not callable(probe) or not (self.device.type == "cuda" if wanted is None else wanted):
+            return
+        length, micro = self.model_cfg.seq_length, self.cfg.micro_batch_size
+        ids = torch.randint(0, self.data.vocab_size, (micro, length), generator=torch.Generator().manual_seed(0))
+        saved = rng_state()
+        try:
+            probe({"input_ids": ids.to(self.device), "labels": ids.to(self.device)})
+        except torch.cuda.OutOfMemoryError:
+            raise UserError(
+                f"out of GPU memory on a trial step at the full length {length} with micro-batch {micro} "
+                f"(before step {self.engine.global_steps + 1}): lower train_micro_batch_size_per_gpu (raise "
+                "gradient_accumulation_steps to keep the global batch), train in bf16 (--precision bf16), "
+                "shard with --fsdp, or choose a smaller --model") from None
+        finally:
+            set_rng_state(saved)
+        if self.device.type == "cuda":
+            logger.info("trial step at length %d x %d fits: peak %.2f GiB", length, micro,
+                        torch.cuda.max_memory_allocated(self.device) / 2**30)
+
+    def _next_batch(self) -> dict:
+        return self.feed.next_batch(self.engine.cut)
+
+    def _mean_over_ranks(self, losses: list[float], steps: list[int], lengths: list[int]) -> list[float]:
+        """Each step's loss averaged over ranks (one gather for all of them); every rank must have
+        trained each step at the same curriculum length."""
+        n = len(losses)
+        per_rank = gather_floats([*losses, *map(float, lengths)], self.info,
+                                 self.device if self.info.backend == "nccl" else torch.device("cpu"))
+        for i, step in enumerate(steps):
+            seen = {int(r[n + i]) for r in per_rank}
+            if len(seen) != 1:
+                raise RuntimeError(f"ranks disagree on the curriculum length at step {step}: {sorted(seen)}")
+        return [sum(r[i] for r in per_rank) / len(per_rank) for i in range(n)]
+
+    def _checked_losses(self, pending: list[tuple]) -> list[float]:
+        """The losses of ``pending`` (step, length, loss) entries: one host transfer, one gather across
+        ranks; TrainingDiverged at the first step whose loss is not finite."""
+        values = [e[2] for e in pending]
+        if all(isinstance(v, torch.Tensor) for v in values):
+            losses = torch.stack([v.detach().float().reshape(()) for v in values]).tolist()
+        else:
+            losses = [float(v) for v in values]
+        if self.info.enabled:
+            losses = self._mean_over_ranks(losses, [e[0] for e in pending], [int(e[1] or 0) for e in pending])
+        for (step, length, _), loss in zip(pending, losses):
+            if not math.isfinite(loss):
+                raise TrainingDiverged(
+                    f"the training loss became {loss} at step {step} (length {length}); {self.last_good()}. "
+                    "Lower the learning rate, raise min_difficulty, or lengthen the curriculum")
+        return losses
+
+    def _log_pending(self, pending: list[tuple]) -> None:
+        """Read the losses of the steps since the last read and add the steps to the log window."""
+        if pending:
+            for (*_, window), loss in zip(pending, self._checked_losses([e[:3] for e in pending])):
+                self.log.step(*window[:2], loss, window[2])
+            pending.clear()
+
+    def train(self) -> TrainResult:
+        self.t_start = time.perf_counter()
+        cfg, engine = self.cfg, self.engine
+        reason = stop_reason(engine.progress, cfg)
+        skips_in_a_row = 0
+        pending: list[tuple] = []  # steps whose loss is not read yet: (step, length, loss, window entry)
+        self.log.open(engine.progress.tokens)
+        engine.train()
+        self._probe_memory()
+        try:
+            while reason is None:
+                t0 = time.perf_counter()
+                tokens_before, step_before = engine.progress.tokens, engine.progress.step
+                engine.begin_step()  # the step's length, decided once, before its micro-batches are drawn
+                step_loss = self._step(engine, self._next_batch, cfg.gradient_accumulation_steps)
+                p = engine.progress
+                if p.step == step_before:  # fp16 overflow: skipped, nothing advanced; no eval/log/save
+                    self._checked_losses([(p.step, engine.current_seqlen, step_loss)])
+                    skips_in_a_row += 1
+                    if skips_in_a_row >= MAX_SKIPS_IN_A_ROW:
+                        raise TrainingDiverged(
+                            f"fp16 gradients overflowed {skips_in_a_row} steps in a row at step {p.step + 1} "
+                            f"(loss scale now {getattr(engine, 'loss_scale', '?')}); {self.last_good()}. "
+                            "Use bf16, or lower the learning rate")
+                    continue
+                skips_in_a_row = 0
+                pending.append((p.step, engine.current_seqlen, step_loss,
+                                (p.tokens, p.tokens - tokens_before, time.perf_counter() - t0)))
+                reason = stop_reason(p, cfg)
+                last = reason is not None  # the run ends with this step: evaluated and saved below anyway
+                evaluate, save = self.evaluator.due(p.step, last), self.checkpointer.due(p.step, last)
+                if evaluate or save or self.log.due(p.step, last=last):
+                    self._log_pending(pending)  # the step's one host read (and one gather across ranks)
+                if evaluate:
+                    self._evaluate()
+                if self.log.due(p.step, last=last):
+                    head = {"step": p.step, "tokens": p.tokens, "samples": p.samples,
+                            "seqlen": engine.current_seqlen, "lr": engine.lr}
+                    tail = {"grad_norm": engine.grad_norm, "elapsed_s": self.elapsed(),
+                            **adam_stats(self.optimizer)}
+                    self.log.train_row(head, tail, self.last_val)
+                if save:
+                    self.save()
+            final_val = self._evaluate()
+            self.save()
+        finally:
+            self.feed.close()
+            self.log.close()
+        self.checkpointer.finish(engine.progress, self.resolved, self.last_val)
+        summary = self._summary(final_val, reason)
+        self.log.finish(summary)
+        return TrainResult(self.run_dir, engine.global_steps, engine.progress.tokens, final_val, reason, summary)
+
+    def _summary(self, final_val: float, reason: str) -> dict[str, Any]:
+        p = self.engine.progress
+        wall = self.elapsed()
+        return {
+            "final_val_loss": final_val, "final_val_ppl": math.exp(min(final_val, 50.0)),
+            "steps": p.step, "tokens": p.tokens, "samples": p.samples, "wall_time_s": wall,
+            "tokens_per_s": p.tokens / wall if wall > 0 else None, "stop_reason": reason,
+            "curriculum": self.resolved["run"]["curriculum"], "skipped_steps": self.engine.skipped_steps,
+            "num_params": self.model_cfg.num_params(),
+        }
+
+
+def _saved(run_dir: Path, section: str) -> dict[str, Any]:
+    """One section (``run``, ``model``) of a run folder's config.json ({} when there is none to read)."""
+    try:
+        out = json.loads((run_dir / "config.json").read_text())[section]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return out if isinstance(out, dict) else {}
+
+
+def write_resolved_config(run: Run) -> Path:
+    """``RUN/config.json``: everything the run was resolved to (written atomically)."""
+    return write_json(run.run_dir / "config.json", run.resolved)
+
+
+def format_start(run: Run) -> list[str]:
+
+    m = run.resolved["model"]
+    d = run.resolved["data"]
+    lines = [f"run:         {run.run_dir}",
+             f"model:       {m['preset']} {m.get('architecture', 'GPT')}, {m['num_params'] / 1e6:.1f}M parameters, "
+             f"{m['n_layer']} layers, "
+             f"d {m['n_embd']}, {m['n_head']} heads, length {m['seq_length']}, vocab {m['vocab_size']}",
+             f"data:        {d['folder']} ({d['train_tokens']:,} train / {d['val_tokens']:,} val tokens, "
+             f"{d['tokenizer'] if isinstance(d['tokenizer'], str) else json.dumps(d['tokenizer'])})",
+             f"device:      {run.device}, {torch.get_num_threads()} threads, world size {run.info.world_size}"
+             + (f" ({run.resolved['parallelism']})" if run.resolved["parallelism"] != "none" else "")]
+    p = run.precision_info  # the precision line says where the precision came from
+    lines += [f"{line} ({p['source']}{', TF32 matmuls' if p['tf32_matmul'] else ''})"
+              if line.startswith("precision:") else line for line in describe(run.cfg)]
+    lines.append(f"resolved config: {run.run_dir / 'config.json'}")
+    return lines
+
+
+def finish_lines(result: TrainResult) -> list[str]:
+    s = result.summary
+    return [f"done: {result.stop_reason}",
+            f"final full-length val loss {s['final_val_loss']:.4f} (ppl {s['final_val_ppl']:.1f}) after "
+            f"{s['steps']:,} steps, {s['tokens']:,} tokens, {format_duration(s['wall_time_s'])} "
+            f"({s['tokens_per_s'] or 0:,.0f} tok/s)",
+            f"results: {result.run_dir}/summary.json, metrics.jsonl, curves.png"]

@@ -1,0 +1,239 @@
+"""Where a run's numbers go besides ``metrics.jsonl``: TensorBoard, Weights & Biases, CSV files.
+
+They are asked for the way DeepSpeed users already ask: the config's ``tensorboard``, ``wandb`` and
+``csv_monitor`` blocks (``{"enabled": true, "output_path": ..., "job_name": ...}``;
+``{"enabled": true, "project": ..., "group": ..., "team": ...}``), honoured in every engine — under
+``--deepspeed`` seqwarm logs them itself and keeps them from DeepSpeed's own monitor, so nothing is
+logged twice — or by flags (``--tensorboard-dir``, ``--wandb-project``, ``--wandb-run-name``).
+TensorBoard is on by default (``RUN/tensorboard``) when installed.
+
+Every number is logged under seqwarm's tag (``train/loss``, ``curriculum/seqlen``) at the optimizer
+step, and under Megatron-DeepSpeed's tag (``lm-loss-training/lm loss``, ``seqlen/curriculum_seqlen``,
+``lm-loss-validation/lm loss validation``, ...) three times: against steps, and as ``TAG vs samples``
+and ``TAG vs tokens`` against samples and tokens trained, so dashboards built on Megatron-DeepSpeed
+runs keep working. A tracker that is asked for and not installed gets one warning naming the extra.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from seqwarm.config.reader import TRACKER_DS_KEYS
+from seqwarm.util.atomic import write_text
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["SEQWARM_TAGS", "MEGATRON_TAGS", "TrackerConfig", "tracker_config", "scalars", "open_trackers",
+           "TRACKER_BLOCKS"]
+
+SEQWARM_TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "seqlen": "curriculum/seqlen",
+                "tokens_per_s": "perf/tokens_per_s", "tokens": "progress/tokens", "val_loss": "val/loss",
+                "val_ppl": "val/ppl", "adam_v_l1": "stability/adam_v_l1", "adam_v_max": "stability/adam_v_max",
+                "loss_ratio": "stability/loss_ratio"}
+"""metrics.jsonl key -> seqwarm's tag (x axis: optimizer steps)."""
+MEGATRON_TAGS = {"loss": "lm-loss-training/lm loss", "lr": "learning-rate/learning-rate",
+                 "grad_norm": "grad-norm/grad-norm", "seqlen": "seqlen/curriculum_seqlen",
+                 "val_loss": "lm-loss-validation/lm loss validation",
+                 "val_ppl": "lm-loss-validation/lm loss validation ppl"}
+"""metrics.jsonl key -> Megatron-DeepSpeed's tag (also logged as ``TAG vs samples`` / ``TAG vs tokens``)."""
+TRACKER_BLOCKS = TRACKER_DS_KEYS
+"""The DeepSpeed config blocks seqwarm's trackers take over."""
+
+
+def scalars(row: Mapping[str, Any]) -> Iterator[tuple[str, float, int]]:
+    """``(tag, value, x)`` of every number a metrics row holds, under every tag it is logged as."""
+    step, samples, tokens = int(row["step"]), row.get("samples"), row.get("tokens")
+    # an eval row's seqlen is the evaluation length (full), not the curriculum's
+    skip = ("seqlen",) if row.get("kind") == "eval" else ()
+    for key, tag in SEQWARM_TAGS.items():
+        value = row.get(key)
+        if key not in skip and isinstance(value, (int, float)) and math.isfinite(value):
+            yield tag, float(value), step
+    for key, tag in MEGATRON_TAGS.items():
+        value = None if key in skip else row.get(key)
+        if not (isinstance(value, (int, float)) and math.isfinite(value)):
+            continue
+        yield tag, float(value), step
+        if isinstance(samples, int):
+            yield f"{tag} vs samples", float(value), samples
+        if isinstance(tokens, int):
+            yield f"{tag} vs tokens", float(value), tokens
+    if row.get("kind") == "train" and isinstance(samples, int) and isinstance(tokens, int):
+        yield "steps-vs-samples/y=steps,x=samples", float(step), samples
+        yield "steps-vs-samples/y=samples,x=steps", float(samples), step
+        yield "steps-vs-tokens/y=steps,x=tokens", float(step), tokens
+        yield "steps-vs-tokens/y=tokens,x=steps", float(tokens), step
+
+
+@dataclass(frozen=True)
+class TrackerConfig:
+    """The trackers of one run (rank 0 writes them)."""
+
+    tensorboard_dir: Path | None = None
+    """TensorBoard event files go here (None: no TensorBoard)."""
+    tensorboard_asked: bool = False
+    """Asked for explicitly (a config block or --tensorboard-dir): warn when tensorboard is missing."""
+    wandb: Mapping[str, Any] | None = None
+    """``wandb.init`` arguments (project, name, group, entity), or None."""
+    csv_dir: Path | None = None
+    """One ``TAG.csv`` per tag here (DeepSpeed's csv_monitor), or None."""
+
+
+def _block(ds: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
+    block = ds.get(name)
+    return block if isinstance(block, Mapping) and block.get("enabled") else None
+
+
+def _monitor_dir(block: Mapping[str, Any], default: Path) -> Path:
+    base = Path(str(block["output_path"])).expanduser() if block.get("output_path") else default
+    return base / str(block["job_name"]) if block.get("job_name") else base
+
+
+def tracker_config(ds: Mapping[str, Any], run_dir: Path, *, tensorboard: bool = True,
+                   tensorboard_dir: Path | None = None, wandb_project: str | None = None,
+                   wandb_run_name: str | None = None) -> TrackerConfig:
+    """The trackers a run's DeepSpeed config blocks and flags ask for (flags win over blocks)."""
+    run_dir = Path(run_dir)
+    tb_block = _block(ds, "tensorboard")
+    tb_dir = None
+    if tensorboard:
+        tb_dir = (Path(tensorboard_dir) if tensorboard_dir else
+                  _monitor_dir(tb_block, run_dir / "tensorboard") if tb_block else run_dir / "tensorboard")
+    wb_block = _block(ds, "wandb")
+    wandb = None
+    if wb_block or wandb_project or wandb_run_name:
+        wb = wb_block or {}
+        wandb = {"project": wandb_project or wb.get("project") or "seqwarm", "name": wandb_run_name or run_dir.name,
+                 "group": wb.get("group"), "entity": wb.get("team"), "dir": str(run_dir)}
+    csv_block = _block(ds, "csv_monitor")
+    return TrackerConfig(tensorboard_dir=tb_dir, tensorboard_asked=bool(tensorboard_dir or tb_block),
+                         wandb=wandb, csv_dir=_monitor_dir(csv_block, run_dir / "csv") if csv_block else None)
+
+
+# --------------------------------------------------------------------------------------------------
+# the trackers
+
+
+class _TensorBoard:
+    def __init__(self, log_dir: Path):
+        from torch.utils.tensorboard import SummaryWriter  # raises ImportError without tensorboard
+
+        self.writer = SummaryWriter(str(log_dir))
+
+    def log(self, row: Mapping[str, Any]) -> None:
+        for tag, value, x in scalars(row):
+            self.writer.add_scalar(tag, value, x)
+
+    def flush(self) -> None:
+        self.writer.flush()
+
+    def close(self, summary: Mapping[str, Any] | None) -> None:
+        self.writer.close()
+
+
+WANDB_ID_FILE = "wandb_run_id"
+"""The run folder's file that holds its W&B run id, so a resumed run logs into the same W&B run."""
+
+
+def wandb_run_id(run_dir: str | Path | None) -> str | None:
+    """The W&B run id of the run folder: the one recorded in ``RUN/wandb_run_id``, else a new one, recorded
+    there (None without a folder: W&B picks one)."""
+    if run_dir is None:
+        return None
+    path = Path(run_dir) / WANDB_ID_FILE
+    if path.is_file() and path.read_text().strip():
+        return path.read_text().strip()
+    run_id = uuid.uuid4().hex[:12]
+    write_text(path, run_id + "\n")
+    return run_id
+
+
+def forget_wandb_run(run_dir: str | Path) -> None:
+    """Drop the run folder's W&B run id: a run that starts again from step 1 (nothing to resume) is a new
+    W&B run (the old one would drop every row up to the last step it had)."""
+    (Path(run_dir) / WANDB_ID_FILE).unlink(missing_ok=True)
+
+
+class _Wandb:
+    def __init__(self, init: Mapping[str, Any]):
+        import wandb
+
+        args = dict(init)
+        if init.get("dir") and not os.environ.get("WANDB_RUN_ID"):  # the user's (or a sweep agent's) id wins
+            # one W&B run per run folder: a resumed run continues it
+            args.update(id=wandb_run_id(init["dir"]), resume="allow")
+        self.run = wandb.init(**{k: v for k, v in args.items() if v is not None})
+        for key in ("samples", "tokens"):  # the "TAG vs samples" / "vs tokens" curves use their own x axis
+            for tag in MEGATRON_TAGS.values():
+                self.run.define_metric(f"{tag} vs {key}", step_metric=f"progress/{key}")
+
+    def log(self, row: Mapping[str, Any]) -> None:
+        values = {tag: value for tag, value, _ in scalars(row) if not tag.startswith("steps-vs-")}
+        for key in ("samples", "tokens"):
+            if isinstance(row.get(key), int):
+                values[f"progress/{key}"] = row[key]
+        self.run.log(values, step=int(row["step"]))
+
+    def flush(self) -> None:
+        pass  # wandb streams on its own
+
+    def close(self, summary: Mapping[str, Any] | None) -> None:
+        if summary:
+            self.run.summary.update({k: v for k, v in summary.items() if isinstance(v, (int, float, str, bool))})
+        self.run.finish()
+
+
+class _CSV:
+    """DeepSpeed's csv_monitor layout: ``DIR/TAG.csv`` (``/`` and spaces as ``_``), rows ``x,value``."""
+
+    def __init__(self, folder: Path):
+        self.folder = Path(folder)
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.files: dict[str, Any] = {}
+
+    def log(self, row: Mapping[str, Any]) -> None:
+        for tag, value, x in scalars(row):
+            fh = self.files.get(tag)
+            if fh is None:
+                path = self.folder / (tag.replace("/", "_").replace(" ", "_").replace(",", "_") + ".csv")
+                new = not path.exists()
+                fh = self.files[tag] = open(path, "a", buffering=1)
+                if new:
+                    fh.write(f"step,{tag}\n")
+            fh.write(f"{x},{value!r}\n")
+
+    def flush(self) -> None:
+        for fh in self.files.values():
+            fh.flush()
+
+    def close(self, summary: Mapping[str, Any] | None) -> None:
+        for fh in self.files.values():
+            fh.close()
+
+
+def open_trackers(cfg: TrackerConfig) -> list[Any]:
+    """The trackers of ``cfg`` that can run here; one warning for each asked for and not installed."""
+    out: list[Any] = []
+    if cfg.tensorboard_dir is not None:
+        try:
+            out.append(_TensorBoard(cfg.tensorboard_dir))
+        except ImportError:
+            log = logger.warning if cfg.tensorboard_asked else logger.debug
+            log("warning: TensorBoard was asked for but tensorboard is not installed, so no event files are "
+                "written: pip install 'seqwarm[tensorboard]'")
+    if cfg.wandb is not None:
+        try:
+            out.append(_Wandb(cfg.wandb))
+        except ImportError:
+            logger.warning("warning: Weights & Biases was asked for (wandb block or --wandb-project) but wandb is "
+                           "not installed, so nothing is sent: pip install 'seqwarm[wandb]'")
+    if cfg.csv_dir is not None:
+        out.append(_CSV(cfg.csv_dir))
+    return out

@@ -1,0 +1,371 @@
+"""`seqwarm train` end to end on CPU: budget, growing length, full-length eval, resume, bad input.
+
+The slow, end-to-end part; the fast tests are in tests/trainer/test_loop.py.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from seqwarm import load_config, make_plan
+from seqwarm.cli import main
+from seqwarm.trainer.metrics import read_metrics
+
+from conftest import FAST_TRAIN_FLAGS, small_config
+
+FAST = [*FAST_TRAIN_FLAGS, "--log-interval", "1"]
+
+
+def train(args, capsys=None):
+    code = main(["train", *FAST, *args])
+    return code
+
+
+@pytest.mark.slow
+def test_end_to_end_run(tmp_path, byte_data, capsys):
+    cfg = small_config(tmp_path / "c.json")
+    out = tmp_path / "run"
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out), "--eval-interval", "4",
+                  "--save-interval", "5"]) == 0
+    printed = capsys.readouterr().out
+    assert "step 1 | seqlen 16 |" in printed and "final full-length val loss" in printed
+    rows = read_metrics(out / "metrics.jsonl")
+    train_rows = [r for r in rows if r["kind"] == "train"]
+    evals = [r for r in rows if r["kind"] == "eval"]
+    # the budget rule: stop after the first step reaching train_tokens, as planned
+    plan = make_plan(load_config(cfg))
+    assert train_rows[-1]["step"] == plan.total_steps
+    assert train_rows[-1]["tokens"] >= 6000 > train_rows[-2]["tokens"]
+    assert [r["tokens"] for r in train_rows] == [p for p in _plan_tokens(cfg)]
+    # growing length, then full length
+    lengths = [r["seqlen"] for r in train_rows]
+    assert lengths[0] == 16 and lengths == sorted(lengths) and lengths[-1] == 64
+    # eval rows at full length, every 4 steps and at the end
+    assert {r["seqlen"] for r in evals} == {64}
+    assert [r["step"] for r in evals][:2] == [4, 8] and evals[-1]["step"] == train_rows[-1]["step"]
+    for key in ("step", "tokens", "seqlen", "lr", "loss", "tokens_per_s"):
+        assert key in train_rows[0]
+    assert "val_ppl" in evals[0]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["tokens"] == train_rows[-1]["tokens"] and summary["final_val_loss"] == evals[-1]["val_loss"]
+    resolved = json.loads((out / "config.json").read_text())
+    assert resolved["world_size"] == 1 and "torch" in resolved["versions"]
+    assert resolved["run"]["curriculum"]["max_difficulty"] == 64
+    # the mode the run used (auto: the GPT's forward takes curriculum_seqlen), not the config's null
+    assert resolved["run"]["curriculum"]["mode"] == summary["curriculum"]["mode"] == "inject"
+    assert "block; mode: inject)" in printed
+    assert (out / "curves.png").stat().st_size > 10_000
+    ckpts = sorted(p.name for p in (out / "checkpoints").iterdir())
+    assert ckpts[-1] == f"step_{plan.total_steps:08d}.pt"
+
+
+def _plan_tokens(cfg):
+    plan = make_plan(load_config(cfg), keep_series=True)
+    return plan.cum_tokens
+
+
+@pytest.mark.slow
+def test_no_curriculum_baseline_is_full_length(tmp_path, byte_data):
+    cfg = small_config(tmp_path / "c.json", train_tokens=2000)
+    out = tmp_path / "base"
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out), "--no-curriculum"]) == 0
+    rows = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "train"]
+    assert {r["seqlen"] for r in rows} == {64}
+    assert rows[-1]["tokens"] == 8 * 64 * len(rows)
+
+
+def _run_cli(args, env=None):
+    cmd = [sys.executable, "-m", "seqwarm", "train", *FAST, *args]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+
+
+def _losses(run_dir):
+    return {r["step"]: r["loss"] for r in read_metrics(run_dir / "metrics.jsonl") if r["kind"] == "train"}
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_is_exact(tmp_path, byte_data):
+    cfg = small_config(tmp_path / "c.json", train_tokens=9000, total_step=8)
+    common = ["--config", str(cfg), "--data", str(byte_data), "--save-interval", "1", "--eval-interval", "0"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ref = tmp_path / "ref"
+    proc = _run_cli([*common, "--out", str(ref)], env)
+    assert proc.wait(timeout=300) == 0, proc.stdout.read().decode()
+
+    victim = tmp_path / "victim"
+    proc = _run_cli([*common, "--out", str(victim)], env)
+    deadline = time.time() + 240
+    while time.time() < deadline:  # kill it somewhere after the 4th checkpoint
+        ckpts = list((victim / "checkpoints").glob("step_*.pt")) if (victim / "checkpoints").exists() else []
+        if any(int(p.stem.split("_")[1]) >= 4 for p in ckpts):
+            break
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    killed_at = max(_losses(victim))
+    proc = _run_cli([*common, "--out", str(victim), "--resume"], env)
+    out = proc.communicate(timeout=300)[0].decode()
+    assert proc.returncode == 0, out
+    assert "resuming at step" in out
+    expected, got = _losses(ref), _losses(victim)
+    assert got == expected, f"killed at step {killed_at}"
+
+
+@pytest.mark.slow
+def test_resume_refuses_changed_config(tmp_path, byte_data, capsys):
+    cfg = small_config(tmp_path / "c.json", train_tokens=1500)
+    out = tmp_path / "run"
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out)]) == 0
+    import torch
+    ckpt = sorted((out / "checkpoints").glob("step_*.pt"))[-1]
+    state = torch.load(ckpt, weights_only=False)
+    assert state["config"]["run"]["curriculum"]["mode"] == "inject"
+    state["config"]["run"]["curriculum"]["mode"] = None  # as written before the resolved mode was recorded
+    torch.save(state, ckpt)
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out), "--resume"]) == 0
+    changed = small_config(tmp_path / "c2.json", train_tokens=3000, total_step=3)
+    capsys.readouterr()
+    assert train(["--config", str(changed), "--data", str(byte_data), "--out", str(out), "--resume"]) == 2
+    assert "different" in capsys.readouterr().err
+    assert train(["--config", str(changed), "--data", str(byte_data), "--out", str(out), "--resume",
+                  "--allow-config-change"]) == 0
+
+
+@pytest.mark.slow
+def test_nano_preset_with_size_flags_end_to_end(tmp_path, byte_data):
+    cfg = small_config(tmp_path / "c.json", train_tokens=600)
+    out = tmp_path / "r"
+    assert main(["train", *FAST, "--model", "nano", "--n-layer", "1", "--n-embd", "32", "--config", str(cfg),
+                 "--data", str(byte_data), "--out", str(out)]) == 0
+    model = json.loads((out / "config.json").read_text())["model"]
+    assert (model["preset"], model["n_layer"], model["n_head"], model["n_embd"]) == ("nano", 1, 2, 32)
+
+
+@pytest.mark.slow
+def test_train_runs_paper_evals_at_the_end(tmp_path, byte_data, capsys):
+    wiki = tmp_path / "wiki.test.raw"
+    wiki.write_text(" = Title = \n The model learns short context first , then long context @-@ later . \n" * 4)
+    lam = tmp_path / "lambada.jsonl"
+    lam.write_text('{"text": "the curriculum grows the sequence length"}\n{"text": "short context first"}\n')
+    cfg = small_config(tmp_path / "c.json", train_tokens=1500)
+    out = tmp_path / "run"
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out),
+                  "--eval-wikitext", str(wiki), "--eval-lambada", str(lam)]) == 0
+    results = json.loads((out / "eval.json").read_text())
+    (entry,) = results.values()
+    assert entry["wikitext"]["num_original_words"] > 0 and entry["lambada"]["num_examples"] == 2
+    # a missing eval file is refused before any training happens
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(tmp_path / "r2"),
+                  "--eval-lambada", str(tmp_path / "missing.jsonl")]) == 2
+    assert not (tmp_path / "r2" / "checkpoints").exists()
+
+
+@pytest.mark.slow
+def test_nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path, byte_data, capsys, monkeypatch):
+    import torch
+
+    from seqwarm.trainer.model import GPT
+
+    real_forward = GPT.forward
+    calls = {"n": 0}
+
+    def poisoned(self, *args, **kwargs):
+        loss = real_forward(self, *args, **kwargs)
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] > 8:  # micro-batches 9+ = optimizer step 5 (accumulation 2)
+                return loss * torch.tensor(float("nan"))
+        return loss
+
+    monkeypatch.setattr(GPT, "forward", poisoned)
+    cfg = small_config(tmp_path / "c.json")
+    out = tmp_path / "run"
+    code = train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out), "--save-interval", "2"])
+    err = capsys.readouterr().err
+    assert code == 3
+    assert "at step 5" in err and "Traceback" not in err
+    assert sorted(p.name for p in (out / "checkpoints").iterdir())[-1] == "step_00000004.pt"
+
+
+def _fp16_config(path, **fp16):
+    cfg = json.loads(small_config(path).read_text())
+    cfg["fp16"] = {"enabled": True, **fp16}
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+@pytest.mark.slow
+def test_fp16_skipped_steps_do_not_repeat_eval_log_or_save(tmp_path, byte_data, capsys):
+    # 2**90 overflows fp32 gradients: the first steps are skipped until the scale has halved enough
+    cfg = _fp16_config(tmp_path / "c.json", initial_scale_power=90, hysteresis=1)
+    out = tmp_path / "run"
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out), "--eval-interval", "2",
+                  "--save-interval", "2", "--train-iters", "4"]) == 0
+    rows = read_metrics(out / "metrics.jsonl")
+    train_steps = [r["step"] for r in rows if r["kind"] == "train"]
+    eval_steps = [r["step"] for r in rows if r["kind"] == "eval"]
+    assert train_steps == [1, 2, 3, 4] and eval_steps == [2, 4]
+    assert json.loads((out / "summary.json").read_text())["skipped_steps"] >= 1
+    assert not (out / "checkpoints" / "step_00000000.pt").exists()
+
+
+@pytest.mark.slow
+def test_endless_fp16_overflow_stops_the_run(tmp_path, byte_data, capsys, monkeypatch):
+    import torch
+
+    from seqwarm.trainer.model import GPT
+
+    class InfGrad(torch.autograd.Function):  # finite loss, infinite gradients
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * float("inf")
+
+    real_forward = GPT.forward
+    monkeypatch.setattr(GPT, "forward", lambda self, *a, **k: InfGrad.apply(real_forward(self, *a, **k)))
+    cfg = _fp16_config(tmp_path / "c.json")
+    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(tmp_path / "run")]) == 3
+    err = capsys.readouterr().err
+    assert "overflowed 50 steps in a row at step 1" in err and "Traceback" not in err
+
+
+def _tiny_run(tmp_path, byte_data, name, builder=None, config=None, model=None, **opts):
+    from seqwarm.data import open_prepared
+    from seqwarm.trainer.loop import Run, TrainOptions
+    from seqwarm.trainer.model import GPTConfig
+    from seqwarm.trainer.run_folder import prepare_run_dir
+
+    cfg = load_config(config or small_config(tmp_path / "c.json", train_tokens=3000))
+    data = open_prepared(byte_data)
+    model_cfg = GPTConfig.preset("tiny", vocab_size=data.vocab_size, seq_length=64, dropout=0.1,  # uses the RNG
+                                 **(model or {}))
+    options = TrainOptions(**{"out": tmp_path / name, "eval_interval": 0, "eval_iters": 1, "save_interval": 0,
+                              "log_interval": 1, "progress_bar": False, "tensorboard": False, "device": "cpu",
+                              **opts})
+    if not options.resume:
+        prepare_run_dir(options)
+    return Run(cfg, options, data, model_cfg, builder=builder)
+
+
+@pytest.mark.slow
+def test_the_memory_probe_leaves_the_run_bit_identical(tmp_path, byte_data):
+    """The trial full-length step before the first step (an OOM in the first minute) changes no number."""
+    losses = {}
+    for probe in (False, True):
+        run = _tiny_run(tmp_path, byte_data, f"probe-{probe}", memory_probe=probe)
+        calls = []
+        real = run.engine.probe_memory
+        run.engine.probe_memory = lambda batch: (calls.append(batch["input_ids"].shape), real(batch))
+        run.train()
+        assert calls == ([(4, 64)] if probe else [])  # the largest micro-batch at the full length
+        losses[probe] = [r["loss"] for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == "train"]
+    assert losses[True] == losses[False] and len(losses[True]) > 3
+
+
+@pytest.mark.slow
+def test_a_compiled_run_through_eight_lengths_compiles_at_most_three_graphs(tmp_path, byte_data):
+    """--compile: 8 curriculum lengths and the full-length eval take at most 3 recompiles (Dynamo's limit is
+    8; with dynamic=False a longer curriculum would fall back to eager). Measured on CPU (inject mode):
+    length 8 (static), one dynamic graph for 16..56, 64 (the full length is not cut), and eval."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    from seqwarm.trainer.backends import TorchEngineBuilder
+
+    torch._dynamo.reset()
+    counters.clear()
+    cfg = small_config(tmp_path / "eight.json", total_step=8, train_tokens=2400, seq=64)  # 8, 16, ..., 64
+    run = _tiny_run(tmp_path, byte_data, "compiled", builder=TorchEngineBuilder(compile=True), config=cfg)
+    run.train()
+    lengths = {r["seqlen"] for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == "train"}
+    compiles = counters["frames"]["ok"]
+    print("lengths", sorted(lengths), "frames compiled", compiles, dict(counters["recompiles"]))
+    assert len(lengths) == 8
+    assert counters["frames"]["ok"] == counters["frames"]["total"]  # nothing fell back to eager
+    assert 1 <= compiles <= 1 + 3, dict(counters["frames"])  # the first compile + at most 3 recompiles
+
+
+@pytest.mark.slow
+def test_a_run_from_before_vocab_padding_resumes_with_its_vocabulary(tmp_path, byte_data):
+    """New runs pad the embedding to a multiple of 64; a checkpoint written before keeps its shapes."""
+    from seqwarm.trainer.loop import write_resolved_config
+
+    old = _tiny_run(tmp_path, byte_data, "old", model={"vocab_multiple": 1})
+    assert old.data.vocab_size % 64  # the byte vocabulary is not a multiple of 64: padding would show
+    old.resolved["model"].pop("vocab_multiple")  # what a run folder from before the padding records
+    write_resolved_config(old)
+    old.train()
+    new = _tiny_run(tmp_path, byte_data, "old", resume=True)
+    assert new.resume()  # same model (no config change refused), weights of the old shapes loaded
+    assert new.model.wte.weight.shape[0] == new.data.vocab_size
+    fresh = _tiny_run(tmp_path, byte_data, "fresh")
+    assert fresh.model.wte.weight.shape[0] == -(-fresh.data.vocab_size // 64) * 64
+
+
+@pytest.mark.slow
+def test_the_loop_reads_the_loss_only_at_log_rows(tmp_path, byte_data):
+    """One host read per log row (not per step), and the rows' window means are unchanged."""
+    from seqwarm.trainer.loop import Run
+
+    reads = []
+    real = Run._checked_losses
+
+    def counting(self, pending):
+        reads.append([e[0] for e in pending])
+        return real(self, pending)
+
+    rows = {}
+    for interval in (1, 4):
+        run = _tiny_run(tmp_path, byte_data, f"log{interval}", log_interval=interval)
+        run._checked_losses = counting.__get__(run)
+        reads.clear()
+        run.train()
+        rows[interval] = [r for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == "train"]
+        assert [steps[-1] for steps in reads] == [r["step"] for r in rows[interval]]  # one read per row
+    steps = [r["step"] for r in rows[1]]
+    assert reads[1] == steps[1:4] and len(steps) > 5
+    losses = {r["step"]: r["loss"] for r in rows[1]}
+    for before, row in zip(rows[4], rows[4][1:]):  # a row's loss: the mean over its window of steps
+        window = [losses[s] for s in range(before["step"] + 1, row["step"] + 1)]
+        assert row["loss"] == sum(window) / len(window)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["truncate", "reshape", None])  # None: auto, which injects into the GPT
+def test_a_run_decides_the_length_once_per_step_and_cuts_each_micro_batch_once(tmp_path, byte_data, monkeypatch,
+                                                                               mode):
+    from seqwarm.curriculum.schedule import CurriculumScheduler
+    import seqwarm.curriculum.warmup
+
+    calls = {"schedule": 0, "cut": 0, "model_cut": 0}
+    update = CurriculumScheduler.update_difficulty
+    monkeypatch.setattr(CurriculumScheduler, "update_difficulty",
+                        lambda self, step: (calls.__setitem__("schedule", calls["schedule"] + 1), update(self, step))[1])
+    for name in ("truncate_batch", "reshape_batch"):
+        op = getattr(seqwarm.curriculum.warmup, name)
+        monkeypatch.setattr(seqwarm.curriculum.warmup, name, lambda *a, _op=op: (calls.__setitem__("cut", calls["cut"] + 1),
+                                                                    _op(*a))[1])
+    run = _tiny_run(tmp_path, byte_data, f"run-{mode}", config=small_config(
+        tmp_path / "c.json", train_tokens=3000, **({"curriculum_mode": mode} if mode else {})))
+    real = run.model.forward
+
+    def forward(*args, **kwargs):  # what the model is handed: already at the step's length
+        if run.model.training:
+            calls["model_cut"] += kwargs["input_ids"].shape[1] == run.engine.current_seqlen
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run.model, "forward", forward)
+    result = run.train()
+    steps = result.steps
+    assert steps > 5 and run.cfg.gradient_accumulation_steps == 2
+    assert calls["schedule"] == steps  # once per optimizer step
+    assert calls["cut"] == 2 * steps  # once per micro-batch (inject: trimmed once on the host)
+    assert calls["model_cut"] == 2 * steps

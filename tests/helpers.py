@@ -1,0 +1,55 @@
+"""Helpers shared by several test files: ``from helpers import ...`` (pytest puts tests/ on
+sys.path for conftest.py, and so for this module too)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import struct
+import time
+
+
+# --------------------------------------------------------------------------------------------------
+# W&B offline: the run's transaction log (RUN/wandb/offline-run-*/run-*.wandb) read back
+
+
+def _wandb_records(path):
+    """Records of a W&B transaction log: a 7-byte header, then 32 KiB blocks of (crc, length, type, data)."""
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B"
+    pos, block, buf = 7, 32768, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        if left < 7 or (kind == 0 and length == 0):
+            pos += left
+            continue
+        chunk = data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 2):  # full, first
+            buf = chunk
+        else:  # middle, last
+            buf += chunk
+        if kind in (1, 4):
+            yield buf
+
+
+def wandb_summary(run_dir) -> dict:
+    """The summary of the offline W&B run under ``run_dir`` (every summary update folded in order)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    [path] = glob.glob(str(run_dir / "wandb" / "offline-run-*" / "run-*.wandb"))
+    for _ in range(100):  # wandb's service may still be writing the end of the log
+        summary: dict = {}
+        kinds = []
+        for raw in _wandb_records(path):
+            record = pb.Record()
+            record.ParseFromString(raw)
+            kinds.append(record.WhichOneof("record_type"))
+            if kinds[-1] == "summary":
+                for item in record.summary.update:
+                    summary[item.key or ".".join(item.nested_key)] = json.loads(item.value_json)
+        if "exit" in kinds:
+            return summary
+        time.sleep(0.1)
+    raise AssertionError(f"{path} has no exit record")
