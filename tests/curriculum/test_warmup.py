@@ -16,7 +16,8 @@ from seqwarm.curriculum.batch import reshape_batch, truncate_batch
 from seqwarm.curriculum.clock import Progress, micro_batch_shape, tokens_per_step
 from seqwarm.curriculum.engine import CurriculumEngine
 from seqwarm.curriculum.schedule import difficulty_at
-from seqwarm.curriculum.warmup import SequenceLengthWarmup, resolve_mode, set_lr
+from seqwarm.curriculum.modes import resolve_mode
+from seqwarm.curriculum.warmup import SequenceLengthWarmup, set_lr
 from seqwarm.integrations.deepspeed.curriculum import DeepSpeedCurriculum
 from seqwarm.util.problems import ConfigError
 
@@ -275,7 +276,7 @@ def test_tokens_per_step_uses_the_rule():
 def test_output_length_reads_logits_and_per_token_outputs():
     from types import SimpleNamespace
 
-    from seqwarm.curriculum.warmup import output_length
+    from seqwarm.curriculum.modes import output_length
     logits = torch.zeros(2, 5, 7)
     assert output_length(logits, 2) == 5 and output_length(SimpleNamespace(logits=logits), 2) == 5
     assert output_length({"loss": torch.zeros(()), "logits": logits}, 2) == 5

@@ -341,7 +341,7 @@ def test_the_loop_reads_the_loss_only_at_log_rows(tmp_path, byte_data):
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["truncate", "reshape", None])  # None: auto, which injects into the GPT
 def test_a_run_decides_the_length_once_per_step_and_cuts_each_micro_batch_once(tmp_path, byte_data, monkeypatch,
-                                                                               mode):
+                                                                               mode, caplog, recwarn):
     from seqwarm.curriculum.schedule import CurriculumScheduler
     import seqwarm.curriculum.warmup
 
@@ -363,9 +363,13 @@ def test_a_run_decides_the_length_once_per_step_and_cuts_each_micro_batch_once(t
         return real(*args, **kwargs)
 
     monkeypatch.setattr(run.model, "forward", forward)
+    caplog.set_level("INFO", logger="seqwarm")
     result = run.train()
     steps = result.steps
     assert steps > 5 and run.cfg.gradient_accumulation_steps == 2
     assert calls["schedule"] == steps  # once per optimizer step
     assert calls["cut"] == 2 * steps  # once per micro-batch (inject: trimmed once on the host)
     assert calls["model_cut"] == 2 * steps
+    # inject: the batch is cut to the length before the copy, so there is nothing to warn about
+    said = [str(w.message) for w in recwarn] + [r.getMessage() for r in caplog.records]
+    assert not any("returned only a loss" in m for m in said), said

@@ -49,11 +49,11 @@ from seqwarm.config.run import COUNT_TOKENS_BY
 from seqwarm.curriculum.batch import batch_shape, bucket_batch, bucket_length, reshape_batch, truncate_batch
 from seqwarm.curriculum.clock import Progress, advance, micro_batch_shape, stop_reason
 from seqwarm.curriculum.lr import LRConfig, lr_at
-from seqwarm.curriculum.schedule import CURRICULUM_MODES, CurriculumConfig, CurriculumScheduler, validate_curriculum_block
+from seqwarm.curriculum.modes import forward_name, output_length, resolve_mode
+from seqwarm.curriculum.schedule import CurriculumConfig, CurriculumScheduler, validate_curriculum_block
 from seqwarm.util.problems import ConfigError, Problem
 
-__all__ = ["SequenceLengthWarmup", "Limits", "as_run_config", "check_state_format", "output_length",
-           "resolve_mode", "set_lr"]
+__all__ = ["SequenceLengthWarmup", "Limits", "as_run_config", "check_state_format", "set_lr"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,67 +82,6 @@ def as_run_config(config: Any, world_size: int) -> RunConfig:
     if isinstance(config, (Mapping, str, os.PathLike)):
         return load_config(config, world_size=world_size)
     raise TypeError(f"config must be a RunConfig, a dict or a path, got {type(config).__name__}")
-
-
-def _forward_name(forward: Callable) -> str:
-    owner = getattr(forward, "__self__", None)
-    return f"{type(owner).__name__}.forward" if owner is not None else getattr(forward, "__qualname__", "forward")
-
-
-def resolve_mode(mode: str | None, forward: Callable | None, *, pipeline: bool = False,
-                 inject_via_kwargs: bool = False) -> str:
-    """The mode that delivers the length: ``mode`` checked against the model, or chosen (None / "auto").
-
-    auto: inject when ``forward`` has a parameter named ``curriculum_seqlen``, else truncate (also
-    without a ``forward``). An explicit inject needs that named parameter: a ``**kwargs`` forward
-    (every Hugging Face model) would swallow the keyword and train at full length while the clock
-    counts the short length. ``inject_via_kwargs=True`` is the opt-in for a forward that does read
-    ``curriculum_seqlen`` from its ``**kwargs`` (DeepSpeed's legacy test models). A pipeline engine
-    (``pipeline=True``) cannot pass keyword arguments through its stages: truncate by default.
-    """
-    if mode == "auto":
-        mode = None
-    if mode is not None and mode not in CURRICULUM_MODES:
-        raise ValueError(f"curriculum mode must be one of {CURRICULUM_MODES} or None (auto), got {mode!r}")
-    if pipeline:
-        if mode == "inject":
-            raise ValueError("a pipeline engine cannot pass curriculum_seqlen through its stages: use mode "
-                             "'truncate' (the same cut, made on the data) or 'reshape'")
-        return mode or "truncate"
-    if forward is None:
-        if mode == "inject":
-            raise ValueError("curriculum mode 'inject' needs the model's forward (forward=model.forward)")
-        return mode or "truncate"
-    signature = inspect.signature(forward)
-    params = signature.parameters
-    open_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    takes = "curriculum_seqlen" in params or (inject_via_kwargs and open_kwargs)
-    if mode is None:
-        return "inject" if takes else "truncate"
-    if mode == "inject" and not takes:
-        text = f"{_forward_name(forward)}{signature}"
-        shown = text if len(text) <= 160 else f"{_forward_name(forward)}(...)"
-        why = (" (its **kwargs would swallow the keyword: the model would train at full length while the "
-               "clock counts the short one)" if open_kwargs else "")
-        optin = ("; if that forward does read curriculum_seqlen from **kwargs, pass inject_via_kwargs=True"
-                 if open_kwargs and not inject_via_kwargs else "")
-        raise ValueError(
-            f"curriculum mode 'inject' needs a model whose forward takes curriculum_seqlen; {shown} has no such "
-            f"parameter{why}. Use mode 'truncate' or 'reshape' (the batch is then cut before the model sees "
-            f"it){optin}.")
-    return mode
-
-
-def output_length(output: Any, rows: int) -> int | None:
-    """The sequence length of a model output: logits ``(B, T, V)`` (a tensor, an object with
-    ``.logits`` or a dict with "logits"), per-token values ``(B, T)``, or the first such tensor of a
-    tuple; None when the output is only a loss (nothing to read a length from)."""
-    logits = output.get("logits") if isinstance(output, Mapping) else getattr(output, "logits", None)
-    candidates = [logits] if logits is not None else list(output) if isinstance(output, (tuple, list)) else [output]
-    for t in candidates:
-        if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[0] == rows:
-            return int(t.shape[1])
-    return None
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -244,7 +183,7 @@ class SequenceLengthWarmup:
         self.limits = Limits(train_tokens, train_iters, train_samples)
         self.world_size = world_size
         self.process_group = process_group
-        self.model_name = _forward_name(forward).removesuffix(".forward") if forward is not None else "the model"
+        self.model_name = forward_name(forward).removesuffix(".forward") if forward is not None else "the model"
         # a forward that names curriculum_seqlen declares it reads it; one reached via **kwargs does not
         self._declares_seqlen = forward is not None and "curriculum_seqlen" in inspect.signature(forward).parameters
         self.progress = Progress()
@@ -324,7 +263,10 @@ class SequenceLengthWarmup:
             seqlen = self.record(rows, seq, mask)
             if seqlen is None:
                 return dict(batch)
-            return {**(truncate_batch(batch, seqlen) if trim else batch), "curriculum_seqlen": seqlen}
+            if not trim:
+                return {**batch, "curriculum_seqlen": seqlen}
+            self._injected = None  # cut to the length here: the model cannot train at another one
+            return {**truncate_batch(batch, seqlen), "curriculum_seqlen": seqlen}
         length = self._step_length
         self._check_top(seq)
         if self.bucket is not None:
