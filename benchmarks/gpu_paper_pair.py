@@ -1,7 +1,7 @@
 """The paper's pair on one GPU: gpt2-124m at length 1024, the baseline against the curriculum at 8x batch, 4x LR.
 
 What it runs, all through seqwarm's own entry points (:class:`seqwarm.run.spec.RunSpec`,
-:func:`~seqwarm.run.spec.run_training`, ``seqwarm compare``'s and ``seqwarm tune``'s functions):
+:func:`~seqwarm.run.training.run_training`, ``seqwarm compare``'s and ``seqwarm tune``'s functions):
 
 1. **Throughput**: a short baseline run (batch B, full length, curriculum off); tokens/s from its
    logged rows after the first few steps.
@@ -49,7 +49,8 @@ from seqwarm.config.defaults import default_train_config  # noqa: E402
 from seqwarm.data import embedded_data_dir  # noqa: E402
 from seqwarm.experiments.compare import CompareOptions, eval_rows, plan_compare, run_compare  # noqa: E402
 from seqwarm.experiments.tune import TuneOptions, run_tune, setup_tune  # noqa: E402
-from seqwarm.run.spec import RunSpec, run_training, with_changes  # noqa: E402
+from seqwarm.run.spec import RunSpec, with_changes
+from seqwarm.run.training import run_training  # noqa: E402
 from seqwarm.trainer.metrics import read_metrics  # noqa: E402
 from seqwarm.util.atomic import write_json, write_text  # noqa: E402
 from seqwarm.util.errors import UserError  # noqa: E402

@@ -29,7 +29,7 @@ _LAZY = {
     "GPT": "seqwarm.trainer.model",
     "GPTConfig": "seqwarm.trainer.model",
     "RunSpec": "seqwarm.run.spec",
-    "run_training": "seqwarm.run.spec",
+    "run_training": "seqwarm.run.training",
     "DeepSpeedCurriculum": "seqwarm.integrations.deepspeed.curriculum",
     "CurriculumTrainer": "seqwarm.integrations.hf.trainer",
 }

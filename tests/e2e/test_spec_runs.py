@@ -8,7 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from seqwarm.run.spec import RunSpec, run_training, with_changes
+from seqwarm.run.spec import RunSpec, with_changes
+from seqwarm.run.training import run_training
 
 from conftest import small_config
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from seqwarm.run.command import command_line, train_argv
-from seqwarm.run.spec import RunSpec, run_training, with_changes
+from seqwarm.run.spec import RunSpec, with_changes
+from seqwarm.run.training import run_training
 from seqwarm.util.problems import ConfigError
 
 from conftest import small_config

@@ -1,6 +1,6 @@
 """Launching training runs for experiments: run specs in, run folders out.
 
-``compare`` and ``tune`` start runs exactly as the CLI does, with :func:`seqwarm.run.spec.run_training`
+``compare`` and ``tune`` start runs exactly as the CLI does, with :func:`seqwarm.run.training.run_training`
 on :class:`~seqwarm.run.spec.RunSpec` s (changed with :func:`seqwarm.run.spec.with_changes`). This module
 holds what both need besides: the config files a run needs (e.g. a different ``total_curriculum_step``)
 and whether a run folder can be reused, resumed or started. The ``seqwarm train ...`` command line that
@@ -19,7 +19,8 @@ from typing import Any
 
 from seqwarm.config.defaults import PRESETS
 from seqwarm.config.reader import read_config_dict
-from seqwarm.run.spec import RunSpec, model_size, recipe_config, resolve_config, run_training
+from seqwarm.run.spec import RunSpec, model_size, recipe_config, resolve_config
+from seqwarm.run.training import run_training
 from seqwarm.trainer.runlock import LOCK_FILE, run_lock
 from seqwarm.util.errors import UserError
 

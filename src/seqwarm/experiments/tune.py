@@ -38,7 +38,8 @@ from seqwarm.experiments.launch import (
 )
 from seqwarm.curriculum.plan import make_plan
 from seqwarm.run.command import command_line, train_argv
-from seqwarm.run.spec import RunSpec, resolve_config, run_training, with_changes
+from seqwarm.run.spec import RunSpec, resolve_config, with_changes
+from seqwarm.run.training import run_training
 from seqwarm.trainer.metrics import read_metrics
 
 DEFAULT_PROBE_MULTIPLE = 4.0

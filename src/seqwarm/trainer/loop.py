@@ -7,7 +7,7 @@ the engine the loop drives, says how one optimizer step is taken and supplies th
 length once (``engine.begin_step()``), draws ``gradient_accumulation_steps`` micro-batches that the feed
 cuts once (``engine.cut``) before they reach the device, and takes one optimizer step, until the clock
 reaches the budget, calling the evaluator (:mod:`seqwarm.trainer.evaluator`, always full length), the
-metrics logger (:mod:`seqwarm.trainer.metrics_logger`) and the checkpointer. :func:`seqwarm.run.spec.run_training`
+metrics logger (:mod:`seqwarm.trainer.metrics_logger`) and the checkpointer. :func:`seqwarm.run.training.run_training`
 sets a run up from a :class:`~seqwarm.run.spec.RunSpec`.
 """
 

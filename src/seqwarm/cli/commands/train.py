@@ -3,7 +3,7 @@
 With no arguments it pretrains the ``tiny`` GPT on the embedded public-domain corpus on CPU in a few
 minutes (see :mod:`seqwarm.config.defaults`) and leaves a run folder with metrics, checkpoints and plots. The
 flags are generated from :class:`seqwarm.run.spec.RunSpec` (:mod:`seqwarm.cli.commands.spec_flags`); the run is
-:func:`seqwarm.run.spec.run_training`.
+:func:`seqwarm.run.training.run_training`.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from seqwarm.cli.commands.common import training_console
 from seqwarm.cli.commands.spec_flags import add_spec_flags, spec_from_args
-from seqwarm.run.spec import run_training
+from seqwarm.run.training import run_training
 
 GROUP_TITLES = {
     "deepspeed": "DeepSpeed (pip install 'seqwarm[deepspeed]'; see docs/DISTRIBUTED.md)",

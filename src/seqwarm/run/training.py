@@ -1,0 +1,179 @@
+"""A training run from Python: :func:`run_training` on a :class:`~seqwarm.run.spec.RunSpec` (what
+``seqwarm train``, ``compare`` and ``tune`` call)::
+
+    from seqwarm.run.spec import RunSpec
+    from seqwarm.run.training import run_training
+
+    result = run_training(RunSpec(config="examples/tiny_cpu.json", settings={"train_tokens": 20_000},
+                                  out="runs/demo", device="cpu"))  # paths may be str or Path
+    print(result.final_val_loss, result.run_dir)
+
+It checks the spec, sets up torch.distributed when launched by torchrun, opens the data (a prepared
+folder, the embedded corpus or Megatron files), picks the backend (one device / DDP / FSDP2, DeepSpeed,
+a Hugging Face model), locks the run folder and runs :class:`seqwarm.trainer.loop.Run`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from seqwarm.config import RunConfig
+from seqwarm.curriculum.plan import data_use, make_plan
+from seqwarm.run.spec import RunSpec, check_spec, resolve_config, size_overrides
+from seqwarm.trainer.metrics import format_results
+from seqwarm.util.errors import UserError
+
+if TYPE_CHECKING:  # seqwarm.trainer.loop imports torch: only when a run starts
+    from seqwarm.trainer.loop import TrainResult
+
+__all__ = ["run_training"]
+
+logger = logging.getLogger(__name__)
+
+
+def run_training(spec: RunSpec) -> TrainResult:
+    """Train as ``seqwarm train`` does and return the :class:`~seqwarm.trainer.loop.TrainResult`.
+
+    Under torchrun every rank calls this: DDP (or FSDP2 with ``fsdp``) over the process group torchrun
+    describes; rank 0 alone prints, logs and writes files. With ``deepspeed`` a process group is made
+    for a single process too (DeepSpeed needs one).
+    """
+    from seqwarm.trainer.distributed import barrier, cleanup, init_distributed
+
+    check_spec(spec)
+    info = init_distributed(spec.device)
+    if not info.is_main:
+        logging.getLogger().setLevel(logging.ERROR)
+    try:
+        if spec.deepspeed:
+            from seqwarm.integrations.deepspeed.run import deepspeed_process_group
+            with deepspeed_process_group(spec.device):
+                return _run(spec, info)
+        result = _run(spec, info)
+        barrier(info)  # no rank tears the process group down while another still sends (or is still saving)
+        return result
+    finally:
+        cleanup(info)
+
+
+def _print_plan(cfg: RunConfig, start_step: int, train_windows: int | None = None) -> None:
+    """What the run will do, from the same pure schedules the engine uses; with ``train_windows`` (the
+    training split's windows), how many passes over the data the budget makes."""
+
+    try:
+        plan = make_plan(cfg)
+    except UserError:
+        return
+    ends = (f"; the curriculum reaches full length at step {plan.curriculum_end_step:,}"
+            if plan.curriculum_end_step else "")
+    print(f"plan:        about {plan.total_steps:,} steps{ends}" + (f" (resuming at {start_step:,})" if start_step else ""),
+          flush=True)
+    warnings = list(plan.warnings)
+    if train_windows:
+        line, too_many = data_use(plan, train_windows)
+        print(line, flush=True)
+        warnings += [too_many] if too_many else []
+    for message in warnings:
+        if message not in cfg.warnings:
+            logger.warning("warning: %s", message)
+
+
+def _data_dir(spec: RunSpec, info) -> Path:
+    from seqwarm.data import embedded_data_dir
+    from seqwarm.trainer.distributed import barrier
+
+    if spec.data:
+        data_dir = Path(spec.data)
+    else:  # rank 0 prepares the embedded corpus once; the others wait for it
+        if info.is_main:
+            embedded_data_dir()
+        barrier(info)
+        data_dir = embedded_data_dir()
+    if not data_dir.exists():
+        raise UserError(f"--data {data_dir}: no such folder (create it with `seqwarm prepare --out {data_dir}`)")
+    return data_dir
+
+
+def _run(spec: RunSpec, info) -> TrainResult:
+    from seqwarm.trainer.loop import TrainOptions
+    from seqwarm.trainer.run_folder import prepare_run_dir
+
+    say = print if info.is_main else (lambda *a, **k: None)
+    stages = spec.pipeline_stages or 1  # pipeline stages share one data-parallel replica
+    if info.world_size % stages:
+        raise UserError(f"--pipeline-stages {stages} must divide the number of processes ({info.world_size})")
+    cfg = resolve_config(spec, world_size=info.world_size // stages)
+    if spec.eval_wikitext or spec.eval_lambada:
+        from seqwarm.evaluation import check_eval_files
+        check_eval_files(wikitext=spec.eval_wikitext, lambada=spec.eval_lambada)  # fail before training
+    if info.enabled and not spec.out:
+        raise UserError("under torchrun, give --out (every rank must agree on the run folder)")
+    name = spec.model if not spec.model.startswith("hf:") else "hf-" + Path(spec.model[3:]).stem
+    out = Path(spec.out) if spec.out else Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    opts = TrainOptions(out=out, data=Path(spec.data) if spec.data else None, model=spec.model, seed=spec.seed,
+                        device=spec.device, eval_interval=spec.eval_interval, eval_iters=spec.eval_iters,
+                        save_interval=spec.save_interval, keep_checkpoints=spec.keep_checkpoints,
+                        log_interval=max(1, spec.log_interval), resume=spec.resume,
+                        allow_config_change=spec.allow_config_change, progress_bar=spec.progress_bar,
+                        tensorboard=spec.tensorboard, tensorboard_dir=spec.tensorboard_dir,
+                        wandb_project=spec.wandb_project, wandb_run_name=spec.wandb_run_name)
+    folder = prepare_run_dir(opts, info)  # locked until the run ends; removed again if it stays empty
+    try:
+        return _train_in(folder, spec, cfg, opts, info, say)
+    finally:
+        folder.close()
+
+
+def _train_in(folder, spec: RunSpec, cfg: RunConfig, opts, info, say) -> TrainResult:
+    """The run in its locked folder (see :func:`_run`)."""
+    from seqwarm.data import open_prepared
+    from seqwarm.trainer.backends import TorchEngineBuilder
+    from seqwarm.trainer.loop import Run, finish_lines, format_start, write_resolved_config
+    from seqwarm.trainer.model import GPTConfig
+
+    stages = spec.pipeline_stages or 1
+    if spec.data_path:
+        from seqwarm.data.megatron import open_megatron
+        data = open_megatron(spec.data_path, split=spec.split, tokenizer=spec.tokenizer,
+                             vocab_size=spec.vocab_size, eod_id=spec.eod_id)
+    else:
+        data = open_prepared(_data_dir(spec, info))
+    if spec.model.startswith("hf:"):
+        from seqwarm.integrations.hf.run import HFEngineBuilder, HFModelConfig, hf_model_path
+        model_cfg = HFModelConfig.from_path(hf_model_path(spec.model), vocab_size=data.vocab_size,
+                                            seq_length=cfg.seq_length)
+        builder = HFEngineBuilder()
+    else:
+        model_cfg = GPTConfig.preset(spec.model, vocab_size=data.vocab_size, seq_length=cfg.seq_length,
+                                     rotary=spec.rotary, **size_overrides(spec))
+        if spec.deepspeed:
+            from seqwarm.integrations.deepspeed.run import DeepSpeedEngineBuilder
+            builder = DeepSpeedEngineBuilder(pipeline_stages=stages if stages > 1 else 0)
+        else:
+            builder = TorchEngineBuilder(fsdp=spec.fsdp, compile=cfg.compile)
+    run = Run(cfg, opts, data, model_cfg, dist_info=info, builder=builder)
+    resumed = run.resume() if opts.resume else False
+    if opts.resume and not resumed:
+        say(f"{opts.out} has no checkpoint yet (the run stopped before its first one): starting it again "
+            "from step 0", flush=True)
+    if info.is_main:
+        write_resolved_config(run)
+    for line in format_start(run):
+        say(line, flush=True)
+    if resumed:
+        say(f"resuming at step {run.engine.global_steps:,} ({run.engine.progress.tokens:,} tokens)", flush=True)
+    if info.is_main:
+        _print_plan(cfg, run.engine.global_steps, len(run.batches.windows))
+    result = run.train()
+    for line in finish_lines(result):
+        say(line, flush=True)
+    if (spec.eval_wikitext or spec.eval_lambada) and info.is_main:
+        from seqwarm.evaluation import run_paper_evals
+        res = run_paper_evals(run.run_dir, wikitext=spec.eval_wikitext, lambada=spec.eval_lambada,
+                              device=spec.device, progress=spec.progress_bar)
+        for line in format_results(res):
+            print(line, flush=True)
+    return result
