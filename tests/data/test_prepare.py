@@ -14,7 +14,7 @@ from seqwarm.data import corpus_identity, embedded_data_dir
 from seqwarm.data import prepare as prep
 from seqwarm.data.indexed import IndexedTokens, sha256_file
 from seqwarm.data.prepare import prepare_dataset
-from seqwarm.data.tokenizer import ByteTokenizer, load_tokenizer
+from seqwarm.data.tokenizer import ByteTokenizer, load_tokenizer, tokenizer_from_payload
 from seqwarm.util.errors import UserError
 from seqwarm.util.version import __version__
 
@@ -352,7 +352,7 @@ def test_hf_tokenizer_json_with_70k_vocabulary_writes_uint32(tmp_path, capsys):
     assert (tok.vocab_size, tok.eod_id, tok.name) == (70_000, 69_999, meta["tokenizer"]["name"])
     assert tok.encode(texts[0]) == expected[0][:-1]
     # Worker processes rebuild it from its payload: the same ids, the same EOD.
-    again = prep.tokenizer_from_payload(tok.worker_payload())
+    again = tokenizer_from_payload(tok.worker_payload())
     assert again.encode_document(texts[1]) == expected[1] and again.eod_id == 69_999
 
 

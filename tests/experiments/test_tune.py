@@ -12,10 +12,10 @@ from seqwarm.cli import build_parser, main
 from seqwarm.experiments import curves
 from seqwarm.experiments.launch import total_curriculum_step_of, with_total_curriculum_step
 from seqwarm.util.errors import UserError
-from seqwarm.experiments.tune import (
+from seqwarm.experiments.tune import run_tune
+from seqwarm.experiments.tune_search import (
     ProbeResult,
     interior_points,
-    run_tune,
     search_largest_passing,
 )
 

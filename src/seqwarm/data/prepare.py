@@ -6,9 +6,11 @@ Three streaming passes over the documents, none holding the corpus or its tokens
    and UTF-8 bytes, then pick the validation documents (whole documents, from the seed);
 2. ``bpe:N`` only: train the tokenizer on the training documents;
 3. tokenize chunks of documents in worker processes (at most ``2 * workers`` chunks in flight), append
-   each document's tokens (ending with EOD) to ``train`` or ``val``.
+   each document's tokens (ending with EOD) to ``train`` or ``val`` (:mod:`seqwarm.data.encode`).
 
-Everything is written into a hidden sibling folder that replaces ``out`` only once complete.
+This module checks the options and the output folder, runs the passes, writes ``meta.json`` and swaps the
+result in: everything is written into a hidden sibling folder that replaces ``out`` only once complete.
+It also keeps the embedded corpus prepared once in a cache folder (:func:`embedded_data_dir`).
 """
 
 from __future__ import annotations
@@ -17,14 +19,12 @@ import glob
 import json
 import logging
 import math
-import multiprocessing as mp
 import os
 import shutil
 import sys
 import time
 import uuid
-from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,17 +34,17 @@ import numpy as np
 from seqwarm.data import corpus
 from seqwarm.util.atomic import WriteError, write_json
 from seqwarm.util.version import __version__
+from seqwarm.data.encode import tokenize_and_write
 from seqwarm.data.indexed import (
     META_FILE,
     META_FORMAT,
     META_FORMAT_VERSION,
-    IndexedWriter,
     choose_dtype,
     dtype_name,
     sha256_file,
 )
 from seqwarm.config.defaults import DEFAULT_TOKENIZER
-from seqwarm.data.tokenizer import Tokenizer, build_tokenizer, parse_tokenizer_name, tokenizer_from_payload
+from seqwarm.data.tokenizer import build_tokenizer, parse_tokenizer_name
 from seqwarm.util.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -145,31 +145,7 @@ class PrepareResult:
 
 
 # --------------------------------------------------------------------------------------------------
-# Worker side (module level, so that "spawn" workers can import it)
-
-_WORKER_TOKENIZER: Tokenizer | None = None
-
-
-def _init_worker(payload: tuple) -> None:
-    global _WORKER_TOKENIZER
-    _WORKER_TOKENIZER = tokenizer_from_payload(payload)
-
-
-def encode_documents(tok: Tokenizer, texts: Sequence[str], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Tokenize texts as documents (each ends with EOD): concatenated tokens and per-document lengths."""
-    arrays = [tok.encode_array(t, dtype) for t in texts]
-    lengths = np.fromiter((len(a) for a in arrays), dtype=np.int64, count=len(arrays))
-    tokens = np.concatenate(arrays) if arrays else np.zeros(0, dtype=dtype)
-    return tokens, lengths
-
-
-def _encode_chunk(texts: list[str], dtype_str: str) -> tuple[np.ndarray, np.ndarray]:
-    assert _WORKER_TOKENIZER is not None, "worker not initialised"
-    return encode_documents(_WORKER_TOKENIZER, texts, np.dtype(dtype_str))
-
-
-# --------------------------------------------------------------------------------------------------
-# Main side
+# The output folder
 
 
 RUN_SIGNS = ("checkpoints", "metrics.jsonl", "summary.json", "config.json")
@@ -246,21 +222,6 @@ def _non_empty(docs: Iterator[corpus.Document]) -> Iterator[corpus.Document]:
             yield name, text
         else:
             logger.debug("skipping empty document %s", name)
-
-
-def _chunks(docs: Iterator[corpus.Document], chunk_bytes: int) -> Iterator[tuple[list[str], int, int]]:
-    """Group documents into ``(texts, index of the first, UTF-8 bytes)`` of about ``chunk_bytes``."""
-    texts: list[str] = []
-    first, size, index = 0, 0, 0
-    for _, text in docs:
-        texts.append(text)
-        size += len(text.encode("utf-8"))
-        index += 1
-        if size >= chunk_bytes:
-            yield texts, first, size
-            texts, first, size = [], index, 0
-    if texts:
-        yield texts, first, size
 
 
 def choose_val_documents(num_docs: int, val_fraction: float, seed: int) -> np.ndarray:
@@ -377,8 +338,8 @@ def prepare_dataset(
         # not for `byte` (tens of MB/s in-process), nor for a corpus of a single chunk.
         n_workers = 1 if kind == "byte" else max(1, min(workers, math.ceil(total_bytes / chunk_bytes)))
         t0 = time.perf_counter()
-        splits = _tokenize_and_write(tmp, tok, dtype, documents(), val_mask, n_workers, chunk_bytes,
-                                     total_bytes, progress)
+        splits = tokenize_and_write(tmp, tok, dtype, documents(), val_mask, n_workers, chunk_bytes,
+                                    total_bytes, progress)
         tokenize_seconds = time.perf_counter() - t0
 
         tok_files = tok.save(tmp)
@@ -414,69 +375,6 @@ def prepare_dataset(
     return PrepareResult(out=out, meta=meta, input_bytes=total_bytes, tokenize_seconds=tokenize_seconds,
                          tokenizer_seconds=tokenizer_seconds,
                          total_seconds=time.perf_counter() - t_start, workers=n_workers)
-
-
-def _tokenize_and_write(folder: Path, tok: Tokenizer, dtype: np.dtype, docs: Iterator[corpus.Document],
-                        val_mask: np.ndarray, n_workers: int, chunk_bytes: int, total_bytes: int,
-                        progress: bool) -> dict[str, dict[str, Any]]:
-    from tqdm.auto import tqdm
-
-    writers = {"train": IndexedWriter(folder / "train", dtype), "val": IndexedWriter(folder / "val", dtype)}
-    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"tokenizing ({tok.name})",
-               file=sys.stderr, disable=None if progress else True, dynamic_ncols=True)
-
-    def consume(first: int, size: int, tokens: np.ndarray, lengths: np.ndarray) -> None:
-        if first + len(lengths) > len(val_mask):
-            raise UserError("the inputs changed while they were being prepared (more documents than "
-                            "counted); run seqwarm prepare again")
-        is_val = val_mask[first:first + len(lengths)]
-        if not is_val.any():
-            writers["train"].add_documents(tokens, lengths)
-        elif is_val.all():
-            writers["val"].add_documents(tokens, lengths)
-        else:
-            token_is_val = np.repeat(is_val, lengths)
-            writers["train"].add_documents(tokens[~token_is_val], lengths[~is_val])
-            writers["val"].add_documents(tokens[token_is_val], lengths[is_val])
-        bar.update(size)
-
-    try:
-        chunks = _chunks(docs, chunk_bytes)
-        if n_workers == 1:
-            for texts, first, size in chunks:
-                consume(first, size, *encode_documents(tok, texts, dtype))
-        else:
-            _run_pool(tok, dtype, chunks, n_workers, consume)
-        results = {name: w.close() for name, w in writers.items()}
-        if sum(r["documents"] for r in results.values()) != len(val_mask):
-            raise UserError("the inputs changed while they were being prepared (fewer documents than "
-                            "counted); run seqwarm prepare again")
-    finally:
-        bar.close()
-        for w in writers.values():
-            if not w.closed:
-                w.abort()
-    return {name: {"documents": r["documents"], "tokens": r["tokens"], "bin": f"{name}.bin",
-                   "idx": f"{name}.idx", "files": r["files"]} for name, r in results.items()}
-
-
-def _run_pool(tok: Tokenizer, dtype: np.dtype, chunks: Iterator[tuple[list[str], int, int]],
-              n_workers: int, consume: Callable[..., None]) -> None:
-    """Ordered, bounded fan-out: at most ``2 * n_workers`` chunks are queued, so memory stays flat.
-
-    "spawn" workers: a fork after ``tokenizers`` has started its thread pool (BPE training) is unsafe.
-    """
-    ctx = mp.get_context("spawn")
-    with ctx.Pool(n_workers, initializer=_init_worker, initargs=(tok.worker_payload(),)) as pool:
-        pending: deque = deque()
-        for texts, first, size in chunks:
-            pending.append((first, size, pool.apply_async(_encode_chunk, (texts, dtype.str))))
-            if len(pending) >= 2 * n_workers:
-                first0, size0, res = pending.popleft()
-                consume(first0, size0, *res.get())
-        while pending:
-            first0, size0, res = pending.popleft()
-            consume(first0, size0, *res.get())
 
 
 def _replace_dir(tmp: Path, out: Path) -> None:

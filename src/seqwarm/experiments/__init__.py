@@ -6,7 +6,8 @@
 - :mod:`seqwarm.experiments.launch`: derived configs, run-folder reuse/resume (runs are RunSpecs).
 - :mod:`seqwarm.experiments.compare`: plan, run and report a comparison.
 - :mod:`seqwarm.experiments.report`: the comparison's report.json, report.md and figures.
-- :mod:`seqwarm.experiments.tune`: the injectable search and the real probe runs.
+- :mod:`seqwarm.experiments.tune_search`: the injectable search for ``total_curriculum_step``.
+- :mod:`seqwarm.experiments.tune`: the real probe runs, the resumable state and ``tune.json``.
 """
 
 from seqwarm.experiments.curves import (
