@@ -505,7 +505,7 @@ def test_default_precision_on_a_mocked_cuda_device_is_bf16(monkeypatch):
 
 
 def test_adam_statistics_in_one_transfer_match_the_per_tensor_sums():
-    from seqwarm.trainer.metrics_logger import adam_stats
+    from seqwarm.trainer.metrics import adam_stats
     from seqwarm.trainer.optim import _fused
 
     m = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))

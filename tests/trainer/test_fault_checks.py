@@ -31,7 +31,7 @@ from seqwarm.trainer.checkpoint import (
 )
 from seqwarm.cli import main
 from seqwarm.data import prepare_dataset
-from seqwarm.trainer.runlock import LOCK_FILE, RunLock, RunLocked
+from seqwarm.trainer.run_folder import LOCK_FILE, RunLock, RunLocked
 
 from conftest import make_corpus, small_config
 
@@ -154,7 +154,7 @@ def test_broken_newer_checkpoints_leave_the_rotation(tmp_path):
 # -- 3. one run per folder ------------------------------------------------------------------------------
 
 def _hold_lock(folder):
-    code = (f"import sys, time; sys.path.insert(0, {SRC!r}); from seqwarm.trainer.runlock import RunLock; "
+    code = (f"import sys, time; sys.path.insert(0, {SRC!r}); from seqwarm.trainer.run_folder import RunLock; "
             f"RunLock({str(folder)!r}).acquire(); print('held', flush=True); time.sleep(60)")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"

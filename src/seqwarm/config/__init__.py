@@ -12,8 +12,10 @@ Where settings come from, weakest first: defaults; the config's DeepSpeed keys; 
 seqwarm blocks removed — ready to hand to ``deepspeed.initialize``.
 
 The package: :mod:`~seqwarm.config.run` (the run config dataclasses), :mod:`~seqwarm.config.reader`
-(the DeepSpeed JSON dialect reader, ``load_config``), :mod:`~seqwarm.config.settings` (the one table
-of seqwarm settings and their flags) and :mod:`~seqwarm.config.describe` (the human summary). The
+(the DeepSpeed JSON dialect reader, ``load_config``), :mod:`~seqwarm.config.blocks` (the reader's checks
+of the individual blocks: curriculum, batch sizes, optimizer, precision, scheduler, LR),
+:mod:`~seqwarm.config.settings` (the one table of seqwarm settings and their flags) and
+:mod:`~seqwarm.config.describe` (the human summary). The
 curriculum's and the LR schedule's configs and checks live with their owners
 (:mod:`seqwarm.curriculum.schedule`, :mod:`seqwarm.curriculum.lr`).
 """

@@ -21,7 +21,7 @@ from seqwarm.config.defaults import PRESETS
 from seqwarm.config.reader import read_config_dict
 from seqwarm.run.spec import RunSpec, model_size, recipe_config, resolve_config
 from seqwarm.run.training import run_training
-from seqwarm.trainer.runlock import LOCK_FILE, run_lock
+from seqwarm.trainer.run_folder import LOCK_FILE, run_lock
 from seqwarm.util.errors import UserError
 
 # Files `seqwarm train` writes into a run folder (a folder holding only these, with no checkpoint and

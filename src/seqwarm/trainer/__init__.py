@@ -2,5 +2,5 @@
 from: the model, the optimizer, checkpoints and the checkpointer, the device feed, the evaluator, the
 metrics, trackers and plots, torch.distributed setup, the run folder and its lock, and ``backends``
 (the engine builders the loop calls; DeepSpeed and Hugging Face bring their own). This ``__init__``
-imports nothing, so that light modules (``metrics``, ``plots``, ``runlock``) stay free of torch.
+imports nothing, so that light modules (``metrics``, ``plots``, ``run_folder``) stay free of torch.
 """

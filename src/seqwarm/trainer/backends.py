@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from seqwarm.config import RunConfig
-from seqwarm.trainer.checkpointer import Checkpointer, TorchCheckpointer
+from seqwarm.trainer.checkpoint import Checkpointer, TorchCheckpointer
 from seqwarm.trainer.distributed import DistInfo, wrap_model
 from seqwarm.trainer.optim import build_optimizer
 

@@ -3,11 +3,11 @@
 :class:`Run` is the loop. An *engine builder* (:mod:`seqwarm.trainer.backends`: one device, DDP or
 FSDP2; the DeepSpeed one in :mod:`seqwarm.integrations.deepspeed.run`) builds the GPT, its optimizer and
 the engine the loop drives, says how one optimizer step is taken and supplies the checkpointer
-(:mod:`seqwarm.trainer.checkpointer`). Each optimizer step, the loop asks the engine for the step's
+(:mod:`seqwarm.trainer.checkpoint`). Each optimizer step, the loop asks the engine for the step's
 length once (``engine.begin_step()``), draws ``gradient_accumulation_steps`` micro-batches that the feed
 cuts once (``engine.cut``) before they reach the device, and takes one optimizer step, until the clock
 reaches the budget, calling the evaluator (:mod:`seqwarm.trainer.evaluator`, always full length), the
-metrics logger (:mod:`seqwarm.trainer.metrics_logger`) and the checkpointer. :func:`seqwarm.run.training.run_training`
+metrics logger (:mod:`seqwarm.trainer.metrics`) and the checkpointer. :func:`seqwarm.run.training.run_training`
 sets a run up from a :class:`~seqwarm.run.spec.RunSpec`.
 """
 
@@ -35,8 +35,8 @@ from seqwarm.trainer.checkpoint import list_checkpoints, rng_state, set_rng_stat
 from seqwarm.trainer.distributed import DistInfo, device_for, gather_floats
 from seqwarm.trainer.evaluator import Evaluator
 from seqwarm.trainer.feed import DeviceFeed
-from seqwarm.trainer.metrics import format_duration, truncate_metrics
-from seqwarm.trainer.metrics_logger import MetricsLogger, adam_stats
+from seqwarm.trainer.metrics import MetricsLogger, adam_stats, format_duration, truncate_metrics
+from seqwarm.trainer.plots import plot_run
 from seqwarm.trainer.trackers import forget_wandb_run, tracker_config
 from seqwarm.util.atomic import write_json
 from seqwarm.util.errors import SeqwarmError, UserError
@@ -182,7 +182,7 @@ class Run:
             forget_wandb_run(self.run_dir)
         self.log = MetricsLogger(self.run_dir, budget_tokens=cfg.train_tokens, is_main=self.is_main,
                                  log_interval=opts.log_interval, progress_bar=opts.progress_bar,
-                                 tensorboard=opts.tensorboard,
+                                 tensorboard=opts.tensorboard, curves=plot_run,
                                  trackers=tracker_config(cfg.deepspeed, self.run_dir, tensorboard=opts.tensorboard,
                                                          tensorboard_dir=opts.tensorboard_dir,
                                                          wandb_project=opts.wandb_project,

@@ -1,9 +1,19 @@
-"""Run metrics: one console line per log interval, ``metrics.jsonl``, the trackers (:mod:`seqwarm.trainer.trackers`).
+"""What a training run reports: ``metrics.jsonl`` rows, the console line, the progress bar, summary.json, curves.
+
+:class:`MetricsLogger` is the loop's one reporting component. On rank 0 it appends train and eval rows to
+``RUN/metrics.jsonl`` through a :class:`MetricsWriter` (which mirrors them to the trackers of
+:mod:`seqwarm.trainer.trackers`: TensorBoard, W&B, CSV), prints one :func:`console_line` per log interval
+(through the progress bar when one is shown) and at the end writes ``RUN/summary.json`` atomically — the
+marker of a finished run — and has ``RUN/curves.png`` drawn (by the function the loop hands it,
+:func:`seqwarm.trainer.plots.plot_run`, which reads the rows back with :func:`read_metrics`). On the other
+ranks every method does nothing. :func:`adam_stats` gives the Adam second-moment statistics of a train row;
+:func:`format_results` the console lines of an evaluation result.
 
 Rows in ``metrics.jsonl`` carry ``kind`` = ``train`` (step, tokens, samples, seqlen, lr, loss at the
 current length, tokens_per_s, grad_norm, elapsed_s, ...) or ``eval`` (step, tokens, val_loss, val_ppl at
-full length). Tracker tags are namespaced (``train/loss``, ``curriculum/seqlen``, ``progress/tokens``) and
-repeated under Megatron-DeepSpeed's names (:data:`seqwarm.trainer.trackers.MEGATRON_TAGS`).
+full length). :func:`read_metrics` ignores a torn last line, and :func:`truncate_metrics` drops the rows a
+resume writes again. Tracker tags are namespaced (``train/loss``, ``curriculum/seqlen``, ``progress/tokens``)
+and repeated under Megatron-DeepSpeed's names (:data:`seqwarm.trainer.trackers.MEGATRON_TAGS`).
 """
 
 from __future__ import annotations
@@ -11,13 +21,17 @@ from __future__ import annotations
 import json
 import logging
 import math
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from seqwarm.trainer.trackers import TrackerConfig, open_trackers, tracker_config
-from seqwarm.util.atomic import write_error, write_text
+from seqwarm.util.atomic import write_error, write_json, write_text
 from seqwarm.util.units import human_count
+
+__all__ = ["read_metrics", "truncate_metrics", "MetricsWriter", "format_duration", "console_line",
+           "format_results", "MetricsLogger", "adam_stats"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,3 +133,119 @@ def format_results(result: dict) -> list[str]:
         lines.append(f"val:        loss {v['loss']:.4f} | ppl {v['ppl']:.3f} | {v['num_windows']:,} windows of "
                      f"{v['seq_length']} ({v['num_tokens']:,} tokens)")
     return lines
+
+
+# -- the loop's logger -----------------------------------------------------------------------------
+def adam_stats(optimizer) -> dict[str, float]:
+    """l1 norm and max of Adam's second moment (the stability signal the paper's authors logged)."""
+    import torch
+
+    vs = [s["exp_avg_sq"] for s in optimizer.state.values() if "exp_avg_sq" in s]
+    if not vs:
+        return {}
+    plain = all(type(v) is torch.Tensor and v.device == vs[0].device for v in vs)
+    if plain and hasattr(torch, "_foreach_max"):  # foreach kernels, one host transfer (not one per tensor)
+        l1, top = torch.stack([torch.stack(torch._foreach_norm(vs, 1)).sum(),
+                               torch.stack(torch._foreach_max(vs)).max()]).tolist()
+    else:  # FSDP2 DTensors, mixed devices or torch < 2.6
+        l1 = float(sum(v.abs().sum() for v in vs))
+        top = float(max(v.max() for v in vs))
+    return {"adam_v_l1": l1, "adam_v_max": top}
+
+
+class MetricsLogger:
+    """Rows, console and progress bar of one run (rank 0 only). ``curves(run_dir)`` draws
+    ``RUN/curves.png`` at the end (the loop passes :func:`seqwarm.trainer.plots.plot_run`, which reads
+    this module's rows, so this module cannot import it; None: no figure)."""
+
+    def __init__(self, run_dir: Path, *, budget_tokens: int | None, is_main: bool, log_interval: int,
+                 progress_bar: bool = True, tensorboard: bool = True, trackers: TrackerConfig | None = None,
+                 curves: Callable[[Path], Any] | None = None):
+        self.run_dir, self.budget_tokens, self.is_main = Path(run_dir), budget_tokens, is_main
+        self.log_interval, self.progress_bar, self.tensorboard = max(1, log_interval), progress_bar, tensorboard
+        self.trackers, self.curves = trackers, curves
+        self._closing: MetricsWriter | None = None
+        self.writer: MetricsWriter | None = None
+        self.bar = None
+        self._window_tokens, self._window_time, self._losses = 0, 0.0, []
+
+    def open(self, tokens_so_far: int) -> None:
+        if not self.is_main:
+            return
+        self.writer = MetricsWriter(self.run_dir, tensorboard=self.tensorboard, trackers=self.trackers)
+        self.bar = self._progress_bar(tokens_so_far)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.writer is not None:  # the trackers stay open until finish() gives them the summary
+            self.writer.close_file()
+            self._closing = self.writer
+        self.bar = self.writer = None
+
+    def _progress_bar(self, tokens_so_far: int):
+        if not self.progress_bar:
+            return None
+        try:
+            from tqdm import tqdm
+        except ImportError:
+            return None
+        total = self.budget_tokens or None
+        return tqdm(total=total, unit="tok", unit_scale=True, dynamic_ncols=True, disable=None, leave=False,
+                    initial=tokens_so_far if total else 0, file=sys.stderr, desc="train")
+
+    # -- the loop's calls ---------------------------------------------------------------------------
+    def step(self, tokens_after: int, step_tokens: int, loss: float, seconds: float) -> None:
+        """One optimizer step done: add it to the current log window and move the bar."""
+        self._window_tokens += step_tokens
+        self._window_time += seconds
+        self._losses.append(loss)
+        if self.bar is not None:
+            amount = step_tokens
+            if self.budget_tokens:  # the bar never runs past the budget
+                amount = min(step_tokens, max(0, self.budget_tokens - (tokens_after - step_tokens)))
+            self.bar.update(amount)
+
+    def due(self, step: int, last: bool) -> bool:
+        """Whether this step gets a train row (every log interval, the first and the last step)."""
+        return step % self.log_interval == 0 or last or step == 1
+
+    def train_row(self, head: dict[str, Any], tail: dict[str, Any], last_val: float | None) -> dict[str, Any]:
+        """Write the train row closing the current window: ``head`` (step, tokens, samples, seqlen, lr),
+        the window's mean loss and tokens/s, then ``tail`` (grad norm, elapsed time, Adam statistics)."""
+        tps = self._window_tokens / max(self._window_time, 1e-9)
+        row = {"kind": "train", **head, "loss": sum(self._losses) / len(self._losses), "tokens_per_s": tps, **tail}
+        if self.writer is not None:
+            self.writer.write(row)
+            self._console(row, tps, last_val)
+        self._window_tokens, self._window_time, self._losses = 0, 0.0, []
+        return row
+
+    def eval_row(self, row: dict[str, Any]) -> None:
+        if self.writer is not None:
+            self.writer.write(row)
+
+    def _console(self, row: dict[str, Any], tps: float, last_val: float | None) -> None:
+        eta = None
+        if self.budget_tokens and tps > 0:
+            eta = max(0, self.budget_tokens - row["tokens"]) / tps
+        line = console_line(row, self.budget_tokens, last_val, eta)
+        if self.bar is not None and not self.bar.disable:
+            self.bar.write(line, file=sys.stdout)
+        else:
+            print(line, flush=True)
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """Write ``summary.json`` (atomically: compare and tune read it as "this run finished") and curves."""
+        if not self.is_main:
+            return
+        write_json(self.run_dir / "summary.json", summary)
+        if self._closing is not None:  # W&B's run summary
+            self._closing.close_trackers(summary)
+            self._closing = None
+        if self.curves is None:
+            return
+        try:
+            self.curves(self.run_dir)
+        except Exception as err:  # noqa: BLE001 - a plot must never fail a finished run
+            logger.warning("could not draw curves.png: %s", err)

@@ -2,28 +2,135 @@
 
 :func:`prepare_run_dir` refuses a folder that holds a run unless ``--resume`` is given (a run killed
 before its first checkpoint resumes from step 0), and an ``--out`` that is a file or in use by another
-run (:mod:`seqwarm.trainer.runlock`); the :class:`RunFolder` it returns releases the lock when the run ends and
-removes the folder again when this run created it and left nothing in it (bad input found late).
+run; the :class:`RunFolder` it returns releases the lock when the run ends and removes the folder again
+when this run created it and left nothing in it (bad input found late).
+
+One run per folder: an advisory lock on ``RUN/.seqwarm.lock`` while a run (or a resume) uses it
+(:class:`RunLock`, :func:`run_lock`; ``compare`` and ``tune`` take it too). The lock is
+``flock(LOCK_EX | LOCK_NB)`` on a file inside the run folder that holds the holder's pid. The kernel drops
+the lock when its process dies, however it dies (SIGKILL included), so a lock left by a killed run is
+recovered by the next run without anyone deleting anything. A second run on a folder in use gets a
+:class:`RunLocked` naming the holder's pid. The file is removed when the lock is released; because another
+process may have opened it just before, a process that got the lock checks that the file it locked is
+still the one at the path (else it locks again), so two holders can never coexist. Within one process the
+lock is re-entrant (``compare`` / ``tune`` hold it around a run they start), and the file is removed when
+the outermost holder releases it. Advisory only: it keeps seqwarm runs apart, not other programs; on file
+systems without ``flock`` (some network mounts) taking it fails with an OSError, which seqwarm reports as
+such.
+
+The lock needs nothing heavy, so torch (and the modules that import it) is imported only when
+:func:`prepare_run_dir` runs: ``compare``, ``tune`` and the CLI import this module without torch.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from seqwarm.trainer.checkpoint import list_checkpoints
-from seqwarm.trainer.distributed import DistInfo, barrier, gather_floats
-from seqwarm.trainer.runlock import LOCK_FILE, RunLock
 from seqwarm.util.errors import UserError
 
-__all__ = ["RUN_MARKERS", "RunFolder", "prepare_run_dir"]
+if TYPE_CHECKING:  # seqwarm.trainer.distributed imports torch: only when a run prepares its folder
+    from seqwarm.trainer.distributed import DistInfo
+
+__all__ = ["LOCK_FILE", "RunLocked", "RunLock", "run_lock", "RUN_MARKERS", "RunFolder", "prepare_run_dir"]
 
 logger = logging.getLogger(__name__)
 
+LOCK_FILE = ".seqwarm.lock"
 
+
+class RunLocked(UserError):
+    """Another live process holds the run folder's lock."""
+
+
+def _holder(path: Path) -> str:
+    try:
+        text = path.read_text(encoding="ascii", errors="replace").strip()
+    except OSError:
+        return "unknown"
+    return text or "unknown"
+
+
+_HELD: dict[str, tuple[int, int]] = {}
+"""Locks this process holds: lock file path -> (file descriptor, number of holders)."""
+
+
+class RunLock:
+    """The lock on one run folder; :meth:`acquire` / :meth:`release` (or :func:`run_lock`)."""
+
+    def __init__(self, folder: str | os.PathLike):
+        self.folder = Path(folder)
+        self.path = self.folder / LOCK_FILE
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock or raise RunLocked naming the holder's pid (the folder must exist)."""
+        key = str(self.path.resolve())
+        if key in _HELD:  # this process holds it already
+            fd, count = _HELD[key]
+            _HELD[key] = (fd, count + 1)
+            self._fd = fd
+            return
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                raise RunLocked(f"{self.folder} is in use by another seqwarm run (pid {_holder(self.path)}); "
+                                "wait for it to finish, stop it, or choose another --out") from None
+            except BaseException:
+                os.close(fd)
+                raise
+            try:
+                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)  # the holder released and removed the file between our open and flock: again
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        _HELD[key] = (fd, 1)
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        key = str(self.path.resolve())
+        fd, count = _HELD.pop(key, (self._fd, 1))
+        if count > 1:
+            _HELD[key] = (fd, count - 1)
+            self._fd = None
+            return
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # while still held, so nobody locks a file that is going away unnoticed
+        os.close(self._fd)
+        self._fd = None
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+
+@contextlib.contextmanager
+def run_lock(folder: str | os.PathLike) -> Iterator[RunLock]:
+    """Hold the lock of ``folder`` for the block."""
+    lock = RunLock(folder)
+    lock.acquire()
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+# -- the run folder ---------------------------------------------------------------------------------
 RUN_MARKERS = ("config.json", "metrics.jsonl")
 """Files the start of every run writes: a folder with one of them and no checkpoint is a run killed
 before its first checkpoint, which ``--resume`` starts again from step 0."""
@@ -54,6 +161,8 @@ class RunFolder:
 def _folder_problem(run_dir: Path, resume: bool, stale_lock: bool) -> str | None:
     """Why the run cannot use ``run_dir`` (None: it can); the same answer on every rank. ``stale_lock``:
     a lock file was there before this run took the lock (a run killed before it wrote config.json)."""
+    from seqwarm.trainer.checkpoint import list_checkpoints
+
     ckpts = run_dir / "checkpoints"
     has_ckpt = bool(list_checkpoints(ckpts)) or (ckpts / "deepspeed" / "latest").is_file()
     entries = [p.name for p in run_dir.iterdir() if p.name != LOCK_FILE] if run_dir.is_dir() else []
@@ -71,6 +180,10 @@ def prepare_run_dir(opts, info: DistInfo | None = None) -> RunFolder:
     everywhere); ``opts.resume``: continue the run there.
 
     The caller closes the returned :class:`RunFolder` when the run ends, whatever way it ends."""
+    import torch
+
+    from seqwarm.trainer.distributed import DistInfo, barrier, gather_floats
+
     info = info or DistInfo()
     run_dir = Path(opts.out)
     if run_dir.exists() and not run_dir.is_dir():

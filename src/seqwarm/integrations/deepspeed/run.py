@@ -23,8 +23,7 @@ from typing import Any
 
 import torch
 
-from seqwarm.trainer.checkpoint import list_checkpoints, save_checkpoint
-from seqwarm.trainer.checkpointer import save_due
+from seqwarm.trainer.checkpoint import list_checkpoints, save_checkpoint, save_due
 from seqwarm.trainer.distributed import DistInfo, barrier
 from seqwarm.util.errors import UserError
 from seqwarm.integrations.deepspeed.curriculum import (
