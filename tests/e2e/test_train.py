@@ -296,7 +296,7 @@ def test_a_compiled_run_through_eight_lengths_compiles_at_most_three_graphs(tmp_
 @pytest.mark.slow
 def test_a_run_from_before_vocab_padding_resumes_with_its_vocabulary(tmp_path, byte_data):
     """New runs pad the embedding to a multiple of 64; a checkpoint written before keeps its shapes."""
-    from seqwarm.trainer.loop import write_resolved_config
+    from seqwarm.trainer.record import write_resolved_config
 
     old = _tiny_run(tmp_path, byte_data, "old", model={"vocab_multiple": 1})
     assert old.data.vocab_size % 64  # the byte vocabulary is not a multiple of 64: padding would show

@@ -219,7 +219,7 @@ def host_reads(monkeypatch):
 
 @pytest.mark.parametrize("poison", [float("nan"), float("inf"), -float("inf")])
 def test_a_nonfinite_weight_or_optimizer_state_is_found_in_one_host_read(poison, host_reads):
-    from seqwarm.trainer.loop import first_nonfinite
+    from seqwarm.trainer.checkpoint import first_nonfinite
 
     model, optimizer = _adam_model()
     host_reads.clear()  # Adam's own step reads its step count
@@ -236,7 +236,7 @@ def test_a_nonfinite_weight_or_optimizer_state_is_found_in_one_host_read(poison,
 
 
 def test_empty_and_non_tensor_state_are_not_checked():
-    from seqwarm.trainer.loop import first_nonfinite
+    from seqwarm.trainer.checkpoint import first_nonfinite
 
     model, optimizer = _adam_model()
     optimizer.state[model[0].weight]["note"] = float("nan")  # not a tensor: not the model's state

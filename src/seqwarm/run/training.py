@@ -27,7 +27,7 @@ from seqwarm.trainer.metrics import format_results
 from seqwarm.util.errors import UserError
 
 if TYPE_CHECKING:  # seqwarm.trainer.loop imports torch: only when a run starts
-    from seqwarm.trainer.loop import TrainResult
+    from seqwarm.trainer.record import TrainResult
 
 __all__ = ["run_training"]
 
@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 
 def run_training(spec: RunSpec) -> TrainResult:
-    """Train as ``seqwarm train`` does and return the :class:`~seqwarm.trainer.loop.TrainResult`.
+    """Train as ``seqwarm train`` does and return the :class:`~seqwarm.trainer.record.TrainResult`.
 
     Under torchrun every rank calls this: DDP (or FSDP2 with ``fsdp``) over the process group torchrun
     describes; rank 0 alone prints, logs and writes files. With ``deepspeed`` a process group is made
@@ -131,7 +131,8 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, opts, info, say) -> TrainRe
     """The run in its locked folder (see :func:`_run`)."""
     from seqwarm.data import open_prepared
     from seqwarm.trainer.backends import TorchEngineBuilder
-    from seqwarm.trainer.loop import Run, finish_lines, format_start, write_resolved_config
+    from seqwarm.trainer.loop import Run
+    from seqwarm.trainer.record import finish_lines, format_start, write_resolved_config
     from seqwarm.trainer.model import GPTConfig
 
     stages = spec.pipeline_stages or 1

@@ -42,7 +42,7 @@ from seqwarm.trainer.distributed import DistInfo, barrier
 from seqwarm.util.atomic import TMP_MARK, atomic_path
 from seqwarm.util.errors import UserError
 
-__all__ = ["FORMAT", "CheckpointError", "checkpoint_path", "list_checkpoints", "rng_state", "set_rng_state",
+__all__ = ["FORMAT", "CheckpointError", "first_nonfinite", "checkpoint_path", "list_checkpoints", "rng_state", "set_rng_state",
            "save_checkpoint", "load_checkpoint", "require_keys", "load_newest", "load_latest_for_resume",
            "Checkpointer", "TorchCheckpointer", "ConfigCheck", "save_due", "load_full_state_locally"]
 
@@ -330,3 +330,37 @@ class TorchCheckpointer:
 
     def finish(self, progress, config: dict[str, Any], last_val: float | None) -> None:
         """Nothing: the last checkpoint is the model ``seqwarm eval`` reads."""
+
+
+def first_nonfinite(model: torch.nn.Module, optimizer: Any) -> str | None:
+    """This rank's first model parameter (in ``named_parameters`` order), then optimizer state tensor, that
+    holds a NaN or inf, as ``"parameter NAME"`` / ``"optimizer state KEY"``; None when all are finite.
+
+    The checks of all tensors on one device are stacked there and read back at once: one host read per
+    device (the old loop synced once per tensor at every save). Not ``torch._foreach_norm``: the norm of a
+    large but finite fp16 tensor overflows to inf. FSDP2's sharded tensors are checked in this rank's part.
+    """
+    names: list[str] = []
+    tensors: list[torch.Tensor] = []
+    for name, param in model.named_parameters():
+        names.append(f"parameter {name}")
+        tensors.append(param.to_local() if hasattr(param, "to_local") else param)
+    optim_state = optimizer.state if isinstance(optimizer, torch.optim.Optimizer) else {}
+    for state in optim_state.values():
+        for key, value in (state.items() if isinstance(state, dict) else ()):
+            local = value.to_local() if hasattr(value, "to_local") else value
+            if isinstance(local, torch.Tensor):
+                names.append(f"optimizer state {key}")
+                tensors.append(local)
+    on_device: dict[torch.device, list[int]] = {}
+    for i, tensor in enumerate(tensors):
+        if tensor.numel():
+            on_device.setdefault(tensor.device, []).append(i)
+    first = None
+    with torch.no_grad():
+        for indices in on_device.values():
+            finite = torch.stack([torch.isfinite(tensors[i]).all() for i in indices]).tolist()  # the one read
+            hit = next((i for i, ok in zip(indices, finite) if not ok), None)
+            if hit is not None and (first is None or hit < first):
+                first = hit
+    return None if first is None else names[first]

@@ -16,31 +16,26 @@ from __future__ import annotations
 import json
 import logging
 import math
-import platform
 import time
 from dataclasses import asdict, dataclass, replace
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from seqwarm.config import RunConfig, resolve_precision
-from seqwarm.config.describe import describe
 from seqwarm.curriculum.clock import stop_reason
 from seqwarm.data.indexed import data_fingerprint
 from seqwarm.trainer.backends import EngineBuilder, TorchEngineBuilder, accumulate_step
-from seqwarm.trainer.checkpoint import list_checkpoints, rng_state, set_rng_state
+from seqwarm.trainer.checkpoint import first_nonfinite, list_checkpoints, rng_state, set_rng_state
 from seqwarm.trainer.distributed import DistInfo, device_for, gather_floats
 from seqwarm.trainer.evaluator import Evaluator
+from seqwarm.trainer.record import TrainResult, jsonable, versions
 from seqwarm.trainer.feed import DeviceFeed
-from seqwarm.trainer.metrics import MetricsLogger, adam_stats, format_duration, truncate_metrics
+from seqwarm.trainer.metrics import MetricsLogger, adam_stats, truncate_metrics
 from seqwarm.trainer.plots import plot_run
 from seqwarm.trainer.trackers import forget_wandb_run, tracker_config
-from seqwarm.util.atomic import write_json
 from seqwarm.util.errors import SeqwarmError, UserError
-from seqwarm.util.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -51,40 +46,6 @@ RESUME_KEYS = ("train_batch_size", "micro_batch_size", "gradient_accumulation_st
 MAX_SKIPS_IN_A_ROW = 50
 """fp16 overflow-skipped steps in a row that end a run (dynamic scaling reaches the minimum scale from
 2**16 in 16 halvings, 32 with DeepSpeed's default hysteresis of 2)."""
-
-
-def first_nonfinite(model: torch.nn.Module, optimizer: Any) -> str | None:
-    """This rank's first model parameter (in ``named_parameters`` order), then optimizer state tensor, that
-    holds a NaN or inf, as ``"parameter NAME"`` / ``"optimizer state KEY"``; None when all are finite.
-
-    The checks of all tensors on one device are stacked there and read back at once: one host read per
-    device (the old loop synced once per tensor at every save). Not ``torch._foreach_norm``: the norm of a
-    large but finite fp16 tensor overflows to inf. FSDP2's sharded tensors are checked in this rank's part.
-    """
-    names: list[str] = []
-    tensors: list[torch.Tensor] = []
-    for name, param in model.named_parameters():
-        names.append(f"parameter {name}")
-        tensors.append(param.to_local() if hasattr(param, "to_local") else param)
-    optim_state = optimizer.state if isinstance(optimizer, torch.optim.Optimizer) else {}
-    for state in optim_state.values():
-        for key, value in (state.items() if isinstance(state, dict) else ()):
-            local = value.to_local() if hasattr(value, "to_local") else value
-            if isinstance(local, torch.Tensor):
-                names.append(f"optimizer state {key}")
-                tensors.append(local)
-    on_device: dict[torch.device, list[int]] = {}
-    for i, tensor in enumerate(tensors):
-        if tensor.numel():
-            on_device.setdefault(tensor.device, []).append(i)
-    first = None
-    with torch.no_grad():
-        for indices in on_device.values():
-            finite = torch.stack([torch.isfinite(tensors[i]).all() for i in indices]).tolist()  # the one read
-            hit = next((i for i, ok in zip(indices, finite) if not ok), None)
-            if hit is not None and (first is None or hit < first):
-                first = hit
-    return None if first is None else names[first]
 
 
 class TrainingDiverged(SeqwarmError):
@@ -119,31 +80,6 @@ class TrainOptions:
     memory_probe: bool | None = None
     """One forward + backward at the full length and micro-batch before the first step, so an OOM
     comes in the first minute (None: on CUDA only). The run's numbers are the same with or without it."""
-
-
-@dataclass
-class TrainResult:
-    run_dir: Path
-    steps: int
-    tokens: int
-    final_val_loss: float | None
-    stop_reason: str
-    summary: dict[str, Any]
-
-
-def versions() -> dict[str, str]:
-    out = {"seqwarm": __version__, "torch": str(torch.__version__), "numpy": np.__version__,
-           "python": platform.python_version()}
-    try:  # the installed version, without importing deepspeed (its import prints and is slow)
-        out["deepspeed"] = version("deepspeed")
-    except PackageNotFoundError:
-        pass
-    return out
-
-
-def jsonable(obj: Any) -> Any:
-    """``obj`` as plain JSON values (tuples become lists, anything else unknown a string)."""
-    return json.loads(json.dumps(obj, default=lambda o: list(o) if isinstance(o, tuple) else str(o)))
 
 
 class Run:
@@ -453,36 +389,3 @@ def _saved(run_dir: Path, section: str) -> dict[str, Any]:
     except (OSError, ValueError, KeyError, TypeError):
         return {}
     return out if isinstance(out, dict) else {}
-
-
-def write_resolved_config(run: Run) -> Path:
-    """``RUN/config.json``: everything the run was resolved to (written atomically)."""
-    return write_json(run.run_dir / "config.json", run.resolved)
-
-
-def format_start(run: Run) -> list[str]:
-
-    m = run.resolved["model"]
-    d = run.resolved["data"]
-    lines = [f"run:         {run.run_dir}",
-             f"model:       {m['preset']} {m.get('architecture', 'GPT')}, {m['num_params'] / 1e6:.1f}M parameters, "
-             f"{m['n_layer']} layers, "
-             f"d {m['n_embd']}, {m['n_head']} heads, length {m['seq_length']}, vocab {m['vocab_size']}",
-             f"data:        {d['folder']} ({d['train_tokens']:,} train / {d['val_tokens']:,} val tokens, "
-             f"{d['tokenizer'] if isinstance(d['tokenizer'], str) else json.dumps(d['tokenizer'])})",
-             f"device:      {run.device}, {torch.get_num_threads()} threads, world size {run.info.world_size}"
-             + (f" ({run.resolved['parallelism']})" if run.resolved["parallelism"] != "none" else "")]
-    p = run.precision_info  # the precision line says where the precision came from
-    lines += [f"{line} ({p['source']}{', TF32 matmuls' if p['tf32_matmul'] else ''})"
-              if line.startswith("precision:") else line for line in describe(run.cfg)]
-    lines.append(f"resolved config: {run.run_dir / 'config.json'}")
-    return lines
-
-
-def finish_lines(result: TrainResult) -> list[str]:
-    s = result.summary
-    return [f"done: {result.stop_reason}",
-            f"final full-length val loss {s['final_val_loss']:.4f} (ppl {s['final_val_ppl']:.1f}) after "
-            f"{s['steps']:,} steps, {s['tokens']:,} tokens, {format_duration(s['wall_time_s'])} "
-            f"({s['tokens_per_s'] or 0:,.0f} tok/s)",
-            f"results: {result.run_dir}/summary.json, metrics.jsonl, curves.png"]

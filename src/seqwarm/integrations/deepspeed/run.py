@@ -34,7 +34,7 @@ from seqwarm.integrations.deepspeed.curriculum import (
     skip_cpu_shm_comm,
 )
 from seqwarm.trainer.backends import Built
-from seqwarm.trainer.loop import jsonable
+from seqwarm.trainer.record import jsonable
 
 __all__ = ["DeepSpeedEngineBuilder", "DeepSpeedCheckpointer", "deepspeed_process_group", "pipeline_step",
            "DS_SUBDIR"]
