@@ -24,7 +24,10 @@ setup: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(VENV)/bin/seqwarm train
 
+# lint and format check first (seconds), then the tests; `pytest -m "not slow"` is the fast tier alone
 test: $(VENV)/.installed
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
 	$(PY) -m pytest -q
 
 clean:

@@ -25,23 +25,27 @@ from seqwarm.data.prepare import default_workers, prepare_dataset  # noqa: E402
 
 def bench_prepare(tmp: Path, tokenizers: list[str], workers: list[int], repeats: int) -> dict[str, Path]:
     print(f"prepare, embedded corpus, median of {repeats} (workers: asked->used; byte runs in-process):")
-    print(f"  {'tokenizer':<10} {'workers':>7} {'MB':>6} {'tokens':>11} {'tokenize s':>10} {'MB/s':>7} "
-          f"{'Mtok/s':>7} {'train tok s':>11} {'total s':>8}")
+    print(
+        f"  {'tokenizer':<10} {'workers':>7} {'MB':>6} {'tokens':>11} {'tokenize s':>10} {'MB/s':>7} "
+        f"{'Mtok/s':>7} {'train tok s':>11} {'total s':>8}"
+    )
     folders: dict[str, Path] = {}
     for name in tokenizers:
         for w in workers:
             runs = []
-            for r in range(repeats):
+            for _ in range(repeats):
                 out = tmp / f"{name.replace(':', '')}-w{w}"
                 runs.append(prepare_dataset(out, None, tokenizer=name, workers=w, force=True, progress=False))
                 folders[name] = out
-            med = lambda f: statistics.median(f(x) for x in runs)  # noqa: E731
+            med = lambda f, runs=runs: statistics.median(f(x) for x in runs)  # noqa: E731
             res = runs[0]
             used = f"{w}" if res.workers == w else f"{w}->{res.workers}"
-            print(f"  {name:<10} {used:>7} {res.input_bytes / 1e6:>6.1f} {res.tokens:>11,} "
-                  f"{med(lambda x: x.tokenize_seconds):>10.2f} {med(lambda x: x.mb_per_second):>7.2f} "
-                  f"{med(lambda x: x.tokens_per_second) / 1e6:>7.2f} "
-                  f"{med(lambda x: x.tokenizer_seconds):>11.2f} {med(lambda x: x.total_seconds):>8.2f}")
+            print(
+                f"  {name:<10} {used:>7} {res.input_bytes / 1e6:>6.1f} {res.tokens:>11,} "
+                f"{med(lambda x: x.tokenize_seconds):>10.2f} {med(lambda x: x.mb_per_second):>7.2f} "
+                f"{med(lambda x: x.tokens_per_second) / 1e6:>7.2f} "
+                f"{med(lambda x: x.tokenizer_seconds):>11.2f} {med(lambda x: x.total_seconds):>8.2f}"
+            )
     return folders
 
 
@@ -62,8 +66,10 @@ def bench_fetch(folder: Path, seq_length: int, micro_batch: int, n: int = 2000) 
     times.sort()
     med = times[len(times) // 2] / 1e3
     p90 = times[int(len(times) * 0.9)] / 1e3
-    print(f"\nbatch fetch {micro_batch}x{seq_length} from {folder.name} (open + verify {open_s * 1e3:.0f} ms): "
-          f"median {med:.1f} us, p90 {p90:.1f} us over {n} batches")
+    print(
+        f"\nbatch fetch {micro_batch}x{seq_length} from {folder.name} (open + verify {open_s * 1e3:.0f} ms): "
+        f"median {med:.1f} us, p90 {p90:.1f} us over {n} batches"
+    )
     return med, batch
 
 
@@ -80,15 +86,18 @@ def bench_step(batch: dict, vocab_size: int, seq_length: int, fetch_us: float, s
     times = []
     for i in range(steps + 2):
         t = time.perf_counter()
-        loss = model(batch["input_ids"], labels=batch["labels"], loss_mask=batch["loss_mask"],
-                     position_ids=batch["position_ids"])
+        loss = model(
+            batch["input_ids"], labels=batch["labels"], loss_mask=batch["loss_mask"], position_ids=batch["position_ids"]
+        )
         loss.backward()
         model.zero_grad(set_to_none=True)
         if i >= 2:
             times.append(time.perf_counter() - t)
     step = statistics.median(times)
-    print(f"tiny model forward+backward on that batch ({torch.get_num_threads()} threads): median "
-          f"{step * 1e3:.0f} ms; fetch = {fetch_us / 1e3 / (step * 1e3) * 100:.3f}% of a step")
+    print(
+        f"tiny model forward+backward on that batch ({torch.get_num_threads()} threads): median "
+        f"{step * 1e3:.0f} ms; fetch = {fetch_us / 1e3 / (step * 1e3) * 100:.3f}% of a step"
+    )
 
 
 def main() -> None:

@@ -35,8 +35,14 @@ def make_batches(n: int, b: int, s: int, vocab: int) -> list[dict]:
     out = []
     for _ in range(n):
         tokens = torch.randint(0, vocab, (b, s + 1), generator=g)
-        out.append({"input_ids": tokens[:, :-1], "labels": tokens[:, 1:],
-                    "loss_mask": torch.ones(b, s), "position_ids": torch.arange(s).repeat(b, 1)})
+        out.append(
+            {
+                "input_ids": tokens[:, :-1],
+                "labels": tokens[:, 1:],
+                "loss_mask": torch.ones(b, s),
+                "position_ids": torch.arange(s).repeat(b, 1),
+            }
+        )
     return out
 
 
@@ -82,19 +88,31 @@ def main(argv=None) -> None:
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=0.1)
     batches = make_batches(args.gas, args.batch, full, cfg.vocab_size)
-    print(f"# {args.preset}, micro-batch {args.batch}, gas {args.gas}, mode {args.mode}, "
-          f"{torch.get_num_threads()} threads; {args.rounds} interleaved step pairs")
-    print("| length | bare tokens/s | engine tokens/s | engine/bare (median of pairs) | engine/bare (totals) "
-          "| interquartile |")
+    print(
+        f"# {args.preset}, micro-batch {args.batch}, gas {args.gas}, mode {args.mode}, "
+        f"{torch.get_num_threads()} threads; {args.rounds} interleaved step pairs"
+    )
+    print(
+        "| length | bare tokens/s | engine tokens/s | engine/bare (median of pairs) | engine/bare (totals) "
+        "| interquartile |"
+    )
     print("|---:|---:|---:|---:|---:|---:|")
     for length in (int(x) for x in args.lengths.split(",")):
-        raw = {"train_micro_batch_size_per_gpu": args.batch, "gradient_accumulation_steps": args.gas,
-               "gradient_clipping": 1.0, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
-               "curriculum_learning": {  # constant length: the engine still runs the scheduler
-                   "enabled": True, "curriculum_type": "seqlen", "min_difficulty": length,
-                   "max_difficulty": length, "schedule_type": "fixed_linear",
-                   "schedule_config": {"total_curriculum_step": 1000, "difficulty_step": 1}},
-               "seqwarm": {"curriculum_mode": args.mode}}
+        raw = {
+            "train_micro_batch_size_per_gpu": args.batch,
+            "gradient_accumulation_steps": args.gas,
+            "gradient_clipping": 1.0,
+            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+            "curriculum_learning": {  # constant length: the engine still runs the scheduler
+                "enabled": True,
+                "curriculum_type": "seqlen",
+                "min_difficulty": length,
+                "max_difficulty": length,
+                "schedule_type": "fixed_linear",
+                "schedule_config": {"total_curriculum_step": 1000, "difficulty_step": 1},
+            },
+            "seqwarm": {"curriculum_mode": args.mode},
+        }
         engine = CurriculumEngine(model, opt, load_config(raw))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # max_difficulty < full length on purpose
@@ -110,9 +128,11 @@ def main(argv=None) -> None:
         tokens = args.gas * args.batch * length  # the same tokens in both loops
         ratios = sorted(tb / te for tb, te in pairs)
         total_b, total_e = sum(p[0] for p in pairs), sum(p[1] for p in pairs)
-        print(f"| {length} | {tokens * len(pairs) / total_b:,.0f} | {tokens * len(pairs) / total_e:,.0f} | "
-              f"{statistics.median(ratios):.3f} | {total_b / total_e:.3f} | "
-              f"{ratios[len(ratios) // 4]:.3f}..{ratios[(3 * len(ratios)) // 4]:.3f} |")
+        print(
+            f"| {length} | {tokens * len(pairs) / total_b:,.0f} | {tokens * len(pairs) / total_e:,.0f} | "
+            f"{statistics.median(ratios):.3f} | {total_b / total_e:.3f} | "
+            f"{ratios[len(ratios) // 4]:.3f}..{ratios[(3 * len(ratios)) // 4]:.3f} |"
+        )
 
 
 if __name__ == "__main__":

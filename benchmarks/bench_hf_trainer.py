@@ -43,21 +43,46 @@ def run(kind: str, args: argparse.Namespace, data) -> tuple[float, float]:
     from seqwarm.integrations.hf.trainer import CurriculumTrainer
 
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=args.vocab, n_positions=args.seq, n_embd=args.width, n_layer=args.layers, n_head=4))
+    model = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(
+            vocab_size=args.vocab, n_positions=args.seq, n_embd=args.width, n_layer=args.layers, n_head=4
+        )
+    )
     targs = transformers.TrainingArguments(
-        output_dir=tempfile.mkdtemp(), per_device_train_batch_size=args.micro, gradient_accumulation_steps=2,
-        max_steps=args.steps, logging_steps=5, save_strategy="no", report_to=[], use_cpu=True,
-        disable_tqdm=True, seed=0, learning_rate=1e-3, dataloader_num_workers=0)
+        output_dir=tempfile.mkdtemp(),
+        per_device_train_batch_size=args.micro,
+        gradient_accumulation_steps=2,
+        max_steps=args.steps,
+        logging_steps=5,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        disable_tqdm=True,
+        seed=0,
+        learning_rate=1e-3,
+        dataloader_num_workers=0,
+    )
     if kind == "plain":
         trainer = transformers.Trainer(model=model, args=targs, train_dataset=data)
     else:
-        full = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": args.seq,
-                "max_difficulty": args.seq, "schedule_type": "fixed_linear",
-                "schedule_config": {"total_curriculum_step": 1, "difficulty_step": 8}}
-        trainer = CurriculumTrainer(model=model, args=targs, train_dataset=data, curriculum={
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}, "curriculum_learning": full,
-            "seqwarm": {"lr_warmup_iters": 2, "lr_decay_style": "linear", "lr_decay_iters": args.steps}})
+        full = {
+            "enabled": True,
+            "curriculum_type": "seqlen",
+            "min_difficulty": args.seq,
+            "max_difficulty": args.seq,
+            "schedule_type": "fixed_linear",
+            "schedule_config": {"total_curriculum_step": 1, "difficulty_step": 8},
+        }
+        trainer = CurriculumTrainer(
+            model=model,
+            args=targs,
+            train_dataset=data,
+            curriculum={
+                "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+                "curriculum_learning": full,
+                "seqwarm": {"lr_warmup_iters": 2, "lr_decay_style": "linear", "lr_decay_iters": args.steps},
+            },
+        )
     trainer.remove_callback(transformers.PrinterCallback)  # no per-log prints in the timed run
     times = StepTimes()
     trainer.add_callback(times)
@@ -98,12 +123,17 @@ def main() -> None:
         for kind, (_, t) in times.items():
             totals[kind] += t
         ratios.append(times["curriculum"][0] / times["plain"][0])
-        print(f"pair {i + 1}: median step plain {times['plain'][0] * 1e3:.1f} ms, curriculum "
-              f"{times['curriculum'][0] * 1e3:.1f} ms, ratio {ratios[-1]:.3f}", flush=True)
+        print(
+            f"pair {i + 1}: median step plain {times['plain'][0] * 1e3:.1f} ms, curriculum "
+            f"{times['curriculum'][0] * 1e3:.1f} ms, ratio {ratios[-1]:.3f}",
+            flush=True,
+        )
     q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
     print(f"\n{args.steps} steps x 2 micro-batches of {args.micro} x {args.seq} tokens, {args.pairs} pairs")
-    print(f"curriculum/plain step time: median of pairs {statistics.median(ratios):.3f}, whole runs "
-          f"{totals['curriculum'] / totals['plain']:.3f}, interquartile {q[0]:.3f}..{q[2]:.3f}")
+    print(
+        f"curriculum/plain step time: median of pairs {statistics.median(ratios):.3f}, whole runs "
+        f"{totals['curriculum'] / totals['plain']:.3f}, interquartile {q[0]:.3f}..{q[2]:.3f}"
+    )
 
 
 if __name__ == "__main__":

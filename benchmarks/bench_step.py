@@ -29,7 +29,7 @@ def step_time(model, opt, tokens, length: int, steps: int) -> float:
     for _ in range(steps):
         # Next-token labels on random tokens keep the loss near ln(V): a task the model could learn
         # (labels = inputs) drives gradients towards denormal floats, which are very slow on CPUs.
-        loss = model(tokens[:, :length], labels=tokens[:, 1:length + 1])
+        loss = model(tokens[:, :length], labels=tokens[:, 1 : length + 1])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -64,15 +64,16 @@ def main(argv=None) -> None:
         for length in order:
             times[length].append(step_time(model, opt, full, length, args.steps))
     ref = statistics.median(times[lengths[-1]])
-    print(f"# {args.preset} ({model.num_params() / 1e6:.1f}M params), batch {args.batch}, "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}, {platform.machine()}; "
-          f"median of {args.repeats} interleaved rounds x {args.steps} steps")
+    print(
+        f"# {args.preset} ({model.num_params() / 1e6:.1f}M params), batch {args.batch}, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}, {platform.machine()}; "
+        f"median of {args.repeats} interleaved rounds x {args.steps} steps"
+    )
     print("| length | step time (s) | time vs full | tokens vs full | tokens/s |")
     print("|---:|---:|---:|---:|---:|")
     for length in lengths:
         t = statistics.median(times[length])
-        print(f"| {length} | {t:.3f} | {t / ref:.3f} | {length / lengths[-1]:.3f} | "
-              f"{args.batch * length / t:,.0f} |")
+        print(f"| {length} | {t:.3f} | {t / ref:.3f} | {length / lengths[-1]:.3f} | {args.batch * length / t:,.0f} |")
 
 
 if __name__ == "__main__":

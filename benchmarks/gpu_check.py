@@ -66,13 +66,21 @@ def matmul_ceiling(device: torch.device, n: int, dtype: torch.dtype, reps: int) 
 
 def run_config(length: int, full: int, batch: int, mode: str, precision: str) -> dict:
     """A curriculum that stays at ``length`` (its schedule would reach ``full`` after 10^9 steps)."""
-    return {"train_batch_size": batch, "train_micro_batch_size_per_gpu": batch, "gradient_clipping": 1.0,
-            "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}},
-            "curriculum_learning": {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": length,
-                                    "max_difficulty": full, "schedule_type": "fixed_linear",
-                                    "schedule_config": {"total_curriculum_step": 10**9, "difficulty_step": 8}},
-            "seqwarm": {"seq_length": full, "curriculum_mode": mode, "precision": precision,
-                        "lr_warmup_iters": 0}}
+    return {
+        "train_batch_size": batch,
+        "train_micro_batch_size_per_gpu": batch,
+        "gradient_clipping": 1.0,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "betas": [0.9, 0.95], "weight_decay": 0.1}},
+        "curriculum_learning": {
+            "enabled": True,
+            "curriculum_type": "seqlen",
+            "min_difficulty": length,
+            "max_difficulty": full,
+            "schedule_type": "fixed_linear",
+            "schedule_config": {"total_curriculum_step": 10**9, "difficulty_step": 8},
+        },
+        "seqwarm": {"seq_length": full, "curriculum_mode": mode, "precision": precision, "lr_warmup_iters": 0},
+    }
 
 
 def host_syncs(step, device: torch.device) -> int | None:
@@ -157,11 +165,22 @@ def measure(args, device, cfg_model, length, mode, compiled, precision, batches,
     tokens = args.batch * cfg_model.seq_length if mode == "reshape" else args.batch * length
     tps = tokens / s_loop
     tflops = model.estimate_flops_per_token(length) * tps / 1e12
-    return {"length": length, "mode": mode, "compiled": compiled, "precision": engine.config.precision,
-            "tokens_per_step": tokens, "step_ms": s_loop * 1e3, "tokens_per_s": tps, "tflops": tflops,
-            "mfu_peak": tflops / peak if peak else None, "mfu_ceiling": tflops / ceiling if ceiling else None,
-            "peak_mem_gib": mem, "host_syncs_per_step": syncs, "bare_step_ms": s_bare * 1e3,
-            "loop_vs_bare": s_bare / s_loop}
+    return {
+        "length": length,
+        "mode": mode,
+        "compiled": compiled,
+        "precision": engine.config.precision,
+        "tokens_per_step": tokens,
+        "step_ms": s_loop * 1e3,
+        "tokens_per_s": tps,
+        "tflops": tflops,
+        "mfu_peak": tflops / peak if peak else None,
+        "mfu_ceiling": tflops / ceiling if ceiling else None,
+        "peak_mem_gib": mem,
+        "host_syncs_per_step": syncs,
+        "bare_step_ms": s_bare * 1e3,
+        "loop_vs_bare": s_bare / s_loop,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,8 +202,10 @@ def main(argv: list[str] | None = None) -> int:
         device, args.preset, args.lengths, args.batch = torch.device("cpu"), "tiny", "16,32", 4
         args.variants, args.steps, args.rounds, args.warmup = "eager", 2, 1, 1
     elif not torch.cuda.is_available():
-        sys.stderr.write(f"gpu_check.py needs a CUDA GPU (torch {torch.__version__}, CUDA "
-                         f"{torch.version.cuda or 'not built in'}); on CPUs run it with --smoke\n")
+        sys.stderr.write(
+            f"gpu_check.py needs a CUDA GPU (torch {torch.__version__}, CUDA "
+            f"{torch.version.cuda or 'not built in'}); on CPUs run it with --smoke\n"
+        )
         return 2
     else:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -203,8 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(8):
         t = torch.randint(0, cfg_model.vocab_size, (args.batch, cfg_model.seq_length + 1), generator=g)
         batches.append({"input_ids": t[:, :-1].to(device), "labels": t[:, 1:].to(device)})
-    print(f"# seqwarm gpu_check: {args.preset} on {name}, torch {torch.__version__}, {precision}; "
-          f"peak {peak or '?'} TFLOP/s (data sheet), measured matmul ceiling {ceiling:.1f} TFLOP/s")
+    print(
+        f"# seqwarm gpu_check: {args.preset} on {name}, torch {torch.__version__}, {precision}; "
+        f"peak {peak or '?'} TFLOP/s (data sheet), measured matmul ceiling {ceiling:.1f} TFLOP/s"
+    )
     rows = []
     for variant in args.variants.split(","):
         for mode in args.modes.split(","):
@@ -212,10 +235,14 @@ def main(argv: list[str] | None = None) -> int:
                 if time.perf_counter() - start > args.budget_s:
                     print(f"# budget of {args.budget_s:.0f} s reached: rows left out from {variant} {mode} {length}")
                     break
-                rows.append(measure(args, device, cfg_model, length, mode, variant == "compiled", precision,
-                                    batches, peak, ceiling))
-    print("| variant | mode | L | tokens/s | step ms | MFU (peak) | MFU (ceiling) | peak GiB | syncs/step "
-          "| loop/bare |")
+                rows.append(
+                    measure(
+                        args, device, cfg_model, length, mode, variant == "compiled", precision, batches, peak, ceiling
+                    )
+                )
+    print(
+        "| variant | mode | L | tokens/s | step ms | MFU (peak) | MFU (ceiling) | peak GiB | syncs/step | loop/bare |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 
     def pct(x):
@@ -225,14 +252,26 @@ def main(argv: list[str] | None = None) -> int:
         return "-" if x is None else format(x, spec)
 
     for r in rows:
-        print(f"| {'compiled' if r['compiled'] else 'eager'} | {r['mode']} | {r['length']} | "
-              f"{r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | {pct(r['mfu_peak'])} | {pct(r['mfu_ceiling'])} | "
-              f"{num(r['peak_mem_gib'], '.2f')} | {num(r['host_syncs_per_step'], 'd')} | "
-              f"{r['loop_vs_bare']:.3f} |")
+        print(
+            f"| {'compiled' if r['compiled'] else 'eager'} | {r['mode']} | {r['length']} | "
+            f"{r['tokens_per_s']:,.0f} | {r['step_ms']:.1f} | {pct(r['mfu_peak'])} | {pct(r['mfu_ceiling'])} | "
+            f"{num(r['peak_mem_gib'], '.2f')} | {num(r['host_syncs_per_step'], 'd')} | "
+            f"{r['loop_vs_bare']:.3f} |"
+        )
     print(f"# {time.perf_counter() - start:.0f} s")
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": name, "peak_tflops": peak, "ceiling_tflops": ceiling,
-                                               "torch": torch.__version__, "rows": rows}, indent=2))
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "device": name,
+                    "peak_tflops": peak,
+                    "ceiling_tflops": ceiling,
+                    "torch": torch.__version__,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+        )
     return 0
 
 

@@ -66,10 +66,30 @@ MIN_WARMUP = 8
 MIN_BASE_STEPS = 64
 """The budget is at least this many baseline steps, however slow the throughput run was."""
 
-GPU = {"model": "gpt2-124m", "seq_length": 1024, "min_difficulty": 64, "batch": 16, "lr": 6e-4,
-       "tokenizer": "gpt2", "arm_s": 120.0, "throughput_steps": 30, "device": "cuda", "tune_parts": 8}
-SMOKE = {"model": "nano", "seq_length": 64, "min_difficulty": 8, "batch": 4, "lr": 2e-3,
-         "tokenizer": "bpe:8192", "arm_s": 4.0, "throughput_steps": 12, "device": "cpu", "tune_parts": 4}
+GPU = {
+    "model": "gpt2-124m",
+    "seq_length": 1024,
+    "min_difficulty": 64,
+    "batch": 16,
+    "lr": 6e-4,
+    "tokenizer": "gpt2",
+    "arm_s": 120.0,
+    "throughput_steps": 30,
+    "device": "cuda",
+    "tune_parts": 8,
+}
+SMOKE = {
+    "model": "nano",
+    "seq_length": 64,
+    "min_difficulty": 8,
+    "batch": 4,
+    "lr": 2e-3,
+    "tokenizer": "bpe:8192",
+    "arm_s": 4.0,
+    "throughput_steps": 12,
+    "device": "cpu",
+    "tune_parts": 4,
+}
 
 
 def base_config(s: dict, train_tokens: int, warmup_iters: int, total_curriculum_step: int) -> dict:
@@ -94,8 +114,9 @@ def quiet(log_path: Path):
 
 def measure_throughput(spec: RunSpec, out: Path, steps: int) -> dict:
     """Tokens/s of the baseline at full length, from the logged rows after the first quarter of the steps."""
-    run = with_changes(spec, out=out, curriculum=False, train_iters=steps, eval_interval=0, eval_iters=1,
-                       log_interval=1)
+    run = with_changes(
+        spec, out=out, curriculum=False, train_iters=steps, eval_interval=0, eval_iters=1, log_interval=1
+    )
     with quiet(out.parent / "logs" / "throughput.log"):
         run_training(run)
     shutil.rmtree(out / "checkpoints", ignore_errors=True)  # never resumed; gpt2-124m's is ~1.5 GB
@@ -104,9 +125,13 @@ def measure_throughput(spec: RunSpec, out: Path, steps: int) -> dict:
     if len(rows) < skip + 2:
         raise RuntimeError(f"the throughput run logged {len(rows)} steps; need at least {skip + 2}")
     a, b = rows[skip], rows[-1]
-    return {"steps": len(rows), "from_step": a["step"], "tokens": b["tokens"] - a["tokens"],
-            "seconds": b["elapsed_s"] - a["elapsed_s"],
-            "tokens_per_s": (b["tokens"] - a["tokens"]) / (b["elapsed_s"] - a["elapsed_s"])}
+    return {
+        "steps": len(rows),
+        "from_step": a["step"],
+        "tokens": b["tokens"] - a["tokens"],
+        "seconds": b["elapsed_s"] - a["elapsed_s"],
+        "tokens_per_s": (b["tokens"] - a["tokens"]) / (b["elapsed_s"] - a["elapsed_s"]),
+    }
 
 
 def arm_numbers(report: dict, name: str) -> dict:
@@ -115,21 +140,36 @@ def arm_numbers(report: dict, name: str) -> dict:
     config = json.loads((Path(r["run_dir"]) / "config.json").read_text())
     cur = config["run"].get("curriculum")
     rows = eval_rows(read_metrics(Path(r["run_dir"]) / "metrics.jsonl"))
-    return {"global_batch_size": r["global_batch_size"], "lr": r["lr"],
-            "micro_batch_size": config["run"]["micro_batch_size"],
-            "gradient_accumulation_steps": config["run"]["gradient_accumulation_steps"],
-            "total_curriculum_step": r["total_curriculum_step"],
-            "min_difficulty": cur["min_difficulty"] if cur else None,
-            "max_difficulty": cur["max_difficulty"] if cur else None,
-            "lr_warmup_iters": config["run"]["lr"]["warmup_iters"], "min_lr": config["run"]["lr"]["min_lr"],
-            "curriculum_mode": cur.get("mode") if cur else None,
-            "precision": config.get("precision"), "steps": r["steps"], "tokens": r["tokens"],
-            "wall_time_s": r["wall_time_s"], "tokens_per_s": r["tokens_per_s"], "diverged": r["diverged"],
-            "final_val_loss": r["final_val_loss"], "num_params": r["num_params"],
-            "evals": {"step": [e["step"] for e in rows], "tokens": [e["tokens"] for e in rows],
-                      "elapsed_s": [e["elapsed_s"] for e in rows], "val_loss": [e["val_loss"] for e in rows]},
-            "spikes": r["stability"]["spikes"], "max_loss_ratio": r["stability"]["max_loss_ratio"],
-            "stability": r["stability"], "command": r["command"]}
+    return {
+        "global_batch_size": r["global_batch_size"],
+        "lr": r["lr"],
+        "micro_batch_size": config["run"]["micro_batch_size"],
+        "gradient_accumulation_steps": config["run"]["gradient_accumulation_steps"],
+        "total_curriculum_step": r["total_curriculum_step"],
+        "min_difficulty": cur["min_difficulty"] if cur else None,
+        "max_difficulty": cur["max_difficulty"] if cur else None,
+        "lr_warmup_iters": config["run"]["lr"]["warmup_iters"],
+        "min_lr": config["run"]["lr"]["min_lr"],
+        "curriculum_mode": cur.get("mode") if cur else None,
+        "precision": config.get("precision"),
+        "steps": r["steps"],
+        "tokens": r["tokens"],
+        "wall_time_s": r["wall_time_s"],
+        "tokens_per_s": r["tokens_per_s"],
+        "diverged": r["diverged"],
+        "final_val_loss": r["final_val_loss"],
+        "num_params": r["num_params"],
+        "evals": {
+            "step": [e["step"] for e in rows],
+            "tokens": [e["tokens"] for e in rows],
+            "elapsed_s": [e["elapsed_s"] for e in rows],
+            "val_loss": [e["val_loss"] for e in rows],
+        },
+        "spikes": r["stability"]["spikes"],
+        "max_loss_ratio": r["stability"]["max_loss_ratio"],
+        "stability": r["stability"],
+        "command": r["command"],
+    }
 
 
 def num(x, spec: str = ".4f") -> str:
@@ -138,22 +178,30 @@ def num(x, spec: str = ".4f") -> str:
 
 def print_table(result: dict) -> None:
     s, arms = result["settings"], result["arms"]
-    print(f"# seqwarm gpu_paper_pair: {s['model']} at L={s['seq_length']} on {result['device']}, torch "
-          f"{result['torch']}; budget {s['train_tokens']:,} tokens per arm ({s['arm_s']:g} s at "
-          f"{result['throughput']['tokens_per_s']:,.0f} tokens/s); T = {s['total_curriculum_step']} ({s['t_source']})")
-    print("| arm | batch | LR | T | steps | tokens | train s | final val loss | spikes | max loss ratio "
-          "| tokens to target | s to target |")
+    print(
+        f"# seqwarm gpu_paper_pair: {s['model']} at L={s['seq_length']} on {result['device']}, torch "
+        f"{result['torch']}; budget {s['train_tokens']:,} tokens per arm ({s['arm_s']:g} s at "
+        f"{result['throughput']['tokens_per_s']:,.0f} tokens/s); T = {s['total_curriculum_step']} ({s['t_source']})"
+    )
+    print(
+        "| arm | batch | LR | T | steps | tokens | train s | final val loss | spikes | max loss ratio "
+        "| tokens to target | s to target |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     tok, sec = result["tokens_to_target"] or {}, result["time_to_target"] or {}
     for name, a in arms.items():
-        print(f"| {name} | {a['global_batch_size']} | {a['lr']:g} | {a['total_curriculum_step'] or '-'} | "
-              f"{num(a['steps'], ',')} | {num(a['tokens'], ',')} | {num(a['wall_time_s'], '.1f')} | "
-              f"{num(a['final_val_loss'])} | "
-              f"{a['spikes']} | {num(a['max_loss_ratio'], '.3f')} | {num(tok.get(name), ',.0f')} | "
-              f"{num(sec.get(name), '.1f')} |")
-    print(f"target (baseline's final val loss) {num(result['target'])}: speedup_tokens "
-          f"{num(result['speedup_tokens'], '.3f')}, speedup_time {num(result['speedup_time'], '.3f')}"
-          + ("" if result["reached"] else " (the curriculum did not reach the target)"))
+        print(
+            f"| {name} | {a['global_batch_size']} | {a['lr']:g} | {a['total_curriculum_step'] or '-'} | "
+            f"{num(a['steps'], ',')} | {num(a['tokens'], ',')} | {num(a['wall_time_s'], '.1f')} | "
+            f"{num(a['final_val_loss'])} | "
+            f"{a['spikes']} | {num(a['max_loss_ratio'], '.3f')} | {num(tok.get(name), ',.0f')} | "
+            f"{num(sec.get(name), '.1f')} |"
+        )
+    print(
+        f"target (baseline's final val loss) {num(result['target'])}: speedup_tokens "
+        f"{num(result['speedup_tokens'], '.3f')}, speedup_time {num(result['speedup_time'], '.3f')}"
+        + ("" if result["reached"] else " (the curriculum did not reach the target)")
+    )
     for name, a in arms.items():
         e = a["evals"]
         print(f"## {name}: val loss against tokens and seconds")
@@ -169,10 +217,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arm-s", type=float, help=f"seconds of training per arm (default {GPU['arm_s']:g})")
     ap.add_argument("--batch", type=int, help=f"the baseline's global batch B (default {GPU['batch']})")
     ap.add_argument("--lr", type=float, help=f"the baseline's peak LR eta (default {GPU['lr']:g})")
-    ap.add_argument("--tune-parts", type=int,
-                    help="tune's resolution is the search range / this (about 2 + log2 of it probes; default 8)")
-    ap.add_argument("--total-curriculum-step", type=int, metavar="T",
-                    help="skip the search and use this T (the curriculum arm's steps), e.g. from an earlier run")
+    ap.add_argument(
+        "--tune-parts",
+        type=int,
+        help="tune's resolution is the search range / this (about 2 + log2 of it probes; default 8)",
+    )
+    ap.add_argument(
+        "--total-curriculum-step",
+        type=int,
+        metavar="T",
+        help="skip the search and use this T (the curriculum arm's steps), e.g. from an earlier run",
+    )
     ap.add_argument("--compile", action="store_true", help="torch.compile both arms (default eager)")
     ap.add_argument("--data", metavar="DIR", help="a `seqwarm prepare` folder instead of the embedded corpus")
     ap.add_argument("--seed", type=int, default=1234)
@@ -184,8 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         if getattr(args, key) is not None:
             s[key] = getattr(args, key)
     if not args.smoke and not torch.cuda.is_available():
-        sys.stderr.write(f"gpu_paper_pair.py needs a CUDA GPU (torch {torch.__version__}); on CPUs run it "
-                         "with --smoke\n")
+        sys.stderr.write(
+            f"gpu_paper_pair.py needs a CUDA GPU (torch {torch.__version__}); on CPUs run it with --smoke\n"
+        )
         return 2
     start = time.perf_counter()
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="gpu_paper_pair-"))
@@ -216,9 +272,18 @@ def run_pair(args, s: dict, out: Path) -> dict:
     config = out / "configs" / "pair_base.json"
     placeholder = 1  # T is set after the search; the budget is set after the throughput run
     write_json(config, base_config(s, 10**12, MIN_WARMUP, placeholder))
-    base = RunSpec(config=config, data=data, model=s["model"], device=device, seed=args.seed,
-                   settings={"compile": True} if args.compile else {},
-                   save_interval=0, keep_checkpoints=1, progress_bar=False, tensorboard=False)
+    base = RunSpec(
+        config=config,
+        data=data,
+        model=s["model"],
+        device=device,
+        seed=args.seed,
+        settings={"compile": True} if args.compile else {},
+        save_interval=0,
+        keep_checkpoints=1,
+        progress_bar=False,
+        tensorboard=False,
+    )
     throughput = measure_throughput(base, out / "throughput", s["throughput_steps"])
     floor = MIN_BASE_STEPS * s["batch"] * s["seq_length"]  # binds only on a slow (loaded) CPU
     train_tokens = max(floor, int(throughput["tokens_per_s"] * s["arm_s"] * EVAL_SHARE))
@@ -243,21 +308,44 @@ def run_pair(args, s: dict, out: Path) -> dict:
     with quiet(out / "logs" / "pair.log"):
         report = run_compare(base, options, echo=print)
     arms = {name_: arm_numbers(report, name_) for name_ in ("baseline", "curriculum")}
-    s.update(train_tokens=train_tokens, min_train_tokens=floor, lr_warmup_iters=warmup,
-             total_curriculum_step=t_value, t_source=t_source, scale_batch=SCALE_BATCH, scale_lr=SCALE_LR,
-             eval_share=EVAL_SHARE, compile=args.compile, seed=args.seed,
-             eval_interval=report["settings"]["eval_interval"], eval_iters=report["settings"]["eval_iters"],
-             spike_threshold=report["stability"]["threshold"], smooth_steps=report["stability"]["smooth_steps"])
+    s.update(
+        train_tokens=train_tokens,
+        min_train_tokens=floor,
+        lr_warmup_iters=warmup,
+        total_curriculum_step=t_value,
+        t_source=t_source,
+        scale_batch=SCALE_BATCH,
+        scale_lr=SCALE_LR,
+        eval_share=EVAL_SHARE,
+        compile=args.compile,
+        seed=args.seed,
+        eval_interval=report["settings"]["eval_interval"],
+        eval_iters=report["settings"]["eval_iters"],
+        spike_threshold=report["stability"]["threshold"],
+        smooth_steps=report["stability"]["smooth_steps"],
+    )
     meta = json.loads((data / "meta.json").read_text())
     train_data = meta["splits"]["train"]["tokens"]
     return {
-        "seqwarm_version": __version__, "torch": torch.__version__, "cuda": torch.version.cuda, "device": name,
-        "smoke": bool(args.smoke), "settings": s,
-        "data": {"folder": str(data), "tokenizer": meta.get("tokenizer"), "train_tokens": train_data,
-                 "val_tokens": meta["splits"]["val"]["tokens"],
-                 "budget_over_train_tokens": train_tokens / train_data},
-        "throughput": throughput, "tune": tuned, "arms": arms,
-        "target": report["target"], "reached": report["reached"], "speedup_tokens": report["speedup_tokens"],
+        "seqwarm_version": __version__,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "device": name,
+        "smoke": bool(args.smoke),
+        "settings": s,
+        "data": {
+            "folder": str(data),
+            "tokenizer": meta.get("tokenizer"),
+            "train_tokens": train_data,
+            "val_tokens": meta["splits"]["val"]["tokens"],
+            "budget_over_train_tokens": train_tokens / train_data,
+        },
+        "throughput": throughput,
+        "tune": tuned,
+        "arms": arms,
+        "target": report["target"],
+        "reached": report["reached"],
+        "speedup_tokens": report["speedup_tokens"],
         "speedup_time": report["speedup_time"],
         "tokens_to_target": _to_target(report["tokens_to_target"]),
         "time_to_target": _to_target(report["time_to_target"]),
@@ -266,8 +354,17 @@ def run_pair(args, s: dict, out: Path) -> dict:
 
 
 def _to_target(d: dict | None) -> dict | None:
-    return None if d is None else {"baseline": d["baseline"], "curriculum": d["curriculum"], "target": d["target"],
-                                   "speedup": d["speedup"], "reached": d["reached"]}
+    return (
+        None
+        if d is None
+        else {
+            "baseline": d["baseline"],
+            "curriculum": d["curriculum"],
+            "target": d["target"],
+            "speedup": d["speedup"],
+            "reached": d["reached"],
+        }
+    )
 
 
 if __name__ == "__main__":

@@ -23,7 +23,6 @@ import platform
 import random
 import statistics
 import sys
-
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # a plain checkout needs no install
@@ -34,9 +33,22 @@ from seqwarm.trainer.model import GPT, GPTConfig  # noqa: E402
 
 # Dense bf16 tensor-core peaks (TFLOP/s, no sparsity) from the vendors' data sheets, by device name.
 PEAK_BF16_TFLOPS = {
-    "H200": 989.0, "H100 SXM": 989.0, "H100 80GB HBM3": 989.0, "H100 NVL": 835.0, "H100 PCIe": 756.0,
-    "GH200": 989.0, "A100": 312.0, "A800": 312.0, "L40S": 362.0, "L40": 181.0, "L4": 121.0, "A10G": 70.0,
-    "A10": 125.0, "RTX 4090": 165.0, "RTX 3090": 71.0, "RTX A6000": 155.0,
+    "H200": 989.0,
+    "H100 SXM": 989.0,
+    "H100 80GB HBM3": 989.0,
+    "H100 NVL": 835.0,
+    "H100 PCIe": 756.0,
+    "GH200": 989.0,
+    "A100": 312.0,
+    "A800": 312.0,
+    "L40S": 362.0,
+    "L40": 181.0,
+    "L4": 121.0,
+    "A10G": 70.0,
+    "A10": 125.0,
+    "RTX 4090": 165.0,
+    "RTX 3090": 71.0,
+    "RTX A6000": 155.0,
 }
 
 
@@ -52,14 +64,15 @@ def require_cuda() -> torch.device:
         sys.stderr.write(
             "gpu_throughput.py needs a CUDA GPU, and torch.cuda.is_available() is False here "
             f"(torch {torch.__version__}, built with {built}).\n"
-            "Run it on a GPU machine with a CUDA build of torch; on CPUs use benchmarks/bench_step.py.\n")
+            "Run it on a GPU machine with a CUDA build of torch; on CPUs use benchmarks/bench_step.py.\n"
+        )
         raise SystemExit(2)
     return torch.device("cuda", torch.cuda.current_device())
 
 
 def step_seconds(model, opt, tokens: torch.Tensor, length: int, steps: int, autocast: bool) -> float:
     """Seconds per optimizer step on ``tokens[:, :length + 1]`` (inputs and shifted labels)."""
-    x, y = tokens[:, :length], tokens[:, 1:length + 1]
+    x, y = tokens[:, :length], tokens[:, 1 : length + 1]
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
     start.record()
@@ -81,12 +94,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--vocab-size", type=int, default=None, help="e.g. 50304 (a multiple of 64) for faster matmuls")
     ap.add_argument("--lengths", default="64,128,256,512,1024", help="comma-separated; the last is the reference")
     ap.add_argument("--batch", type=int, default=16, help="sequences per step (truncate mode: fixed)")
-    ap.add_argument("--constant-tokens", type=int, default=None, metavar="T",
-                    help="instead: T tokens per step, batch = T / length (reshape mode)")
+    ap.add_argument(
+        "--constant-tokens",
+        type=int,
+        default=None,
+        metavar="T",
+        help="instead: T tokens per step, batch = T / length (reshape mode)",
+    )
     ap.add_argument("--steps", type=int, default=10, help="steps per measurement")
     ap.add_argument("--repeats", type=int, default=3, help="interleaved rounds (median over them)")
-    ap.add_argument("--peak-tflops", type=float, default=None,
-                    help="the GPU's peak dense bf16 TFLOP/s for MFU (default: looked up by device name)")
+    ap.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="the GPU's peak dense bf16 TFLOP/s for MFU (default: looked up by device name)",
+    )
     ap.add_argument("--fp32", action="store_true", help="no bf16 autocast (TF32 matmuls)")
     ap.add_argument("--compile", action="store_true", help="torch.compile the model (one compile per length)")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -134,25 +156,46 @@ def main(argv: list[str] | None = None) -> int:
         tokens = batch_for(n) * n
         tps = tokens / t
         tflops = flops_model.estimate_flops_per_token(n) * tps / 1e12
-        rows.append({"length": n, "batch": batch_for(n), "step_s": t, "tokens_per_s": tps, "tflops": tflops,
-                     "mfu": tflops / peak if peak else None, "time_vs_full": t / ref_t,
-                     "tokens_vs_full": tokens / ref_tokens, "peak_mem_gib": memory[n]})
+        rows.append(
+            {
+                "length": n,
+                "batch": batch_for(n),
+                "step_s": t,
+                "tokens_per_s": tps,
+                "tflops": tflops,
+                "mfu": tflops / peak if peak else None,
+                "time_vs_full": t / ref_t,
+                "tokens_vs_full": tokens / ref_tokens,
+                "peak_mem_gib": memory[n],
+            }
+        )
 
     precision = "fp32/tf32" if args.fp32 else "bf16 autocast"
-    print(f"# {args.preset} ({flops_model.num_params() / 1e6:.1f}M params, vocab {cfg.vocab_size}) on {name}, "
-          f"{precision}{', compiled' if args.compile else ''}, torch {torch.__version__}, "
-          f"{platform.machine()}; median of {args.repeats} interleaved rounds x {args.steps} steps; "
-          f"peak {'%g TFLOP/s' % peak if peak else 'unknown (pass --peak-tflops for MFU)'}")
+    print(
+        f"# {args.preset} ({flops_model.num_params() / 1e6:.1f}M params, vocab {cfg.vocab_size}) on {name}, "
+        f"{precision}{', compiled' if args.compile else ''}, torch {torch.__version__}, "
+        f"{platform.machine()}; median of {args.repeats} interleaved rounds x {args.steps} steps; "
+        f"peak {f'{peak:g} TFLOP/s' if peak else 'unknown (pass --peak-tflops for MFU)'}"
+    )
     print("| length | batch | step (ms) | tokens/s | TFLOP/s | MFU | time vs full | tokens vs full | peak mem (GiB) |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         mfu = f"{r['mfu']:.1%}" if r["mfu"] is not None else "-"
-        print(f"| {r['length']} | {r['batch']} | {r['step_s'] * 1e3:.1f} | {r['tokens_per_s']:,.0f} | "
-              f"{r['tflops']:.1f} | {mfu} | {r['time_vs_full']:.3f} | {r['tokens_vs_full']:.3f} | "
-              f"{r['peak_mem_gib']:.1f} |")
+        print(
+            f"| {r['length']} | {r['batch']} | {r['step_s'] * 1e3:.1f} | {r['tokens_per_s']:,.0f} | "
+            f"{r['tflops']:.1f} | {mfu} | {r['time_vs_full']:.3f} | {r['tokens_vs_full']:.3f} | "
+            f"{r['peak_mem_gib']:.1f} |"
+        )
     if args.json:
-        meta = {"preset": args.preset, "device": name, "peak_tflops": peak, "precision": precision,
-                "compile": args.compile, "torch": torch.__version__, "rows": rows}
+        meta = {
+            "preset": args.preset,
+            "device": name,
+            "peak_tflops": peak,
+            "precision": precision,
+            "compile": args.compile,
+            "torch": torch.__version__,
+            "rows": rows,
+        }
         with open(args.json, "w") as fh:
             json.dump(meta, fh, indent=2)
     return 0

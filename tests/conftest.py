@@ -15,8 +15,10 @@ FAST_TRAIN_FLAGS = ["--model", "tiny", "--eval-iters", "2", "--no-progress", "--
 """The flags every quick CPU training run in the tests shares: tiny model, 2 validation batches, no
 progress bar, no TensorBoard events. Tests add what they need (--log-interval, --eval-interval, ...)."""
 
-WORDS = ("the curriculum grows the sequence length while the model learns short context first and "
-         "long context later so that large batches and learning rates stay stable").split()
+WORDS = (
+    "the curriculum grows the sequence length while the model learns short context first and "
+    "long context later so that large batches and learning rates stay stable"
+).split()
 
 
 @pytest.fixture(scope="module")
@@ -51,19 +53,38 @@ def byte_data(tmp_path_factory) -> Path:
     return out
 
 
-def small_config(path: Path, *, total_step: int = 6, train_tokens: int = 6000, seq: int = 64,
-                 batch: int = 8, micro: int = 4, **seqwarm_extra) -> Path:
+def small_config(
+    path: Path,
+    *,
+    total_step: int = 6,
+    train_tokens: int = 6000,
+    seq: int = 64,
+    batch: int = 8,
+    micro: int = 4,
+    **seqwarm_extra,
+) -> Path:
     """A DeepSpeed-style config for a fast CPU run: curriculum 8 -> seq over total_step steps."""
     cfg = {
         "train_batch_size": batch,
         "train_micro_batch_size_per_gpu": micro,
         "optimizer": {"type": "AdamW", "params": {"lr": 0.002, "betas": [0.9, 0.95], "weight_decay": 0.1}},
         "gradient_clipping": 1.0,
-        "curriculum_learning": {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8,
-                                "max_difficulty": seq, "schedule_type": "fixed_linear",
-                                "schedule_config": {"total_curriculum_step": total_step, "difficulty_step": 8}},
-        "seqwarm": {"seq_length": seq, "train_tokens": train_tokens, "lr_warmup_iters": 2,
-                    "lr_decay_style": "cosine", "min_lr": 0.0002, **seqwarm_extra},
+        "curriculum_learning": {
+            "enabled": True,
+            "curriculum_type": "seqlen",
+            "min_difficulty": 8,
+            "max_difficulty": seq,
+            "schedule_type": "fixed_linear",
+            "schedule_config": {"total_curriculum_step": total_step, "difficulty_step": 8},
+        },
+        "seqwarm": {
+            "seq_length": seq,
+            "train_tokens": train_tokens,
+            "lr_warmup_iters": 2,
+            "lr_decay_style": "cosine",
+            "min_lr": 0.0002,
+            **seqwarm_extra,
+        },
     }
     path.write_text(json.dumps(cfg))
     return path

@@ -8,7 +8,6 @@ import json
 import struct
 import time
 
-
 # --------------------------------------------------------------------------------------------------
 # W&B offline: the run's transaction log (RUN/wandb/offline-run-*/run-*.wandb) read back
 
@@ -20,11 +19,11 @@ def _wandb_records(path):
     pos, block, buf = 7, 32768, b""
     while pos + 7 <= len(data):
         left = block - pos % block
-        crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7]) if left >= 7 else (0, 0, 0)
         if left < 7 or (kind == 0 and length == 0):
             pos += left
             continue
-        chunk = data[pos + 7:pos + 7 + length]
+        chunk = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 2):  # full, first
             buf = chunk

@@ -12,8 +12,14 @@ def test_gpu_check_smoke_runs_from_a_plain_checkout(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the script finds src/ itself
     env["OMP_NUM_THREADS"] = "1"
     out = tmp_path / "check.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--smoke", "--json", str(out)],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--smoke", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "measured matmul ceiling" in proc.stdout and "| eager | reshape | 32 |" in proc.stdout
     rows = json.loads(out.read_text())["rows"]
@@ -23,6 +29,12 @@ def test_gpu_check_smoke_runs_from_a_plain_checkout(tmp_path):
 
 def test_gpu_throughput_imports_from_a_plain_checkout(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_throughput.py"), "--help"],
-                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_throughput.py"), "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert proc.returncode == 0 and "MFU" in proc.stdout, proc.stderr[-2000:]

@@ -26,8 +26,22 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "seqwarm"
-HEAVY = ("torch", "deepspeed", "matplotlib", "transformers", "tensorboard", "tqdm", "numpy", "tokenizers",
-         "safetensors", "datasets", "pyarrow", "wandb", "megatron", "accelerate")
+HEAVY = (
+    "torch",
+    "deepspeed",
+    "matplotlib",
+    "transformers",
+    "tensorboard",
+    "tqdm",
+    "numpy",
+    "tokenizers",
+    "safetensors",
+    "datasets",
+    "pyarrow",
+    "wandb",
+    "megatron",
+    "accelerate",
+)
 """Packages slow to import or optional: the only reason to import inside a function."""
 CLI_ONLY = ("argparse",)
 
@@ -71,7 +85,8 @@ def module_names(src: Path, package: str) -> dict[str, Path]:
 def _is_type_checking(node: ast.If) -> bool:
     test = node.test
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path], package: str) -> list[Import]:
@@ -103,7 +118,9 @@ def imports_of(name: str, path: Path, modules: dict[str, Path], package: str) ->
                     add(alias.name, child.lineno, nested, type_only)
             elif isinstance(child, ast.ImportFrom):
                 base = resolve(child)
-                for alias in child.names:  # `from seqwarm.trainer import plots` imports the module seqwarm.trainer.plots
+                for (
+                    alias
+                ) in child.names:  # `from seqwarm.trainer import plots` imports the module seqwarm.trainer.plots
                     sub = f"{base}.{alias.name}"
                     add(sub if sub in modules else base, child.lineno, nested, type_only)
             visit(child, inner, type_only or checking)
@@ -184,7 +201,8 @@ def check_layers(src: Path, package: str, doc: Path) -> list[str]:
         if m not in heavy:  # importing pkg.sub runs pkg/__init__.py first
             parent = m.rsplit(".", 1)[0] if "." in m else None
             heavy[m] = any(is_heavy(t, seen | {m}) for t in top[m] if t not in seen and t != m) or (
-                parent is not None and parent not in seen and is_heavy(parent, seen | {m}))
+                parent is not None and parent not in seen and is_heavy(parent, seen | {m})
+            )
         return heavy[m]
 
     graph: dict[str, set[str]] = {m: set() for m in modules}
@@ -196,22 +214,25 @@ def check_layers(src: Path, package: str, doc: Path) -> list[str]:
         for imp in imps:
             where = f"{rel[m]}:{imp.line}"
             if imp.target == package:
-                problems.append(f"{where}: {m} imports the package facade {package!r}; import the module "
-                                "that defines the name instead")
+                problems.append(
+                    f"{where}: {m} imports the package facade {package!r}; import the module "
+                    "that defines the name instead"
+                )
                 continue
             if imp.target in CLI_ONLY or imp.target.startswith(f"{package}.cli.commands"):
                 if not cli and not m.startswith(f"{package}.cli.commands"):
                     problems.append(f"{where}: {m} imports {imp.target}, which only the CLI layer may import")
             if imp.nested and not imp.type_only and not is_heavy(imp.target) and imp.target != m:
-                problems.append(f"{where}: {m} imports {imp.target} inside a function, but it is light; "
-                                "import it at the top of the module")
+                problems.append(
+                    f"{where}: {m} imports {imp.target} inside a function, but it is light; "
+                    "import it at the top of the module"
+                )
             if imp.target not in modules or imp.target == m:
                 continue
             graph[m].add(imp.target)
             theirs = layer_of(imp.target, layers, package)
             if mine is not None and theirs is not None and theirs > mine:
-                problems.append(f"{where}: {m} (layer {mine}) imports {imp.target} (layer {theirs}), "
-                                "a higher layer")
+                problems.append(f"{where}: {m} (layer {mine}) imports {imp.target} (layer {theirs}), a higher layer")
     for comp in _cycles(graph):
         problems.append(f"import cycle: {' -> '.join(comp)}")
     return problems
@@ -233,27 +254,45 @@ def _plant(tmp_path: Path, files: dict[str, str], table: str) -> list[str]:
 
 
 def test_a_planted_clean_package_passes(tmp_path):
-    problems = _plant(tmp_path, {
-        "pkg/__init__.py": "from pkg.low import x\n",
-        "pkg/low.py": "x = 1\n",
-        "pkg/mid/__init__.py": "from pkg.low import x\nimport json\n",
-        "pkg/mid/part.py": "from pkg import low\n\ndef f():\n    import torch\n    return torch\n",
-        "pkg/cli.py": "import argparse\nfrom pkg.mid import part\n",
-    }, "1  low\n2  mid\n3  cli\n")
+    problems = _plant(
+        tmp_path,
+        {
+            "pkg/__init__.py": "from pkg.low import x\n",
+            "pkg/low.py": "x = 1\n",
+            "pkg/mid/__init__.py": "from pkg.low import x\nimport json\n",
+            "pkg/mid/part.py": "from pkg import low\n\ndef f():\n    import torch\n    return torch\n",
+            "pkg/cli.py": "import argparse\nfrom pkg.mid import part\n",
+        },
+        "1  low\n2  mid\n3  cli\n",
+    )
     assert problems == []
 
 
-@pytest.mark.parametrize("files, expected", [
-    ({"pkg/low.py": "from pkg.mid import y\n", "pkg/mid.py": "y = 1\n"}, "(layer 1) imports pkg.mid (layer 2)"),
-    ({"pkg/low.py": "def f():\n    from pkg.mid import y\n", "pkg/mid.py": "y = 1\n"}, "inside a function"),
-    ({"pkg/low.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.mid import y\n",
-      "pkg/mid.py": "y = 1\n"}, "a higher layer"),
-    ({"pkg/low.py": "from pkg.other import z\nx = 1\n", "pkg/other.py": "from pkg.low import x\nz = 2\n",
-      "pkg/mid.py": ""}, "import cycle: pkg.low -> pkg.other"),
-    ({"pkg/low.py": "import argparse\n", "pkg/mid.py": ""}, "only the CLI layer"),
-    ({"pkg/low.py": "from pkg import x\n", "pkg/mid.py": ""}, "the package facade"),
-    ({"pkg/low.py": "", "pkg/mid.py": "", "pkg/stray.py": ""}, "pkg.stray is in no layer"),
-])
+@pytest.mark.parametrize(
+    "files, expected",
+    [
+        ({"pkg/low.py": "from pkg.mid import y\n", "pkg/mid.py": "y = 1\n"}, "(layer 1) imports pkg.mid (layer 2)"),
+        ({"pkg/low.py": "def f():\n    from pkg.mid import y\n", "pkg/mid.py": "y = 1\n"}, "inside a function"),
+        (
+            {
+                "pkg/low.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.mid import y\n",
+                "pkg/mid.py": "y = 1\n",
+            },
+            "a higher layer",
+        ),
+        (
+            {
+                "pkg/low.py": "from pkg.other import z\nx = 1\n",
+                "pkg/other.py": "from pkg.low import x\nz = 2\n",
+                "pkg/mid.py": "",
+            },
+            "import cycle: pkg.low -> pkg.other",
+        ),
+        ({"pkg/low.py": "import argparse\n", "pkg/mid.py": ""}, "only the CLI layer"),
+        ({"pkg/low.py": "from pkg import x\n", "pkg/mid.py": ""}, "the package facade"),
+        ({"pkg/low.py": "", "pkg/mid.py": "", "pkg/stray.py": ""}, "pkg.stray is in no layer"),
+    ],
+)
 def test_a_planted_violation_is_caught(tmp_path, files, expected):
     files = {"pkg/__init__.py": "x = 1\n", **files}
     problems = _plant(tmp_path, files, "1  low other\n2  mid\n3  cli\n")

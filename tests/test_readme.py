@@ -14,7 +14,6 @@ import pytest
 
 from seqwarm.cli import build_parser, main
 
-
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
 
@@ -94,6 +93,7 @@ def test_the_demo_time_is_stated_once_and_is_the_measured_one():
     first = blocks("bash")[0]
     assert not DURATION.search(first), first
     from seqwarm.cli.commands.train import DESCRIPTION
+
     assert not DURATION.search(DESCRIPTION) and "What `make demo` does" in DESCRIPTION
     perf = (ROOT / "docs" / "PERFORMANCE.md").read_text().split("## The main job")[1]
     whole = re.search(r"\| whole command \| (\d+m\d+s) wall", perf).group(1)
@@ -120,6 +120,7 @@ def test_the_demo_section_matches_the_default_recipe():
     """Steps, budget, batch and curriculum the README states are what the default run's plan says."""
     from seqwarm.curriculum.plan import make_plan
     from seqwarm.run.spec import RunSpec, resolve_config
+
     cfg = resolve_config(RunSpec())
     plan = make_plan(cfg)
     section = _demo_section()

@@ -35,8 +35,18 @@ _LAZY = {
 }
 
 __all__ = [
-    "__version__", "ConfigError", "CurriculumScheduler", "LRConfig", "Progress", "RunConfig", "UserError",
-    "difficulty_at", "load_config", "lr_at", "make_plan", *_LAZY,
+    "__version__",
+    "ConfigError",
+    "CurriculumScheduler",
+    "LRConfig",
+    "Progress",
+    "RunConfig",
+    "UserError",
+    "difficulty_at",
+    "load_config",
+    "lr_at",
+    "make_plan",
+    *_LAZY,
 ]
 
 

@@ -38,7 +38,7 @@ def test_seed_config_loads_verbatim():
 
 
 def test_seed_file_is_the_spec_config():
-    spec = (ROOT.parent / "shared" / "SPEC.md")
+    spec = ROOT.parent / "shared" / "SPEC.md"
     if not spec.exists():
         pytest.skip("shared/SPEC.md not beside the checkout")
     text = spec.read_text()
@@ -48,30 +48,68 @@ def test_seed_file_is_the_spec_config():
 
 def test_data_efficiency_form_selects_mode():
     for metric, mode in (("seqlen_truncate", "truncate"), ("seqlen_reshape", "reshape")):
-        cfg = load_config({
-            "train_batch_size": 8,
-            "zero_optimization": {"stage": 2},
-            "data_efficiency": {"enabled": True, "seed": 1, "data_sampling": {
-                "enabled": True, "num_epochs": 1, "curriculum_learning": {"enabled": True, "curriculum_metrics": {
-                    metric: {"difficulty_type": "value", "clustering_type": "single_cluster",
-                             "min_difficulty": 8, "max_difficulty": 64, "schedule_type": "fixed_linear",
-                             "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8}}}}}}})
+        cfg = load_config(
+            {
+                "train_batch_size": 8,
+                "zero_optimization": {"stage": 2},
+                "data_efficiency": {
+                    "enabled": True,
+                    "seed": 1,
+                    "data_sampling": {
+                        "enabled": True,
+                        "num_epochs": 1,
+                        "curriculum_learning": {
+                            "enabled": True,
+                            "curriculum_metrics": {
+                                metric: {
+                                    "difficulty_type": "value",
+                                    "clustering_type": "single_cluster",
+                                    "min_difficulty": 8,
+                                    "max_difficulty": 64,
+                                    "schedule_type": "fixed_linear",
+                                    "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8},
+                                }
+                            },
+                        },
+                    },
+                },
+            }
+        )
         assert cfg.curriculum.mode == mode and cfg.curriculum.source == "data_efficiency"
         assert cfg.deepspeed["zero_optimization"] == {"stage": 2}
         assert "curriculum_learning" not in cfg.deepspeed["data_efficiency"]["data_sampling"]
 
 
 def test_data_efficiency_needs_all_enabled_flags():
-    cfg = load_config({"train_batch_size": 8, "data_efficiency": {"enabled": False, "data_sampling": {
-        "enabled": True, "curriculum_learning": {"enabled": True, "curriculum_metrics": {}}}}})
+    cfg = load_config(
+        {
+            "train_batch_size": 8,
+            "data_efficiency": {
+                "enabled": False,
+                "data_sampling": {"enabled": True, "curriculum_learning": {"enabled": True, "curriculum_metrics": {}}},
+            },
+        }
+    )
     assert cfg.curriculum is None
     assert any("curriculum is off" in w for w in cfg.warnings)
 
 
 def test_other_metric_rejected_with_suggestion():
-    probs = problems_of({"train_batch_size": 8, "data_efficiency": {"enabled": True, "data_sampling": {
-        "enabled": True, "curriculum_learning": {"enabled": True, "curriculum_metrics": {
-            "seqlen_truncat": {}, "vocabularyrarity": {}}}}}})
+    probs = problems_of(
+        {
+            "train_batch_size": 8,
+            "data_efficiency": {
+                "enabled": True,
+                "data_sampling": {
+                    "enabled": True,
+                    "curriculum_learning": {
+                        "enabled": True,
+                        "curriculum_metrics": {"seqlen_truncat": {}, "vocabularyrarity": {}},
+                    },
+                },
+            },
+        }
+    )
     assert any("seqlen_truncat" in p and 'did you mean "seqlen_truncate"' in p for p in probs)
     assert any("vocabularyrarity" in p for p in probs)
 
@@ -93,7 +131,7 @@ def test_every_problem_reported_at_once():
     joined = "\n".join(probs)
     assert "curriculum_learning.min_difficulty" in joined and "max_difficulty (1024)" in joined
     assert 'did you mean "fixed_linear"' in joined
-    assert 'curriculum_learning.curriculum_typ :: unknown key' in joined and '"curriculum_type"' in joined
+    assert "curriculum_learning.curriculum_typ :: unknown key" in joined and '"curriculum_type"' in joined
     assert "schedule_config.total_curriculum_step :: must be positive" in joined
     assert "schedule_config.difficulty_step :: must be an integer, not a decimal" in joined
     assert "optimizer.params.lr" in joined
@@ -101,16 +139,19 @@ def test_every_problem_reported_at_once():
     assert len(probs) >= 7
 
 
-@pytest.mark.parametrize("key,value,fragment", [
-    ("min_difficulty", True, "got a boolean"),
-    ("min_difficulty", "8", "not a string"),
-    ("min_difficulty", 8.5, "got a number"),
-    ("max_difficulty", 0, "must be positive"),
-    ("max_difficulty", -4, "must be positive"),
-    ("enabled", "true", "write true"),
-    ("curriculum_type", "vocab", "unknown curriculum_type"),
-    ("schedule_type", "linear", "unknown schedule_type"),
-])
+@pytest.mark.parametrize(
+    "key,value,fragment",
+    [
+        ("min_difficulty", True, "got a boolean"),
+        ("min_difficulty", "8", "not a string"),
+        ("min_difficulty", 8.5, "got a number"),
+        ("max_difficulty", 0, "must be positive"),
+        ("max_difficulty", -4, "must be positive"),
+        ("enabled", "true", "write true"),
+        ("curriculum_type", "vocab", "unknown curriculum_type"),
+        ("schedule_type", "linear", "unknown schedule_type"),
+    ],
+)
 def test_wrong_types_and_values(key, value, fragment):
     raw = seed()
     raw["curriculum_learning"][key] = value
@@ -118,16 +159,29 @@ def test_wrong_types_and_values(key, value, fragment):
     assert any(f"curriculum_learning.{key}" in p and fragment in p for p in probs), probs
 
 
-@pytest.mark.parametrize("kind,missing", [
-    ("fixed_linear", "total_curriculum_step"), ("fixed_linear", "difficulty_step"),
-    ("fixed_root", "root_degree"), ("fixed_discrete", "difficulty"), ("fixed_discrete", "max_step"),
-])
+@pytest.mark.parametrize(
+    "kind,missing",
+    [
+        ("fixed_linear", "total_curriculum_step"),
+        ("fixed_linear", "difficulty_step"),
+        ("fixed_root", "root_degree"),
+        ("fixed_discrete", "difficulty"),
+        ("fixed_discrete", "max_step"),
+    ],
+)
 def test_missing_schedule_keys(kind, missing):
-    full = {"total_curriculum_step": 100, "difficulty_step": 8, "root_degree": 2, "difficulty": [8, 16],
-            "max_step": [10]}
-    keep = {"fixed_linear": ("total_curriculum_step", "difficulty_step"),
-            "fixed_root": ("total_curriculum_step", "difficulty_step", "root_degree"),
-            "fixed_discrete": ("difficulty", "max_step")}[kind]
+    full = {
+        "total_curriculum_step": 100,
+        "difficulty_step": 8,
+        "root_degree": 2,
+        "difficulty": [8, 16],
+        "max_step": [10],
+    }
+    keep = {
+        "fixed_linear": ("total_curriculum_step", "difficulty_step"),
+        "fixed_root": ("total_curriculum_step", "difficulty_step", "root_degree"),
+        "fixed_discrete": ("difficulty", "max_step"),
+    }[kind]
     raw = seed()
     raw["curriculum_learning"].update(min_difficulty=8, max_difficulty=16, schedule_type=kind)
     raw["curriculum_learning"]["schedule_config"] = {k: full[k] for k in keep if k != missing}
@@ -143,17 +197,21 @@ def test_missing_required_top_keys_of_enabled_block():
         assert f"curriculum_learning.{key} :: is required" in joined
 
 
-@pytest.mark.parametrize("sc,fragment", [
-    ({"difficulty": [], "max_step": []}, "must not be empty"),
-    ({"difficulty": [8, 16, 32], "max_step": [10]}, "one element fewer"),
-    ({"difficulty": [16, 8], "max_step": [10]}, "sorted"),
-    ({"difficulty": [8, 128], "max_step": [10]}, "outside [min_difficulty, max_difficulty]"),
-    ({"difficulty": [8, 16, 32], "max_step": [10, 5]}, "strictly increasing"),
-])
+@pytest.mark.parametrize(
+    "sc,fragment",
+    [
+        ({"difficulty": [], "max_step": []}, "must not be empty"),
+        ({"difficulty": [8, 16, 32], "max_step": [10]}, "one element fewer"),
+        ({"difficulty": [16, 8], "max_step": [10]}, "sorted"),
+        ({"difficulty": [8, 128], "max_step": [10]}, "outside [min_difficulty, max_difficulty]"),
+        ({"difficulty": [8, 16, 32], "max_step": [10, 5]}, "strictly increasing"),
+    ],
+)
 def test_discrete_lists(sc, fragment):
     raw = seed()
-    raw["curriculum_learning"].update(min_difficulty=8, max_difficulty=64, schedule_type="fixed_discrete",
-                                      schedule_config=sc)
+    raw["curriculum_learning"].update(
+        min_difficulty=8, max_difficulty=64, schedule_type="fixed_discrete", schedule_config=sc
+    )
     probs = problems_of(raw)
     assert any(fragment in p for p in probs), probs
 
@@ -165,15 +223,18 @@ def test_step_with_no_multiple_in_range():
     assert any("no multiple of it lies in" in p for p in probs)
 
 
-@pytest.mark.parametrize("sizes,world,ok", [
-    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4}, 2, True),
-    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4}, 1, False),
-    ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4}, 1, False),
-    ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, 2, True),
-    ({"train_batch_size": 32, "gradient_accumulation_steps": 3}, 1, False),
-    ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, 2, True),
-    ({}, 1, False),
-])
+@pytest.mark.parametrize(
+    "sizes,world,ok",
+    [
+        ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4}, 2, True),
+        ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 4}, 1, False),
+        ({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4}, 1, False),
+        ({"train_batch_size": 32, "train_micro_batch_size_per_gpu": 4}, 2, True),
+        ({"train_batch_size": 32, "gradient_accumulation_steps": 3}, 1, False),
+        ({"train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2}, 2, True),
+        ({}, 1, False),
+    ],
+)
 def test_batch_size_rule(sizes, world, ok):
     if ok:
         cfg = load_config(sizes, world_size=world)
@@ -192,8 +253,17 @@ def test_tutorial_advice_is_a_warning_not_an_error():
 
 
 def test_overrides_win_and_are_checked():
-    cfg = load_config(SEED, overrides={"train_tokens": 1000, "lr": 3e-4, "seq_length": 1024,
-                                       "lr_warmup_iters": 10, "lr_decay_style": "cosine", "min_lr": 1e-5})
+    cfg = load_config(
+        SEED,
+        overrides={
+            "train_tokens": 1000,
+            "lr": 3e-4,
+            "seq_length": 1024,
+            "lr_warmup_iters": 10,
+            "lr_decay_style": "cosine",
+            "min_lr": 1e-5,
+        },
+    )
     assert cfg.train_tokens == 1000 and cfg.lr.lr == 3e-4 and cfg.seq_length == 1024
     assert cfg.lr.decay_style == "cosine" and cfg.lr.decay_tokens == 1000  # decay defaults to the budget
     probs = problems_of(SEED, overrides={"seq_length": 512, "min_lr": 1.0, "lr_decay_style": "cosin"})
@@ -216,8 +286,10 @@ def test_seqwarm_block_in_file():
 
 def test_ds_scheduler_block_is_mapped():
     raw = seed()
-    raw["scheduler"] = {"type": "WarmupDecayLR", "params": {"warmup_max_lr": 1e-3, "warmup_num_steps": 10,
-                                                             "total_num_steps": 100}}
+    raw["scheduler"] = {
+        "type": "WarmupDecayLR",
+        "params": {"warmup_max_lr": 1e-3, "warmup_num_steps": 10, "total_num_steps": 100},
+    }
     cfg = load_config(raw)
     assert (cfg.lr.lr, cfg.lr.warmup_iters, cfg.lr.decay_iters, cfg.lr.decay_style) == (1e-3, 10, 100, "linear")
 
@@ -271,34 +343,63 @@ def test_review_findings_are_reported():
     raw["curriculum_learnin"] = raw.pop("curriculum_learning")
     assert any(p.startswith("curriculum_learnin ::") and '"curriculum_learning"' in p for p in problems_of(raw))
     # every bad batch-size key at once
-    probs = problems_of({"train_batch_size": "8", "train_micro_batch_size_per_gpu": 2.5,
-                         "gradient_accumulation_steps": -1})
+    probs = problems_of(
+        {"train_batch_size": "8", "train_micro_batch_size_per_gpu": 2.5, "gradient_accumulation_steps": -1}
+    )
     assert len([p for p in probs if "batch_size" in p or "accumulation" in p]) == 3
     # an explicit gradient_clipping 0 is not overridden by optimizer.params.max_grad_norm
-    cfg = load_config({"train_batch_size": 8, "optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}},
-                       "seqwarm": {"gradient_clipping": 0}})
+    cfg = load_config(
+        {
+            "train_batch_size": 8,
+            "optimizer": {"type": "Adam", "params": {"max_grad_norm": 1.0}},
+            "seqwarm": {"gradient_clipping": 0},
+        }
+    )
     assert cfg.gradient_clipping == 0
     # warmup must end before decay, in samples and tokens too
     for unit in ("samples", "tokens"):
-        probs = problems_of({"train_batch_size": 8, "seqwarm": {f"lr_warmup_{unit}": 1000,
-                                                                f"lr_decay_{unit}": 500}})
+        probs = problems_of({"train_batch_size": 8, "seqwarm": {f"lr_warmup_{unit}": 1000, f"lr_decay_{unit}": 500}})
         assert any("warmup must end before the decay" in p for p in probs)
     # the data_efficiency form's key path in the max_difficulty check
-    de = {"train_batch_size": 8, "seqwarm": {"seq_length": 32}, "data_efficiency": {"enabled": True, "data_sampling": {
-        "enabled": True, "curriculum_learning": {"enabled": True, "curriculum_metrics": {"seqlen_truncate": {
-            "min_difficulty": 8, "max_difficulty": 64, "schedule_type": "fixed_linear",
-            "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8}}}}}}}
-    assert any(p.startswith("data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen_truncate"
-                            ".max_difficulty") for p in problems_of(de))
+    de = {
+        "train_batch_size": 8,
+        "seqwarm": {"seq_length": 32},
+        "data_efficiency": {
+            "enabled": True,
+            "data_sampling": {
+                "enabled": True,
+                "curriculum_learning": {
+                    "enabled": True,
+                    "curriculum_metrics": {
+                        "seqlen_truncate": {
+                            "min_difficulty": 8,
+                            "max_difficulty": 64,
+                            "schedule_type": "fixed_linear",
+                            "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8},
+                        }
+                    },
+                },
+            },
+        },
+    }
+    assert any(
+        p.startswith(
+            "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen_truncate.max_difficulty"
+        )
+        for p in problems_of(de)
+    )
     # DeepSpeed scheduler fields seqwarm does not follow are said
     raw = seed()
-    raw["scheduler"] = {"type": "WarmupLR", "params": {"warmup_min_lr": 1e-5, "warmup_max_lr": 1e-3,
-                                                       "warmup_num_steps": 10}}
+    raw["scheduler"] = {
+        "type": "WarmupLR",
+        "params": {"warmup_min_lr": 1e-5, "warmup_max_lr": 1e-3, "warmup_num_steps": 10},
+    }
     text = "\n".join(load_config(raw).warnings)
     assert "warmup_min_lr" in text and "warmup_type" in text
 
 
 # -- the settings table ------------------------------------------------------------------------------
+
 
 def test_every_setting_is_a_flag_and_a_block_key_and_changes_the_config():
     """Each row of the table is a `seqwarm train` flag whose value reaches load_config's result."""
@@ -311,17 +412,47 @@ def test_every_setting_is_a_flag_and_a_block_key_and_changes_the_config():
     flags = {f for a in train._actions for f in a.option_strings}
     for s in SETTINGS:
         assert s.flag in flags, s
-    args = parser.parse_args(["train", "--weight-decay", "0.25", "--clip-grad", "0.5", "--count-tokens-by",
-                              "loss_mask", "--no-curriculum", "--train-tokens", "1M"])
+    args = parser.parse_args(
+        [
+            "train",
+            "--weight-decay",
+            "0.25",
+            "--clip-grad",
+            "0.5",
+            "--count-tokens-by",
+            "loss_mask",
+            "--no-curriculum",
+            "--train-tokens",
+            "1M",
+        ]
+    )
     overrides = overrides_from_args(args)
-    assert overrides == {"weight_decay": 0.25, "gradient_clipping": 0.5, "count_tokens_by": "loss_mask",
-                         "curriculum": False, "train_tokens": 1_000_000}
-    base = {"train_batch_size": 8, "curriculum_learning": {
-        "enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8, "max_difficulty": 64,
-        "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8}}}
+    assert overrides == {
+        "weight_decay": 0.25,
+        "gradient_clipping": 0.5,
+        "count_tokens_by": "loss_mask",
+        "curriculum": False,
+        "train_tokens": 1_000_000,
+    }
+    base = {
+        "train_batch_size": 8,
+        "curriculum_learning": {
+            "enabled": True,
+            "curriculum_type": "seqlen",
+            "min_difficulty": 8,
+            "max_difficulty": 64,
+            "schedule_type": "fixed_linear",
+            "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8},
+        },
+    }
     cfg = load_config(base, overrides=overrides)
-    assert (cfg.optimizer.weight_decay, cfg.gradient_clipping, cfg.count_tokens_by, cfg.curriculum,
-            cfg.train_tokens) == (0.25, 0.5, "loss_mask", None, 1_000_000)
+    assert (
+        cfg.optimizer.weight_decay,
+        cfg.gradient_clipping,
+        cfg.count_tokens_by,
+        cfg.curriculum,
+        cfg.train_tokens,
+    ) == (0.25, 0.5, "loss_mask", None, 1_000_000)
     same = load_config({**base, "seqwarm": {"weight_decay": 0.25, "gradient_clipping": 0.5}})
     assert (same.optimizer.weight_decay, same.gradient_clipping) == (0.25, 0.5)
 
@@ -345,8 +476,12 @@ def test_every_lr_setting_is_an_lr_config_field_and_lr_schedule_checks_it():
     fields = {f.name for f in dataclasses.fields(LRConfig)}
     assert {key.removeprefix("lr_") for key in keys_in_group("lr")} == fields
     chk = Checker()
-    cfg = lr_config_from(chk, {"warmup_samples": (10, "x.warmup"), "decay_style": ("cosine", "x.style")},
-                         default_lr=0.5, budget={"train_tokens": None, "train_iters": 100})
+    cfg = lr_config_from(
+        chk,
+        {"warmup_samples": (10, "x.warmup"), "decay_style": ("cosine", "x.style")},
+        default_lr=0.5,
+        budget={"train_tokens": None, "train_iters": 100},
+    )
     assert not chk.problems
     assert cfg == LRConfig(lr=0.5, decay_style="cosine", warmup_samples=10, decay_iters=100)
 
@@ -355,8 +490,15 @@ def test_components_do_not_import_the_layers_above():
     """curriculum, lr_schedule and budget import only layer 1 and each other (not even for type checking)."""
     import ast
 
-    allowed = {"seqwarm.util.errors", "seqwarm.util.units", "seqwarm.util.atomic", "seqwarm.util.problems", "seqwarm.curriculum.schedule",
-               "seqwarm.curriculum.lr", "seqwarm.curriculum.clock"}
+    allowed = {
+        "seqwarm.util.errors",
+        "seqwarm.util.units",
+        "seqwarm.util.atomic",
+        "seqwarm.util.problems",
+        "seqwarm.curriculum.schedule",
+        "seqwarm.curriculum.lr",
+        "seqwarm.curriculum.clock",
+    }
     src = Path(__file__).resolve().parents[2] / "src" / "seqwarm"
     graph = {}
     for name in ("curriculum.schedule", "curriculum.lr", "curriculum.clock"):
@@ -397,8 +539,11 @@ def test_unnamed_precision_is_bf16_on_cuda_and_fp32_elsewhere():
     assert resolve_precision(cfg, "cuda", bf16_supported=False).precision == "fp32"  # pre-Ampere
     assert resolve_precision(cfg, "cpu").precision == "fp32"
     # named precisions are kept, an explicit "enabled": false included (fp16 only when asked for)
-    for extra, want in [({"fp16": {"enabled": True}}, "fp16"), ({"bf16": {"enabled": False}}, "fp32"),
-                        ({"seqwarm": {"precision": "fp32"}}, "fp32")]:
+    for extra, want in [
+        ({"fp16": {"enabled": True}}, "fp16"),
+        ({"bf16": {"enabled": False}}, "fp32"),
+        ({"seqwarm": {"precision": "fp32"}}, "fp32"),
+    ]:
         named = load_config({**plain, **extra})
         assert named.precision_named and resolve_precision(named, "cuda").precision == want
     assert load_config(plain, overrides={"precision": "fp16"}).precision_named
@@ -409,9 +554,14 @@ def test_the_deepspeed_view_strips_seqwarm_blocks_without_touching_the_input():
     from seqwarm.config.reader import without_seqwarm_blocks
     from seqwarm.integrations.hf.trainer import trainer_deepspeed_config
 
-    raw = {"train_batch_size": 8, "seqwarm": {"train_tokens": 10}, "curriculum_learning": {"enabled": True},
-           "scheduler": {"type": "WarmupLR"}, "zero_optimization": {"stage": 2},
-           "data_efficiency": {"enabled": True, "data_sampling": {"enabled": True, "curriculum_learning": {}}}}
+    raw = {
+        "train_batch_size": 8,
+        "seqwarm": {"train_tokens": 10},
+        "curriculum_learning": {"enabled": True},
+        "scheduler": {"type": "WarmupLR"},
+        "zero_optimization": {"stage": 2},
+        "data_efficiency": {"enabled": True, "data_sampling": {"enabled": True, "curriculum_learning": {}}},
+    }
     before = json.dumps(raw, sort_keys=True)
     ds = without_seqwarm_blocks(raw)
     assert sorted(ds) == ["data_efficiency", "scheduler", "train_batch_size", "zero_optimization"]

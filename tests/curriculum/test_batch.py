@@ -27,8 +27,7 @@ def make_batch(b: int = 2, s: int = 8, seed: int = 0, eod_every: int | None = No
                 pos[row, j] = j - start
                 if input_ids[row, j] == EOD:
                     start = j + 1
-    return {"input_ids": input_ids, "labels": labels, "loss_mask": (input_ids != EOD).float(),
-            "position_ids": pos}
+    return {"input_ids": input_ids, "labels": labels, "loss_mask": (input_ids != EOD).float(), "position_ids": pos}
 
 
 def clone(batch):
@@ -45,6 +44,7 @@ def assert_same(a, b):
 
 
 # -- truncate ------------------------------------------------------------------------------------
+
 
 def test_truncate_prefix_cut_views_and_passthrough():
     batch = make_batch(3, 10)
@@ -109,6 +109,7 @@ def test_inconsistent_shapes_are_reported(fn):
 
 
 # -- reshape -------------------------------------------------------------------------------------
+
 
 def test_reshape_keeps_tokens_order_and_pairs():
     batch = make_batch(4, 16)

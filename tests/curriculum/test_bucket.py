@@ -5,14 +5,13 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import small_config
 from seqwarm.config import ConfigError, load_config
 from seqwarm.curriculum.batch import bucket_batch, bucket_length, truncate_batch
 from seqwarm.curriculum.warmup import SequenceLengthWarmup
 from seqwarm.data.dataset import build_batch
 from seqwarm.trainer.metrics import read_metrics
 from seqwarm.trainer.model import GPT, GPTConfig
-
-from conftest import small_config
 
 
 def _batch(rows=3, seq=20, **opts):
@@ -72,8 +71,9 @@ def test_a_bucket_gives_the_loss_and_gradients_of_the_plain_cut(with_mask, one_t
 def test_a_hugging_face_model_that_shifts_its_labels_gets_the_plain_cut_too(one_thread):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(vocab_size=50, n_positions=32, n_embd=32, n_layer=2, n_head=2,
-                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    cfg = transformers.GPT2Config(
+        vocab_size=50, n_positions=32, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0
+    )
     model = transformers.GPT2LMHeadModel(cfg)
     ids = torch.from_numpy(np.random.default_rng(3).integers(0, 50, (2, 32)))
     full = {"input_ids": ids, "labels": ids.clone()}  # Hugging Face layout: the model shifts
@@ -111,8 +111,9 @@ def test_a_length_bucket_is_refused_where_it_cannot_work(tmp_path):
         load_config(small_config(tmp_path / "c.json", length_bucket=16, curriculum_mode="reshape"))
     cfg = load_config(small_config(tmp_path / "c.json", length_bucket=16))
     with pytest.raises(ValueError, match="works only in curriculum mode truncate, not inject"):
-        SequenceLengthWarmup.from_config(cfg, GPT(GPTConfig.preset("tiny", vocab_size=50, seq_length=64)).forward,
-                                         mode="inject")
+        SequenceLengthWarmup.from_config(
+            cfg, GPT(GPTConfig.preset("tiny", vocab_size=50, seq_length=64)).forward, mode="inject"
+        )
     assert load_config(small_config(tmp_path / "c.json"), overrides={"length_bucket": 32}).length_bucket == 32
 
 
@@ -125,15 +126,24 @@ def test_a_run_with_length_buckets_trains_the_numbers_of_the_plain_cut(tmp_path,
     rows = {}
     for name, extra in (("cut", {"curriculum_mode": "truncate"}), ("bucket", {"length_bucket": 16})):
         cfg = load_config(small_config(tmp_path / f"{name}.json", train_tokens=4000, total_step=7, **extra))
-        options = TrainOptions(out=tmp_path / name, eval_interval=0, eval_iters=1, save_interval=0, log_interval=1,
-                               progress_bar=False, tensorboard=False, device="cpu")
+        options = TrainOptions(
+            out=tmp_path / name,
+            eval_interval=0,
+            eval_iters=1,
+            save_interval=0,
+            log_interval=1,
+            progress_bar=False,
+            tensorboard=False,
+            device="cpu",
+        )
         prepare_run_dir(options)
         torch.manual_seed(0)
-        run = Run(cfg, options, data, GPTConfig.preset("tiny", vocab_size=data.vocab_size, seq_length=64,
-                                                       dropout=0.0))
+        run = Run(cfg, options, data, GPTConfig.preset("tiny", vocab_size=data.vocab_size, seq_length=64, dropout=0.0))
         result = run.train()
-        rows[name] = ([r for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == "train"],
-                      result.final_val_loss)
+        rows[name] = (
+            [r for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == "train"],
+            result.final_val_loss,
+        )
     (cut, cut_val), (bucket, bucket_val) = rows["cut"], rows["bucket"]
     assert len(cut) == len(bucket) > 4
     assert [(r["seqlen"], r["tokens"]) for r in cut] == [(r["seqlen"], r["tokens"]) for r in bucket]

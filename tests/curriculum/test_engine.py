@@ -20,16 +20,31 @@ from seqwarm.curriculum.lr import lr_at
 from seqwarm.trainer.model import GPT, GPTConfig
 
 VOCAB = 50
-DISCRETE = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 1, "max_difficulty": 5,
-            "schedule_type": "fixed_discrete",
-            "schedule_config": {"difficulty": [1, 2, 3, 4, 5], "max_step": [2, 4, 6, 8]}}
-LINEAR = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 2, "max_difficulty": 10,
-          "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 8, "difficulty_step": 2}}
+DISCRETE = {
+    "enabled": True,
+    "curriculum_type": "seqlen",
+    "min_difficulty": 1,
+    "max_difficulty": 5,
+    "schedule_type": "fixed_discrete",
+    "schedule_config": {"difficulty": [1, 2, 3, 4, 5], "max_step": [2, 4, 6, 8]},
+}
+LINEAR = {
+    "enabled": True,
+    "curriculum_type": "seqlen",
+    "min_difficulty": 2,
+    "max_difficulty": 10,
+    "schedule_type": "fixed_linear",
+    "schedule_config": {"total_curriculum_step": 8, "difficulty_step": 2},
+}
 
 
 def config(curriculum=LINEAR, gas=1, micro=2, clip=0.0, lr=1e-2, optimizer="SGD", world_size=1, **seqwarm):
-    raw = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas,
-           "gradient_clipping": clip, "optimizer": {"type": optimizer, "params": {"lr": lr}}}
+    raw = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "gradient_clipping": clip,
+        "optimizer": {"type": optimizer, "params": {"lr": lr}},
+    }
     if curriculum is not None:
         raw["curriculum_learning"] = curriculum
     if seqwarm:
@@ -67,8 +82,12 @@ def data(step: int, b: int = 2, s: int = 10) -> dict:
     g = torch.Generator().manual_seed(1000 + step)
     tokens = torch.randint(0, VOCAB, (b, s + 1), generator=g)
     mask = (torch.rand(b, s, generator=g) > 0.25).float()
-    return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:], "loss_mask": mask,
-            "position_ids": torch.arange(s).repeat(b, 1)}
+    return {
+        "input_ids": tokens[:, :-1],
+        "labels": tokens[:, 1:],
+        "loss_mask": mask,
+        "position_ids": torch.arange(s).repeat(b, 1),
+    }
 
 
 def train(engine, steps, start=0, b=2, s=10):
@@ -87,6 +106,7 @@ def make(model, cfg, optimizer=None):
 
 
 # -- DeepSpeed's expectations ---------------------------------------------------------------------
+
 
 def test_fixed_discrete_injection_matches_deepspeed():
     """DeepSpeed's test_fixed_discrete ran train_batch_size 2 with no accumulation (micro 2 on one GPU, or
@@ -128,6 +148,7 @@ def test_eval_mode_and_disabled_curriculum_pass_nothing():
 
 
 # -- modes -----------------------------------------------------------------------------------------
+
 
 def _gpt():
     torch.manual_seed(0)
@@ -206,6 +227,7 @@ def test_positional_inject_call_counts_tokens():
 
 # -- the clock, LR, clipping, accumulation ---------------------------------------------------------
 
+
 def test_token_counting_by_loss_mask_and_world_size():
     model = NoInject()
     engine = make(model, config(LINEAR, count_tokens_by="loss_mask"))
@@ -216,15 +238,17 @@ def test_token_counting_by_loss_mask_and_world_size():
     train(engine, 2)
     assert engine.progress == Progress(step=2, samples=8, tokens=2 * 2 * (2 + 4), warmup_end_tokens=0)
     with pytest.raises(ValueError, match="loss_mask"):
-        make(Recorder(), config(LINEAR, count_tokens_by="loss_mask"))(input_ids=data(0)["input_ids"],
-                                                                      labels=data(0)["labels"])
+        make(Recorder(), config(LINEAR, count_tokens_by="loss_mask"))(
+            input_ids=data(0)["input_ids"], labels=data(0)["labels"]
+        )
 
 
 def test_lr_follows_the_clock_including_the_step_and_respects_lr_scale():
     model = Recorder()
     cfg = config(LINEAR, lr=0.1, lr_warmup_iters=4, lr_decay_style="cosine", lr_decay_tokens=200, min_lr=0.01)
-    opt = torch.optim.SGD([{"params": [model.emb.weight]},
-                           {"params": list(model.head.parameters()), "lr_scale": 0.5}], lr=123.0)
+    opt = torch.optim.SGD(
+        [{"params": [model.emb.weight]}, {"params": list(model.head.parameters()), "lr_scale": 0.5}], lr=123.0
+    )
     engine = CurriculumEngine(model, opt, cfg)
     seen = []
     for i in range(8):
@@ -277,8 +301,12 @@ def test_gradient_accumulation_boundary():
 
 
 def test_budget_and_config_from_path(tmp_path: Path):
-    raw = {"train_batch_size": 2, "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
-           "curriculum_learning": LINEAR, "seqwarm": {"train_tokens": 30}}
+    raw = {
+        "train_batch_size": 2,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+        "curriculum_learning": LINEAR,
+        "seqwarm": {"train_tokens": 30},
+    }
     path = tmp_path / "ds.json"
     path.write_text(json.dumps(raw))
     engine = make(Recorder(), load_config(path))
@@ -291,6 +319,7 @@ def test_budget_and_config_from_path(tmp_path: Path):
 
 
 # -- precision ---------------------------------------------------------------------------------------
+
 
 def test_bf16_autocast_on_cpu():
     class Logits(nn.Module):
@@ -307,8 +336,9 @@ def test_bf16_autocast_on_cpu():
 
 
 def test_loss_scaler_dynamic_hysteresis_window_and_min():
-    s = LossScaler(FP16Config(enabled=True, initial_scale_power=4, loss_scale_window=3, hysteresis=2,
-                              min_loss_scale=4.0))
+    s = LossScaler(
+        FP16Config(enabled=True, initial_scale_power=4, loss_scale_window=3, hysteresis=2, min_loss_scale=4.0)
+    )
     assert s.scale == 16.0
     s.update(True)  # first overflow: uses up hysteresis, keeps the scale
     assert s.scale == 16.0
@@ -331,13 +361,14 @@ def test_loss_scaler_dynamic_hysteresis_window_and_min():
     consecutive.update(True)
     consecutive.update(False)  # refills the hysteresis at once
     consecutive.update(True)
-    assert consecutive.scale == 2.0 ** 16
+    assert consecutive.scale == 2.0**16
 
 
 def test_fp16_overflow_skips_without_advancing_clock_or_curriculum():
     model = Recorder()
     cfg = config(LINEAR, gas=2, precision="fp16").replace(
-        fp16=FP16Config(enabled=True, initial_scale_power=3, hysteresis=1))
+        fp16=FP16Config(enabled=True, initial_scale_power=3, hysteresis=1)
+    )
     engine = make(model, cfg)
     with pytest.warns(RuntimeWarning, match="fp16 on cpu"):
         train(engine, 1)
@@ -369,13 +400,16 @@ def test_fp16_backward_scales_by_loss_scale_over_accumulation():
 
 # -- checkpointing -------------------------------------------------------------------------------------
 
+
 def test_state_dict_round_trip_continues_identically():
     def fresh():
         model = _gpt()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-        return model, CurriculumEngine(model, opt, config(LINEAR, gas=2, clip=1.0, lr=1e-3,
-                                                          lr_warmup_iters=3, lr_decay_tokens=400,
-                                                          lr_decay_style="cosine"))
+        return model, CurriculumEngine(
+            model,
+            opt,
+            config(LINEAR, gas=2, clip=1.0, lr=1e-3, lr_warmup_iters=3, lr_decay_tokens=400, lr_decay_style="cosine"),
+        )
 
     model_a, engine_a = fresh()
     train(engine_a, 3)
@@ -410,9 +444,19 @@ def test_engine_doc_examples_run():
 def test_state_dict_written_before_the_core_still_loads():
     """A "seqwarm.engine/1" state dict as the engine wrote it before CurriculumCore (half a step pending):
     the engine writes the same dict today, and loading it continues exactly like the run that wrote it."""
-    old = {"format": "seqwarm.engine/1", "progress": {"step": 2, "samples": 8, "tokens": 17, "warmup_end_tokens": 0},
-           "micro_steps": 5, "skipped_steps": 0, "lr": 0.01, "current_seqlen": 4, "step_seqlen": 4,
-           "pending_samples": 2, "pending_tokens": 5, "scheduler": {"current_difficulty": 4}, "loss_scaler": None}
+    old = {
+        "format": "seqwarm.engine/1",
+        "progress": {"step": 2, "samples": 8, "tokens": 17, "warmup_end_tokens": 0},
+        "micro_steps": 5,
+        "skipped_steps": 0,
+        "lr": 0.01,
+        "current_seqlen": 4,
+        "step_seqlen": 4,
+        "pending_samples": 2,
+        "pending_tokens": 5,
+        "scheduler": {"current_difficulty": 4},
+        "loss_scaler": None,
+    }
     cfg = config(LINEAR, gas=2, count_tokens_by="loss_mask")
     model = NoInject()
     writer = make(model, cfg)
@@ -458,8 +502,11 @@ class IgnoresLength(NoInject):
 
 def test_legacy_kwargs_model_needs_the_explicit_opt_in():
     cfg = config(LINEAR, curriculum_mode="inject")
-    with pytest.raises(ValueError, match=r"LegacySimpleModel\.forward\(x, y, \*\*kwargs\) has no such parameter"
-                                         r".*inject_via_kwargs=True"):
+    with pytest.raises(
+        ValueError,
+        match=r"LegacySimpleModel\.forward\(x, y, \*\*kwargs\) has no such parameter"
+        r".*inject_via_kwargs=True",
+    ):
         make(LegacySimpleModel(), cfg)
     assert make(LegacySimpleModel(), config(LINEAR)).mode == "truncate"  # auto: **kwargs does not count
     model = LegacySimpleModel()
@@ -478,8 +525,11 @@ def test_a_model_that_ignores_the_injected_length_is_caught_at_the_first_step():
     model = IgnoresLength()
     engine = make(model, config(LINEAR))
     assert engine.mode == "inject"
-    with pytest.raises(ValueError, match=r"IgnoresLength was given curriculum_seqlen=2 but returned outputs of "
-                                         r"length 10: it ignores the keyword.*'truncate'"):
+    with pytest.raises(
+        ValueError,
+        match=r"IgnoresLength was given curriculum_seqlen=2 but returned outputs of "
+        r"length 10: it ignores the keyword.*'truncate'",
+    ):
         engine(data(0))
 
 
@@ -552,17 +602,29 @@ def test_inputs_are_found_as_a_fresh_binding_finds_them_and_bound_once_per_call_
     engine = make(model_cls(), config(LINEAR))
     b = data(0)
     t, y, m = b["input_ids"], b["labels"], b["loss_mask"]
-    calls = [((t,), {}), ((t, y), {}), ((t, y, m), {}), ((), {"input_ids": t, "loss_mask": m}),
-             ((t,), {"loss_mask": m}), ((m, t), {}), ((t,), {"input_ids": y}),  # bound twice: TypeError
-             ((t, y, m, y, y), {}), ((t,), {"unknown": m, "input_ids": t}), ((t,), {"loss_mask": m, "other": y})]
+    calls = [
+        ((t,), {}),
+        ((t, y), {}),
+        ((t, y, m), {}),
+        ((), {"input_ids": t, "loss_mask": m}),
+        ((t,), {"loss_mask": m}),
+        ((m, t), {}),
+        ((t,), {"input_ids": y}),  # bound twice: TypeError
+        ((t, y, m, y, y), {}),
+        ((t,), {"unknown": m, "input_ids": t}),
+        ((t,), {"loss_mask": m, "other": y}),
+    ]
     binds = []
     real_bind = inspect.Signature.bind_partial
-    monkeypatch.setattr(inspect.Signature, "bind_partial", lambda self, *a, **k: binds.append(1) or real_bind(
-        self, *a, **k))
+    monkeypatch.setattr(
+        inspect.Signature, "bind_partial", lambda self, *a, **k: binds.append(1) or real_bind(self, *a, **k)
+    )
     for args, kwargs in calls:
         expected = _inputs_by_binding(engine._signature, args, kwargs)
-        expected = (expected[0] if isinstance(expected[0], torch.Tensor) and expected[0].dim() == 2 else t,
-                    expected[1] if isinstance(expected[1], torch.Tensor) else None)
+        expected = (
+            expected[0] if isinstance(expected[0], torch.Tensor) and expected[0].dim() == 2 else t,
+            expected[1] if isinstance(expected[1], torch.Tensor) else None,
+        )
         for _ in range(3):  # micro-batches of the same shape
             tokens, mask = engine._inputs(args, kwargs)
             assert tokens is expected[0] and mask is expected[1], (model_cls.__name__, len(args), list(kwargs))

@@ -7,8 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from seqwarm import LRConfig, Progress, load_config, lr_at
-from seqwarm.curriculum.clock import advance, should_stop
-from seqwarm.curriculum.clock import tokens_per_step
+from seqwarm.curriculum.clock import advance, should_stop, tokens_per_step
 from seqwarm.curriculum.lr import (
     decay_tokens_from_iters,
     decay_tokens_from_samples,
@@ -96,8 +95,7 @@ def test_lr_bounded_and_resume_exact(warm, per_step_samples, style):
 
 
 def test_stop_after_first_step_reaching_tokens():
-    cfg = load_config({"train_batch_size": 4, "seqwarm": {"seq_length": 16, "train_tokens": 100,
-                                                          "train_iters": 1000}})
+    cfg = load_config({"train_batch_size": 4, "seqwarm": {"seq_length": 16, "train_tokens": 100, "train_iters": 1000}})
     p, steps = Progress(), 0
     while not should_stop(p, cfg):
         p = advance(p, 4, tokens_per_step(cfg, 8), cfg.lr)
@@ -113,10 +111,20 @@ def test_tokens_per_step_modes():
     cfg = load_config(base, world_size=2)  # 2 micro x 2 accum x 2 ranks
     assert tokens_per_step(cfg, 30) == 8 * 30
     assert tokens_per_step(cfg, 1000) == 8 * 100  # never above full length
-    reshape = load_config({**base, "curriculum_learning": {
-        "enabled": True, "min_difficulty": 30, "max_difficulty": 100, "schedule_type": "fixed_linear",
-        "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 1}},
-        "seqwarm": {"seq_length": 100, "curriculum_mode": "reshape"}}, world_size=2)
+    reshape = load_config(
+        {
+            **base,
+            "curriculum_learning": {
+                "enabled": True,
+                "min_difficulty": 30,
+                "max_difficulty": 100,
+                "schedule_type": "fixed_linear",
+                "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 1},
+            },
+            "seqwarm": {"seq_length": 100, "curriculum_mode": "reshape"},
+        },
+        world_size=2,
+    )
     # each micro-batch of 2x100 tokens re-chunked into rows of 30: 6 rows, 20 tokens dropped
     assert tokens_per_step(reshape, 30) == 4 * 180
 

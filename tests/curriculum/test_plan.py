@@ -25,8 +25,24 @@ def test_seed_config_total_steps_golden():
 
 
 def test_plan_json_cli(capsys):
-    assert main(["plan", str(SEED), "--train-tokens", "157286400000", "--json",
-                 "--lr-warmup-samples", "46875000", "--lr-decay-style", "cosine", "--min-lr", "1e-5"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                str(SEED),
+                "--train-tokens",
+                "157286400000",
+                "--json",
+                "--lr-warmup-samples",
+                "46875000",
+                "--lr-decay-style",
+                "cosine",
+                "--min-lr",
+                "1e-5",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     for key in ("total_steps", "tokens_at_curriculum_end", "warmup_end_tokens", "points"):
         assert key in out
@@ -39,16 +55,40 @@ def test_plan_json_cli(capsys):
 
 def test_fifty_thousand_steps():
     # How fast this is belongs in a benchmark, not in a timed test (shared CI machines swing 5x).
-    cfg = load_config(SEED, overrides={"train_iters": 50_000, "lr_warmup_iters": 500,
-                                       "lr_decay_style": "cosine", "lr_decay_tokens": 10**11})
+    cfg = load_config(
+        SEED,
+        overrides={
+            "train_iters": 50_000,
+            "lr_warmup_iters": 500,
+            "lr_decay_style": "cosine",
+            "lr_decay_tokens": 10**11,
+        },
+    )
     plan = make_plan(cfg)
     assert plan.total_steps == 50_000 and plan.points[-1].step <= 50_000
 
 
 def test_warnings_and_table(capsys, tmp_path):
     png = tmp_path / "plan.png"
-    assert main(["plan", str(SEED), "--train-iters", "10000", "--lr-warmup-iters", "10",
-                 "--rampup-batch-size", "32", "32", "2000", "--plot", str(png)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                str(SEED),
+                "--train-iters",
+                "10000",
+                "--lr-warmup-iters",
+                "10",
+                "--rampup-batch-size",
+                "32",
+                "32",
+                "2000",
+                "--plot",
+                str(png),
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert "curriculum is longer than the run" in captured.err
     assert "before the curriculum does" in captured.err
@@ -78,6 +118,7 @@ def test_the_budget_says_how_often_it_repeats_the_data():
     """The README's `--train-tokens 2M` on a 38k-token folder: 148 windows of 257 tokens, drawn ~100 times
     each with the curriculum (it trains a prefix of each window); the default run does not warn."""
     from seqwarm.curriculum.plan import MANY_PASSES, data_use
+
     plan = make_plan(load_config(TINY, overrides={"train_tokens": 2_000_000}))
     line, warning = data_use(plan, 148)
     passes = plan.total_samples / 148
@@ -102,19 +143,37 @@ def test_plan_errors_exit_2(capsys, tmp_path):
 
 
 def test_plan_shows_the_tutorial_conversions(capsys):
-    assert main(["plan", str(SEED), "--train-tokens", "157286400000", "--lr-warmup-tokens", "375M",
-                 "--lr-decay-samples", "100000", "--json"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                str(SEED),
+                "--train-tokens",
+                "157286400000",
+                "--lr-warmup-tokens",
+                "375M",
+                "--lr-decay-samples",
+                "100000",
+                "--json",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
     # 375M tokens at min_difficulty 8 = 46,875,000 samples = 11,445 iterations of 4096 (rounded up)
-    assert out["conversions"] == {"lr_decay_tokens": 100_000 * 1024, "lr_warmup_samples": 46_875_000,
-                                  "lr_warmup_iters": 11_445}
+    assert out["conversions"] == {
+        "lr_decay_tokens": 100_000 * 1024,
+        "lr_warmup_samples": 46_875_000,
+        "lr_warmup_iters": 11_445,
+    }
 
 
 def test_a_closed_pipe_ends_the_command_quietly(tmp_path):
     """`seqwarm plan ... --json | head -c 100`: the reader leaves early; no traceback, exit 0."""
     cfg = json.loads(SEED.read_text())  # a length change every step: far more JSON than a pipe holds
-    cfg["curriculum_learning"].update(max_difficulty=4096, schedule_config={"total_curriculum_step": 4000,
-                                                                            "difficulty_step": 1})
+    cfg["curriculum_learning"].update(
+        max_difficulty=4096, schedule_config={"total_curriculum_step": 4000, "difficulty_step": 1}
+    )
     path = tmp_path / "many.json"
     path.write_text(json.dumps(cfg))
     cmd = [sys.executable, "-m", "seqwarm", "plan", str(path), "--json"]
@@ -128,10 +187,12 @@ def test_a_closed_pipe_ends_the_command_quietly(tmp_path):
 
 def test_plan_and_check_config_do_not_import_torch_or_matplotlib():
     # cli.py registers every command at start-up, so one command module importing torch slows them all.
-    code = ("import sys; from seqwarm.cli import main; "
-            f"assert main(['check-config', {str(SEED)!r}]) == 0; assert main(['plan', {str(SEED)!r}]) == 0; "
-            "heavy = sorted(m for m in ('torch', 'matplotlib') if m in sys.modules); "
-            "assert not heavy, heavy")
+    code = (
+        "import sys; from seqwarm.cli import main; "
+        f"assert main(['check-config', {str(SEED)!r}]) == 0; assert main(['plan', {str(SEED)!r}]) == 0; "
+        "heavy = sorted(m for m in ('torch', 'matplotlib') if m in sys.modules); "
+        "assert not heavy, heavy"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
 
@@ -148,8 +209,17 @@ def test_the_curves_figure_draws_the_schedule_with_the_logged_points(tmp_path, m
     assert RunConfig.from_dict(run_config) == cfg  # what config.json holds replays as the same plan
     (tmp_path / "config.json").write_text(json.dumps({"run": run_config}))
     logged = [i for i in range(len(plan.steps)) if plan.steps[i] % 10 == 0 or i == 0]
-    rows = [{"kind": "train", "step": plan.steps[i], "tokens": plan.cum_tokens[i], "seqlen": plan.seqlens[i],
-             "lr": plan.lrs[i], "loss": 5.0} for i in logged]
+    rows = [
+        {
+            "kind": "train",
+            "step": plan.steps[i],
+            "tokens": plan.cum_tokens[i],
+            "seqlen": plan.seqlens[i],
+            "lr": plan.lrs[i],
+            "loss": 5.0,
+        }
+        for i in logged
+    ]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     figures = []
     monkeypatch.setattr(plots, "_save", lambda plt, fig, path, dpi: figures.append(fig) or path)

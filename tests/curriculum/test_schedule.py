@@ -9,27 +9,43 @@ from hypothesis import strategies as st
 
 from seqwarm import CurriculumScheduler, difficulty_at, load_config
 from seqwarm.config import ConfigError
-from seqwarm.curriculum.schedule import CurriculumConfig
-from seqwarm.curriculum.schedule import aligned_min
+from seqwarm.curriculum.schedule import CurriculumConfig, aligned_min
 
 
 def block(lo, hi, step, total, kind="fixed_linear", **extra):
-    return {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": lo, "max_difficulty": hi,
-            "schedule_type": kind,
-            "schedule_config": {"total_curriculum_step": total, "difficulty_step": step, **extra}}
+    return {
+        "enabled": True,
+        "curriculum_type": "seqlen",
+        "min_difficulty": lo,
+        "max_difficulty": hi,
+        "schedule_type": kind,
+        "schedule_config": {"total_curriculum_step": total, "difficulty_step": step, **extra},
+    }
 
 
 GOLDEN = [
     (block(8, 1024, 8, 15000), [1, 2, 100, 7500, 14999, 15000, 20000], [8, 8, 8, 512, 1016, 1024, 1024]),
-    (block(8, 1024, 8, 15000, "fixed_root", root_degree=2), [1, 2, 100, 7500, 14999, 15000, 20000],
-     [16, 16, 88, 720, 1016, 1024, 1024]),
+    (
+        block(8, 1024, 8, 15000, "fixed_root", root_degree=2),
+        [1, 2, 100, 7500, 14999, 15000, 20000],
+        [16, 16, 88, 720, 1016, 1024, 1024],
+    ),
     (block(8, 1024, 16, 15000), [0, 1, 118, 119, 7500, 15000], [16, 16, 16, 16, 512, 1024]),
     (block(16, 1000, 16, 15000), [1, 7500, 14999, 15000, 20000], [16, 496, 992, 1000, 1000]),
     (block(10, 1024, 8, 100), [0, 1, 2, 50, 99, 100], [16, 16, 24, 512, 1008, 1024]),
     (block(2, 10, 2, 8), list(range(1, 11)), [2, 4, 4, 6, 6, 8, 8, 10, 10, 10]),
-    ({"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 1, "max_difficulty": 3,
-      "schedule_type": "fixed_discrete", "schedule_config": {"difficulty": [1, 2, 3], "max_step": [5, 10]}},
-     list(range(0, 13)), [1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3]),
+    (
+        {
+            "enabled": True,
+            "curriculum_type": "seqlen",
+            "min_difficulty": 1,
+            "max_difficulty": 3,
+            "schedule_type": "fixed_discrete",
+            "schedule_config": {"difficulty": [1, 2, 3], "max_step": [5, 10]},
+        },
+        list(range(0, 13)),
+        [1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 3, 3],
+    ),
 ]
 
 
@@ -83,8 +99,9 @@ def test_matches_deepspeed_recorded_table(entry):
         ours, pure = sched.update_difficulty(step), difficulty_at(step, cfg)
         assert type(ours) is int and type(pure) is int
         if ours != expected or pure != expected:
-            wrong.append(f"step {step}: DeepSpeed {ds}, expected {expected}, "
-                         f"update_difficulty {ours}, difficulty_at {pure}")
+            wrong.append(
+                f"step {step}: DeepSpeed {ds}, expected {expected}, update_difficulty {ours}, difficulty_at {pure}"
+            )
     assert not wrong, f"{entry['name']}: {len(wrong)} steps differ:\n" + "\n".join(wrong[:10])
     # the exception is as narrow as documented: it changes a value only when max_difficulty is not a
     # multiple of difficulty_step, and DeepSpeed does reach max within the table ("some steps later")
@@ -104,9 +121,14 @@ def test_deepspeed_table_covers_the_cases_that_matter():
     steps = {b["schedule_config"].get("difficulty_step") for b in blocks}
     assert {1, 8, 64} <= steps
     assert any(b["min_difficulty"] % b["schedule_config"].get("difficulty_step", 1) for b in blocks)
-    later = [e["name"] for e in TABLE["configs"]
-             if any(exact_max_from_total(e["block"], s) and v != e["block"]["max_difficulty"]
-                    for s, v in enumerate(deepspeed_values(e), start=1))]
+    later = [
+        e["name"]
+        for e in TABLE["configs"]
+        if any(
+            exact_max_from_total(e["block"], s) and v != e["block"]["max_difficulty"]
+            for s, v in enumerate(deepspeed_values(e), start=1)
+        )
+    ]
     assert len(later) >= 2, "no config shows DeepSpeed reaching an unaligned max after total_curriculum_step"
     assert max(e["last_step"] for e in TABLE["configs"]) >= 15000
 
@@ -124,7 +146,10 @@ def test_configs_deepspeed_cannot_run_are_refused(entry):
 
 
 schedules = st.tuples(
-    st.integers(1, 256), st.integers(1, 4096), st.integers(1, 64), st.integers(1, 20000),
+    st.integers(1, 256),
+    st.integers(1, 4096),
+    st.integers(1, 64),
+    st.integers(1, 20000),
     st.sampled_from([1.0, 2.0, 3.0, 1.5]),
 ).filter(lambda t: t[0] <= t[1] and aligned_min(t[0], t[2]) <= t[1])
 
@@ -176,12 +201,15 @@ def test_custom_schedule():
         difficulty_at(3, blk)
 
 
-@pytest.mark.parametrize("bad,fragment", [
-    (block(8, 1024, 0, 15000), "difficulty_step = 0"),
-    (block(8, 1024, 8, 0), "total_curriculum_step = 0"),
-    (block(2048, 1024, 8, 10), "must not exceed max_difficulty"),
-    ({"enabled": True, "min_difficulty": 8, "max_difficulty": 64}, "schedule_type = (missing)"),
-])
+@pytest.mark.parametrize(
+    "bad,fragment",
+    [
+        (block(8, 1024, 0, 15000), "difficulty_step = 0"),
+        (block(8, 1024, 8, 0), "total_curriculum_step = 0"),
+        (block(2048, 1024, 8, 10), "must not exceed max_difficulty"),
+        ({"enabled": True, "min_difficulty": 8, "max_difficulty": 64}, "schedule_type = (missing)"),
+    ],
+)
 def test_scheduler_rejects_bad_blocks_with_config_error(bad, fragment):
     # the reference raised ZeroDivisionError / KeyError / froze; we raise one ConfigError
     with pytest.raises(ConfigError) as info:
@@ -199,12 +227,15 @@ def test_difficulty_at_takes_a_curriculum_config():
     assert difficulty_at(5, loaded) == difficulty_at(5, block(2, 10, 2, 8)) == 6
 
 
-@pytest.mark.parametrize("bad,fragment", [
-    ("scheduler", "call scheduler.get_difficulty(step)"),
-    ([8, 1024], "got a list"),
-    (None, "got a NoneType"),
-    ({"schedule_type": "fixed_linear"}, "without min_difficulty, max_difficulty"),
-])
+@pytest.mark.parametrize(
+    "bad,fragment",
+    [
+        ("scheduler", "call scheduler.get_difficulty(step)"),
+        ([8, 1024], "got a list"),
+        (None, "got a NoneType"),
+        ({"schedule_type": "fixed_linear"}, "without min_difficulty, max_difficulty"),
+    ],
+)
 def test_difficulty_at_rejects_what_is_not_a_curriculum(bad, fragment):
     if bad == "scheduler":
         bad = CurriculumScheduler(block(2, 10, 2, 8))  # raised "'dict' object is not callable" before

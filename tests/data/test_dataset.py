@@ -51,8 +51,8 @@ def test_windows_and_shifted_labels(prepared):
     assert batch["loss_mask"].dtype == torch.float32 and batch["position_ids"].dtype == torch.int64
     assert batch["input_ids"].shape == (3, s)
     for row, i in enumerate([0, 3, len(win) - 1]):
-        assert batch["input_ids"][row].tolist() == tokens[i * s:i * s + s].tolist()
-        assert batch["labels"][row].tolist() == tokens[i * s + 1:i * s + s + 1].tolist()
+        assert batch["input_ids"][row].tolist() == tokens[i * s : i * s + s].tolist()
+        assert batch["labels"][row].tolist() == tokens[i * s + 1 : i * s + s + 1].tolist()
     assert torch.equal(batch["labels"][:, :-1], batch["input_ids"][:, 1:])
     assert torch.all(batch["loss_mask"] == 1)
     assert batch["position_ids"][1].tolist() == list(range(s))
@@ -75,8 +75,11 @@ def test_reset_position_ids_and_eod_loss_mask():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.lists(st.integers(0, E), min_size=3, max_size=3), min_size=1, max_size=4).map(
-    lambda rows: np.array(rows, dtype=np.int64)))
+@given(
+    st.lists(st.lists(st.integers(0, E), min_size=3, max_size=3), min_size=1, max_size=4).map(
+        lambda rows: np.array(rows, dtype=np.int64)
+    )
+)
 def test_position_ids_match_a_naive_loop(windows):
     b = build_batch(windows, eod_id=E, reset_position_ids=True, eod_mask_loss=True)
     for r, row in enumerate(windows[:, :-1]):
@@ -157,8 +160,10 @@ def test_eval_batches_are_deterministic_and_in_order(prepared):
     assert torch.equal(torch.cat(got), win.batch(picked)["input_ids"])
     again = torch.cat([b["input_ids"] for b in data.val_batches(8, 3, num_windows=7)])
     assert torch.equal(torch.cat(got), again)
-    parts = [torch.cat([b["input_ids"] for b in iter_eval_batches(win, 2, num_windows=7, rank=r, world_size=2)])
-             for r in range(2)]
+    parts = [
+        torch.cat([b["input_ids"] for b in iter_eval_batches(win, 2, num_windows=7, rank=r, world_size=2)])
+        for r in range(2)
+    ]
     assert len(parts[0]) == 4 and len(parts[1]) == 3
     assert torch.equal(parts[1][0], got[0][1])  # rank 1 takes the 2nd, 4th, 6th picked windows
     everything = list(data.val_batches(8, 1000))

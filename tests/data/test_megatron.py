@@ -19,6 +19,7 @@ import pytest
 
 from seqwarm.cli import main
 from seqwarm.data import open_prepared
+from seqwarm.data.dataset import TokenWindows
 from seqwarm.data.megatron import (
     MEGATRON_DTYPES,
     MEGATRON_MAGIC,
@@ -28,7 +29,6 @@ from seqwarm.data.megatron import (
     parse_data_path,
     split_documents,
 )
-from seqwarm.data.dataset import TokenWindows
 from seqwarm.util.errors import UserError
 
 FAST = ["--no-progress", "--device", "cpu", "--no-tensorboard"]
@@ -48,7 +48,7 @@ def write_megatron(prefix, documents, dtype=np.uint16, *, version=1):
     with open(f"{prefix}.idx", "wb") as f:
         f.write(MEGATRON_MAGIC + struct.pack("<Q", version) + struct.pack("<B", code))
         f.write(struct.pack("<Q", len(documents)) + struct.pack("<Q", len(documents) + 1))
-        f.write(lengths.tobytes() + pointers[:len(documents)].tobytes() + doc_index.tobytes())
+        f.write(lengths.tobytes() + pointers[: len(documents)].tobytes() + doc_index.tobytes())
     return str(prefix)
 
 
@@ -93,21 +93,24 @@ def _corrupt(prefix, where, data):
         raw = raw[:data]
     else:
         offset, value = data
-        raw[offset:offset + len(value)] = value
+        raw[offset : offset + len(value)] = value
     open(path, "wb").write(bytes(raw))
 
 
-@pytest.mark.parametrize("where,data,fragment", [
-    ("idx", (0, b"SEQWIDX\x00\x00"), "bad magic bytes"),
-    ("idx", (0, b"XXXXXXXXX"), "not a Megatron index"),
-    ("idx", (9, struct.pack("<Q", 2)), "index version 2"),
-    ("idx", (17, b"\x09"), "unknown dtype code 9"),
-    ("idx", (17, b"\x07"), "must be integers"),
-    ("idx", 20, "truncated"),
-    ("idx", 100, "truncated"),
-    ("bin", 1000, "truncated"),
-    ("idx", (34 + 4 * 20 + 8, struct.pack("<q", 5)), "sequence pointers"),
-])
+@pytest.mark.parametrize(
+    "where,data,fragment",
+    [
+        ("idx", (0, b"SEQWIDX\x00\x00"), "bad magic bytes"),
+        ("idx", (0, b"XXXXXXXXX"), "not a Megatron index"),
+        ("idx", (9, struct.pack("<Q", 2)), "index version 2"),
+        ("idx", (17, b"\x09"), "unknown dtype code 9"),
+        ("idx", (17, b"\x07"), "must be integers"),
+        ("idx", 20, "truncated"),
+        ("idx", 100, "truncated"),
+        ("bin", 1000, "truncated"),
+        ("idx", (34 + 4 * 20 + 8, struct.pack("<q", 5)), "sequence pointers"),
+    ],
+)
 def test_a_damaged_megatron_file_is_refused_naming_it(tmp_path, where, data, fragment):
     prefix = _small(tmp_path)
     _corrupt(prefix, where, data)
@@ -173,6 +176,7 @@ def test_blend_draws_each_source_by_its_weight_and_resumes_exactly():
     with pytest.raises(UserError, match="another --data-path blend"):
         BlendedBatches([a, b], [0.5, 0.5], 4).load_state_dict(state)
     from seqwarm.data.dataset import TrainBatches
+
     with pytest.raises(UserError, match="other training data"):
         TrainBatches(a, 4).load_state_dict(state)
     with pytest.raises(UserError, match="another --data-path blend"):
@@ -195,8 +199,10 @@ def test_megatron_data_blends_two_files(tmp_path):
     assert isinstance(data.train_batches(32, 4), BlendedBatches)
     assert sum(b["input_ids"].shape[0] for b in data.val_batches(32, 4)) > 0
     assert len(data.windows("val", 32)) == sum(len(w) for w in data._windows(1, 32))
-    for batch in (next(data.val_batches(32, 4, label_style="hf")),
-                  data.train_batches(32, 4, label_style="hf").next_batch()):  # Hugging Face models shift
+    for batch in (
+        next(data.val_batches(32, 4, label_style="hf")),
+        data.train_batches(32, 4, label_style="hf").next_batch(),
+    ):  # Hugging Face models shift
         assert (batch["labels"] == batch["input_ids"]).all() and "loss_mask" not in batch
 
 
@@ -219,16 +225,42 @@ def test_launcher_and_megatron_flag_spellings(tmp_path):
     cfg = tmp_path / "ds.json"
     assert _spec(["--local_rank=0"]).local_rank == 0
     assert _spec(["--local-rank", "1"]).local_rank == 1
-    spec = _spec(["--deepspeed", "--deepspeed_config", str(cfg), "--save", "out",
-                  "--pipeline-model-parallel-size", "2"])
+    spec = _spec(
+        ["--deepspeed", "--deepspeed_config", str(cfg), "--save", "out", "--pipeline-model-parallel-size", "2"]
+    )
     assert (spec.deepspeed, spec.config, str(spec.out), spec.pipeline_stages) == (True, cfg, "out", 2)
-    spec = _spec(["--data-path", "0.3", "A", "0.7", "B", "--adam-beta1", "0.8", "--adam-beta2", "0.99",
-                  "--adam-eps", "1e-6", "--clip-grad", "0.5", "--weight-decay", "0.01", "--eval-iters", "3"])
+    spec = _spec(
+        [
+            "--data-path",
+            "0.3",
+            "A",
+            "0.7",
+            "B",
+            "--adam-beta1",
+            "0.8",
+            "--adam-beta2",
+            "0.99",
+            "--adam-eps",
+            "1e-6",
+            "--clip-grad",
+            "0.5",
+            "--weight-decay",
+            "0.01",
+            "--eval-iters",
+            "3",
+        ]
+    )
     assert spec.data_path == ("0.3", "A", "0.7", "B") and spec.eval_iters == 3
     assert _spec(["--fp16"]).settings == {"precision": "fp16"} and _spec(["--bf16"]).settings == {"precision": "bf16"}
-    assert spec.settings == {"adam_beta1": 0.8, "adam_beta2": 0.99, "adam_eps": 1e-6,
-                             "gradient_clipping": 0.5, "weight_decay": 0.01}
+    assert spec.settings == {
+        "adam_beta1": 0.8,
+        "adam_beta2": 0.99,
+        "adam_eps": 1e-6,
+        "gradient_clipping": 0.5,
+        "weight_decay": 0.01,
+    }
     from seqwarm.run.command import train_argv
+
     assert "--local-rank" not in train_argv(_spec(["--local_rank=3"]))  # a launcher's flag is not the run's
     assert train_argv(spec)[:5] == ["--data-path", "0.3", "A", "0.7", "B"]
 
@@ -250,8 +282,20 @@ def test_local_rank_must_agree_with_the_launcher(tmp_path, monkeypatch, capsys):
 @pytest.mark.parametrize("command", ["train", "compare", "tune"])
 def test_data_path_flags_without_data_path_exit_2_before_any_work(tmp_path, capsys, command):
     # each names a property of Megatron indexed files; without --data-path it would be silently ignored
-    argv = [command, *FAST, "--split", "1,1,1", "--tokenizer", "gpt2", "--vocab-size", "300", "--eod-id", "0",
-            "--out", str(tmp_path / "r")]
+    argv = [
+        command,
+        *FAST,
+        "--split",
+        "1,1,1",
+        "--tokenizer",
+        "gpt2",
+        "--vocab-size",
+        "300",
+        "--eod-id",
+        "0",
+        "--out",
+        str(tmp_path / "r"),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     for flag in ("--split", "--tokenizer", "--vocab-size", "--eod-id"):
@@ -262,8 +306,16 @@ def test_data_path_flags_without_data_path_exit_2_before_any_work(tmp_path, caps
 
 @pytest.mark.parametrize("command", ["train", "compare", "tune", "sweep"])
 def test_data_and_data_path_together_exit_2_before_any_work(tmp_path, capsys, command):
-    argv = [command, *FAST, "--data", str(tmp_path / "prepared"), "--data-path", str(tmp_path / "megatron"),
-            "--out", str(tmp_path / "r")]
+    argv = [
+        command,
+        *FAST,
+        "--data",
+        str(tmp_path / "prepared"),
+        "--data-path",
+        str(tmp_path / "megatron"),
+        "--out",
+        str(tmp_path / "r"),
+    ]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "--data (a seqwarm prepared folder) and --data-path (Megatron indexed files) both name" in err
@@ -314,8 +366,12 @@ def test_the_launcher_recipes_parse_as_the_deepspeed_launcher_passes_them(monkey
         assert (args.command, args.launcher_local_rank, args.deepspeed) == ("train", 1, True)
         assert str(args.config) == "ds_config.json"
     args = build_parser().parse_args(shlex.split(_tiny_command())[1:])
-    assert args.launcher_local_rank == 0 and args.data_path == ["0.3", "data/a_text_document", "0.7",
-                                                                  "data/b_text_document"]
+    assert args.launcher_local_rank == 0 and args.data_path == [
+        "0.3",
+        "data/a_text_document",
+        "0.7",
+        "data/b_text_document",
+    ]
 
 
 @pytest.mark.parametrize("dtype", [np.uint16, np.int32])
@@ -348,8 +404,14 @@ def test_megatron_data_fingerprint_follows_its_sources():
     """Megatron files carry no checksums: the fingerprint describes the sources, so other data differs."""
     from seqwarm.data.indexed import data_fingerprint
 
-    meta = {"format": "megatron", "sources": [{"prefix": "/d/a", "weight": 1.0, "dtype": "uint16", "documents": 9}],
-            "split": "969,30,1", "splits": {"train": {"tokens": 90}}, "vocab_size": 100, "eod_id": 0}
+    meta = {
+        "format": "megatron",
+        "sources": [{"prefix": "/d/a", "weight": 1.0, "dtype": "uint16", "documents": 9}],
+        "split": "969,30,1",
+        "splits": {"train": {"tokens": 90}},
+        "vocab_size": 100,
+        "eod_id": 0,
+    }
     other = {**meta, "sources": [{**meta["sources"][0], "prefix": "/d/b"}]}
     assert data_fingerprint(meta) == data_fingerprint(dict(meta)) != data_fingerprint(other)
 

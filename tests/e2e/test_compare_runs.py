@@ -7,13 +7,11 @@ The slow, end-to-end part; the fast tests are in tests/experiments/test_compare.
 import json
 
 import pytest
-from hypothesis import settings
 
+from conftest import FAST_TRAIN_FLAGS, small_config
 from seqwarm.cli import main
 from seqwarm.data import data_fingerprint, read_meta
 from seqwarm.experiments.launch import run_state
-
-from conftest import FAST_TRAIN_FLAGS, small_config
 
 FAST = FAST_TRAIN_FLAGS
 
@@ -25,14 +23,24 @@ FAST = FAST_TRAIN_FLAGS
 def test_compare_two_tiny_runs_report_reuse_and_resume(tmp_path, byte_data, capsys):
     cfg = small_config(tmp_path / "c.json", train_tokens=1200, total_step=4)
     out = tmp_path / "cmp"
-    args = ["compare", *FAST, "--config", str(cfg), "--data", str(byte_data), "--eval-interval", "2",
-            "--out", str(out)]
+    args = ["compare", *FAST, "--config", str(cfg), "--data", str(byte_data), "--eval-interval", "2", "--out", str(out)]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "speedup" in printed and "report.md" in printed
     report = json.loads((out / "report.json").read_text())
-    for key in ("baseline", "curriculum", "speedup_tokens", "speedup_time", "stability", "commands", "reached",
-                "target", "settings", "tokens_to_target", "time_to_target"):
+    for key in (
+        "baseline",
+        "curriculum",
+        "speedup_tokens",
+        "speedup_time",
+        "stability",
+        "commands",
+        "reached",
+        "target",
+        "settings",
+        "tokens_to_target",
+        "time_to_target",
+    ):
         assert key in report
     assert report["baseline"]["total_curriculum_step"] is None
     assert report["curriculum"]["total_curriculum_step"] == 4
@@ -76,8 +84,22 @@ def test_compare_two_tiny_runs_report_reuse_and_resume(tmp_path, byte_data, caps
 def test_compare_two_seeds_of_tiny_runs(tmp_path, byte_data, capsys):
     cfg = small_config(tmp_path / "c.json", train_tokens=800, total_step=3)
     out = tmp_path / "cmp"
-    args = ["compare", *FAST, "--config", str(cfg), "--data", str(byte_data), "--eval-interval", "2",
-            "--seed", "5", "--seeds", "2", "--out", str(out)]
+    args = [
+        "compare",
+        *FAST,
+        "--config",
+        str(cfg),
+        "--data",
+        str(byte_data),
+        "--eval-interval",
+        "2",
+        "--seed",
+        "5",
+        "--seeds",
+        "2",
+        "--out",
+        str(out),
+    ]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "over 2 seeds [5, 6]" in printed and "seed spread" in printed

@@ -19,14 +19,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from seqwarm.trainer.metrics import read_metrics
-
 from conftest import FAST_TRAIN_FLAGS, run_torchrun, small_config, train_rows
+from seqwarm.trainer.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 HAVE_DS = importlib.util.find_spec("deepspeed") is not None
-needs_ds = pytest.mark.skipif(not HAVE_DS, reason="deepspeed is not installed "
-                              "(DS_BUILD_OPS=0 pip install 'seqwarm[deepspeed]'; `make setup` does it)")
+needs_ds = pytest.mark.skipif(
+    not HAVE_DS,
+    reason="deepspeed is not installed (DS_BUILD_OPS=0 pip install 'seqwarm[deepspeed]'; `make setup` does it)",
+)
 TORCHRUN = [pytest.mark.dist, pytest.mark.deepspeed, pytest.mark.slow, needs_ds]
 
 FAST = [*FAST_TRAIN_FLAGS, "--log-interval", "1", "--eval-interval", "5", "--deepspeed"]
@@ -69,7 +70,9 @@ def interrupted_then_resumed(common, tmp_path, rows):
     out = torchrun([*common, "--out", str(part), "--resume", "--allow-config-change"])
     assert "resuming at step 6" in out
     resumed = train_rows(part)
-    assert [(r["step"], r["seqlen"], r["tokens"]) for r in resumed] == [(r["step"], r["seqlen"], r["tokens"]) for r in rows]
+    assert [(r["step"], r["seqlen"], r["tokens"]) for r in resumed] == [
+        (r["step"], r["seqlen"], r["tokens"]) for r in rows
+    ]
     assert {r["step"]: r["loss"] for r in resumed} == {r["step"]: r["loss"] for r in rows}
 
 
@@ -167,14 +170,18 @@ def test_own_loop_example_in_the_docs_runs(tmp_path):
     script = tmp_path / "own_loop.py"
     script.write_text(doc_example())
     runner = tmp_path / "runner.py"  # CPU only: skip DeepSpeed's C++ shm collective, then run the example
-    runner.write_text("import runpy, sys\nimport deepspeed\n"
-                      "from seqwarm.integrations.deepspeed.curriculum import skip_cpu_shm_comm\n"
-                      "skip_cpu_shm_comm(deepspeed)\n"
-                      f"sys.argv = [{str(script)!r}, {str(tmp_path / 'ckpt')!r}]\n"
-                      f"runpy.run_path({str(script)!r}, run_name='__main__')\n")
+    runner.write_text(
+        "import runpy, sys\nimport deepspeed\n"
+        "from seqwarm.integrations.deepspeed.curriculum import skip_cpu_shm_comm\n"
+        "skip_cpu_shm_comm(deepspeed)\n"
+        f"sys.argv = [{str(script)!r}, {str(tmp_path / 'ckpt')!r}]\n"
+        f"runpy.run_path({str(script)!r}, run_name='__main__')\n"
+    )
     out = torchrun([str(runner)], module=False)
-    rows = [tuple(float(x) for x in m) for m in
-            re.findall(r"^step (\d+) seqlen (\d+) tokens (\d+) lr ([\d.]+)$", out, flags=re.M)]
+    rows = [
+        tuple(float(x) for x in m)
+        for m in re.findall(r"^step (\d+) seqlen (\d+) tokens (\d+) lr ([\d.]+)$", out, flags=re.M)
+    ]
     assert [int(r[0]) for r in rows] == [1, 2, 3, 4, 5, 6]
     assert [int(r[1]) for r in rows] == [16, 32, 48, 64, 64, 64]
     prev = 0

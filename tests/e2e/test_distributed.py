@@ -5,9 +5,8 @@ import json
 
 import pytest
 
-from seqwarm.trainer.metrics import read_metrics
-
 from conftest import FAST_TRAIN_FLAGS, run_torchrun, small_config, train_rows
+from seqwarm.trainer.metrics import read_metrics
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -72,7 +71,7 @@ def test_ddp_matches_one_process(tmp_path, byte_data, cfg):
         assert x["loss"] == pytest.approx(y["loss"], rel=2e-3), f"step {x['step']}"
 
 
-ALLREDUCE_COUNT = '''
+ALLREDUCE_COUNT = """
 import json, sys
 import torch, torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -98,7 +97,7 @@ if info.rank == 0:
     print(json.dumps({"calls": calls, "buckets": len(ddp.reducer._get_zeros_like_grad_buckets()),
                       "bucket_view": ddp.gradient_as_bucket_view, "steps": engine.global_steps}))
 dist.destroy_process_group()
-'''
+"""
 
 
 def test_ddp_accumulation_all_reduces_once_per_optimizer_step(tmp_path):

@@ -6,13 +6,11 @@ The slow, end-to-end part; the fast tests are in tests/evaluation/test_export.py
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
-from seqwarm.cli import main
-
 from conftest import small_config
+from seqwarm.cli import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread (conftest)
 
@@ -31,9 +29,25 @@ def test_trained_run_end_to_end(tmp_path, capsys, byte_data):
     from seqwarm.evaluation.runs import load_run
 
     cfg = small_config(tmp_path / "c.json", train_tokens=1500)
-    code = main(["train", "--model", "tiny", "--eval-iters", "1", "--no-progress", "--no-tensorboard",
-                 "--config", str(cfg), "--data", str(byte_data), "--out", str(tmp_path / "run"),
-                 "--eval-interval", "0"])
+    code = main(
+        [
+            "train",
+            "--model",
+            "tiny",
+            "--eval-iters",
+            "1",
+            "--no-progress",
+            "--no-tensorboard",
+            "--config",
+            str(cfg),
+            "--data",
+            str(byte_data),
+            "--out",
+            str(tmp_path / "run"),
+            "--eval-interval",
+            "0",
+        ]
+    )
     assert code == 0
     capsys.readouterr()
     code, out, err = export(capsys, tmp_path / "run", tmp_path / "hf")

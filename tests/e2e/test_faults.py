@@ -18,11 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import small_config
 from seqwarm.cli import main
 from seqwarm.trainer.checkpoint import list_checkpoints
 from seqwarm.trainer.metrics import read_metrics
-
-from conftest import small_config
 
 FAST = ["--model", "tiny", "--eval-iters", "1", "--no-progress", "--no-tensorboard", "--log-interval", "1"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -57,6 +56,7 @@ def test_a_run_killed_before_its_first_checkpoint_continues_with_resume(tmp_path
 
 # -- 4. no non-finite checkpoint ------------------------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_nan_weights_are_never_saved(tmp_path, byte_data, capsys, monkeypatch):
     from seqwarm.curriculum.engine import CurriculumEngine
@@ -73,8 +73,22 @@ def test_nan_weights_are_never_saved(tmp_path, byte_data, capsys, monkeypatch):
     monkeypatch.setattr(CurriculumEngine, "step", poisoned)
     cfg = small_config(tmp_path / "c.json", train_tokens=100_000)
     run = tmp_path / "run"
-    code = train(["--config", str(cfg), "--data", str(byte_data), "--out", str(run), "--train-iters", "6",
-                  "--save-interval", "2", "--eval-interval", "0"])
+    code = train(
+        [
+            "--config",
+            str(cfg),
+            "--data",
+            str(byte_data),
+            "--out",
+            str(run),
+            "--train-iters",
+            "6",
+            "--save-interval",
+            "2",
+            "--eval-interval",
+            "0",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 3 and "Traceback" not in err
     assert [s for s, _ in list_checkpoints(run / "checkpoints")] == [2]
@@ -83,14 +97,22 @@ def test_nan_weights_are_never_saved(tmp_path, byte_data, capsys, monkeypatch):
 
 # -- 5. every OS failure is an exit 2 -------------------------------------------------------------------
 
+
 def _limited(args, limit_bytes, timeout=240):
     """``python -m seqwarm ARGS`` with files limited to ``limit_bytes`` (a full disk, without root)."""
+
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
 
     env = {**ENV, "PYTHONPATH": SRC}
-    return subprocess.run([sys.executable, "-m", "seqwarm", *args], capture_output=True, text=True, env=env,
-                          preexec_fn=limit, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "seqwarm", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        preexec_fn=limit,
+        timeout=timeout,
+    )
 
 
 def _leftovers(folder):
@@ -101,8 +123,25 @@ def _leftovers(folder):
 def test_disk_full_during_a_checkpoint_is_an_exit_2(tmp_path, byte_data):
     cfg = small_config(tmp_path / "c.json", train_tokens=100_000)
     run = tmp_path / "run"
-    proc = _limited(["train", *FAST, "--config", str(cfg), "--data", str(byte_data), "--out", str(run),
-                     "--train-iters", "2", "--save-interval", "1", "--eval-interval", "0"], 1_000_000)
+    proc = _limited(
+        [
+            "train",
+            *FAST,
+            "--config",
+            str(cfg),
+            "--data",
+            str(byte_data),
+            "--out",
+            str(run),
+            "--train-iters",
+            "2",
+            "--save-interval",
+            "1",
+            "--eval-interval",
+            "0",
+        ],
+        1_000_000,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "step_00000001.pt" in proc.stderr and "File too large" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -112,10 +151,15 @@ def test_disk_full_during_a_checkpoint_is_an_exit_2(tmp_path, byte_data):
 
 # -- 9. SIGKILL at random moments, and while a checkpoint is written ---------------------------------------
 
+
 def _popen(args):
     env = {**ENV, "PYTHONPATH": SRC}
-    return subprocess.Popen([sys.executable, "-m", "seqwarm", "train", *FAST, *args], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    return subprocess.Popen(
+        [sys.executable, "-m", "seqwarm", "train", *FAST, *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _losses(run):
@@ -133,8 +177,20 @@ def _kill_when(proc, condition, deadline_s=120):
 @pytest.mark.slow
 def test_sigkill_at_random_moments_and_mid_checkpoint_resumes_exactly(tmp_path, byte_data):
     cfg = small_config(tmp_path / "c.json", train_tokens=100_000, total_step=4)
-    common = ["--config", str(cfg), "--data", str(byte_data), "--train-iters", "6", "--save-interval", "1",
-              "--eval-interval", "3", "--keep-checkpoints", "2"]
+    common = [
+        "--config",
+        str(cfg),
+        "--data",
+        str(byte_data),
+        "--train-iters",
+        "6",
+        "--save-interval",
+        "1",
+        "--eval-interval",
+        "3",
+        "--keep-checkpoints",
+        "2",
+    ]
     ref = tmp_path / "ref"
     t0 = time.time()
     proc = _popen([*common, "--out", str(ref)])

@@ -10,12 +10,11 @@ import threading
 import pytest
 import torch
 
+from conftest import small_config
 from seqwarm.config import load_config
 from seqwarm.trainer.feed import DeviceFeed
 from seqwarm.trainer.metrics import read_metrics
 from seqwarm.trainer.model import GPTConfig
-
-from conftest import small_config
 
 
 def _threads() -> list[threading.Thread]:
@@ -24,18 +23,32 @@ def _threads() -> list[threading.Thread]:
 
 # -- a whole run: the same numbers with the feed as without --------------------------------------------
 
+
 def _run(tmp_path, byte_data, name, mode, *, feed="whole", **opts):
     from seqwarm.data import open_prepared
     from seqwarm.trainer.loop import Run, TrainOptions
     from seqwarm.trainer.run_folder import prepare_run_dir
 
-    cfg = load_config(small_config(tmp_path / f"{name}.json", train_tokens=4000, total_step=7,
-                                   **({"curriculum_mode": mode} if mode else {})))
+    cfg = load_config(
+        small_config(
+            tmp_path / f"{name}.json", train_tokens=4000, total_step=7, **({"curriculum_mode": mode} if mode else {})
+        )
+    )
     data = open_prepared(byte_data)
     model_cfg = GPTConfig.preset("tiny", vocab_size=data.vocab_size, seq_length=64, dropout=0.1)
-    options = TrainOptions(**{"out": tmp_path / name, "eval_interval": 0, "eval_iters": 1, "save_interval": 0,
-                              "log_interval": 1, "progress_bar": False, "tensorboard": False, "device": "cpu",
-                              **opts})
+    options = TrainOptions(
+        **{
+            "out": tmp_path / name,
+            "eval_interval": 0,
+            "eval_iters": 1,
+            "save_interval": 0,
+            "log_interval": 1,
+            "progress_bar": False,
+            "tensorboard": False,
+            "device": "cpu",
+            **opts,
+        }
+    )
     if not options.resume:
         prepare_run_dir(options)
     run = Run(cfg, options, data, model_cfg)
@@ -63,7 +76,7 @@ def test_a_run_trains_the_same_numbers_with_the_feed(tmp_path, byte_data, one_th
         out[feed] = (_train_losses(run), result.final_val_loss, [p.detach().clone() for p in run.model.parameters()])
         assert not _threads()
         lengths = [r["seqlen"] for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == "train"]
-        train = moved[:2 * len(lengths)]  # only training batches go through the feed
+        train = moved[: 2 * len(lengths)]  # only training batches go through the feed
         widths = [b["input_ids"].shape[1] for b in train]  # 2 micro-batches a step, each cut to its step
         rows = [b["input_ids"].shape[0] for b in train]
         assert widths == [n for n in lengths for _ in (0, 1)], feed
@@ -86,8 +99,9 @@ def test_a_threaded_run_resumes_exactly_from_a_checkpoint_saved_with_a_batch_in_
     for path in (cut / "checkpoints").glob("step_*.pt"):
         if int(path.stem.split("_")[1]) > 4:
             path.unlink()
-    resumed = _run(tmp_path, byte_data, "cut", "truncate", feed="threaded", save_interval=2, keep_checkpoints=0,
-                   resume=True)
+    resumed = _run(
+        tmp_path, byte_data, "cut", "truncate", feed="threaded", save_interval=2, keep_checkpoints=0, resume=True
+    )
     assert resumed.resume() and resumed.engine.global_steps == 4
     resumed.train()
     assert _train_losses(resumed) == expected and len(expected) > 6

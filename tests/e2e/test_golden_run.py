@@ -35,11 +35,22 @@ def _config(path: Path, extra: dict) -> Path:
         "train_micro_batch_size_per_gpu": 4,
         "optimizer": {"type": "AdamW", "params": {"lr": 0.002, "betas": [0.9, 0.95], "weight_decay": 0.1}},
         "gradient_clipping": 1.0,
-        "curriculum_learning": {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8,
-                                "max_difficulty": 64, "schedule_type": "fixed_linear",
-                                "schedule_config": {"total_curriculum_step": 6, "difficulty_step": 8}},
-        "seqwarm": {"seq_length": 64, "train_tokens": 5000, "lr_warmup_iters": 2, "lr_decay_style": "cosine",
-                    "min_lr": 0.0002, **extra},
+        "curriculum_learning": {
+            "enabled": True,
+            "curriculum_type": "seqlen",
+            "min_difficulty": 8,
+            "max_difficulty": 64,
+            "schedule_type": "fixed_linear",
+            "schedule_config": {"total_curriculum_step": 6, "difficulty_step": 8},
+        },
+        "seqwarm": {
+            "seq_length": 64,
+            "train_tokens": 5000,
+            "lr_warmup_iters": 2,
+            "lr_decay_style": "cosine",
+            "min_lr": 0.0002,
+            **extra,
+        },
     }
     path.write_text(json.dumps(cfg))
     return path
@@ -57,17 +68,41 @@ def run_case(name: str, folder: Path, data: Path) -> dict:
     torch.set_num_threads(1)
     try:
         out = folder / name
-        code = main(["train", "--model", "tiny", "--eval-iters", "2", "--no-progress", "--no-tensorboard",
-                     "--log-interval", "1", "--eval-interval", "0", "--save-interval", "0", "--seed", "7",
-                     "--config", str(_config(folder / f"{name}.json", extra)), "--data", str(data),
-                     "--out", str(out), *flags])
+        code = main(
+            [
+                "train",
+                "--model",
+                "tiny",
+                "--eval-iters",
+                "2",
+                "--no-progress",
+                "--no-tensorboard",
+                "--log-interval",
+                "1",
+                "--eval-interval",
+                "0",
+                "--save-interval",
+                "0",
+                "--seed",
+                "7",
+                "--config",
+                str(_config(folder / f"{name}.json", extra)),
+                "--data",
+                str(data),
+                "--out",
+                str(out),
+                *flags,
+            ]
+        )
     finally:
         torch.set_num_threads(before)
     assert code == 0
     rows = [r for r in read_metrics(out / "metrics.jsonl") if r["kind"] == "train"]
     summary = json.loads((out / "summary.json").read_text())
-    return {"steps": [[r["step"], r["seqlen"], r["tokens"], r["samples"], r["lr"], r["loss"]] for r in rows],
-            "final_val_loss": summary["final_val_loss"]}
+    return {
+        "steps": [[r["step"], r["seqlen"], r["tokens"], r["samples"], r["lr"], r["loss"]] for r in rows],
+        "final_val_loss": summary["final_val_loss"],
+    }
 
 
 @pytest.mark.slow
@@ -85,20 +120,25 @@ def _record() -> None:  # pragma: no cover - run by hand, once, before a change
 
     sys.path.insert(0, str(HERE))
     from conftest import make_corpus
-
     from seqwarm.data import prepare_dataset
 
     with tempfile.TemporaryDirectory() as tmp:
         base = Path(tmp)
         data = base / "prepared"
-        prepare_dataset(data, [make_corpus(base / "corpus")], tokenizer="byte", val_fraction=0.1, workers=1,
-                        progress=False)
+        prepare_dataset(
+            data, [make_corpus(base / "corpus")], tokenizer="byte", val_fraction=0.1, workers=1, progress=False
+        )
         runs = {name: run_case(name, base, data) for name in sorted(CASES)}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=HERE).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=HERE
+    ).stdout.strip()
     GOLDEN.parent.mkdir(exist_ok=True)
-    GOLDEN.write_text(json.dumps({"command": "python tests/e2e/test_golden_run.py --record", "commit": commit,
-                                  "runs": runs}, indent=1) + "\n")
+    GOLDEN.write_text(
+        json.dumps(
+            {"command": "python tests/e2e/test_golden_run.py --record", "commit": commit, "runs": runs}, indent=1
+        )
+        + "\n"
+    )
     print(f"wrote {GOLDEN}")
 
 

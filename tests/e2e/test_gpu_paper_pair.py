@@ -34,9 +34,22 @@ def smoke(tmp_path_factory):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the script finds src/ itself
     env["OMP_NUM_THREADS"] = "1"
     out = tmp / "pair.json"
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_paper_pair.py"), "--smoke", "--json",
-                           str(out), "--out", str(tmp / "runs")],
-                          capture_output=True, text=True, env=env, cwd=tmp, timeout=600)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_paper_pair.py"),
+            "--smoke",
+            "--json",
+            str(out),
+            "--out",
+            str(tmp / "runs"),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout, json.loads(out.read_text()), tmp / "runs"
 

@@ -44,7 +44,7 @@ def write_megatron(prefix, documents, dtype=np.uint16, *, version=1):
     with open(f"{prefix}.idx", "wb") as f:
         f.write(MEGATRON_MAGIC + struct.pack("<Q", version) + struct.pack("<B", code))
         f.write(struct.pack("<Q", len(documents)) + struct.pack("<Q", len(documents) + 1))
-        f.write(lengths.tobytes() + pointers[:len(documents)].tobytes() + doc_index.tobytes())
+        f.write(lengths.tobytes() + pointers[: len(documents)].tobytes() + doc_index.tobytes())
     return str(prefix)
 
 
@@ -64,24 +64,55 @@ def test_data_path_trains_like_the_prepared_folder(tmp_path, byte_data, monkeypa
     seqwarm, never longer than 128."""
     _, docs, n_train, n_val = prepared_documents(byte_data)
     prefix = write_megatron(tmp_path / "corpus_text_document", docs, np.uint16)
-    common = [*FAST, "--seq-length", "128", "--train-tokens", "5000", "--eval-interval", "2", "--eval-iters", "2",
-              "--log-interval", "1"]
+    common = [
+        *FAST,
+        "--seq-length",
+        "128",
+        "--train-tokens",
+        "5000",
+        "--eval-interval",
+        "2",
+        "--eval-iters",
+        "2",
+        "--log-interval",
+        "1",
+    ]
     assert main(["train", *common, "--data", str(byte_data), "--out", str(tmp_path / "prepared")]) == 0
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     wandb = ["--wandb-project", "seqwarm-test"] if _has("wandb") else []
-    assert main(["train", *common, "--data-path", prefix, "--tokenizer", "byte", "--split", f"{n_train},{n_val},0",
-                 "--local_rank=0", *wandb, "--out", str(tmp_path / "megatron")]) == 0
+    assert (
+        main(
+            [
+                "train",
+                *common,
+                "--data-path",
+                prefix,
+                "--tokenizer",
+                "byte",
+                "--split",
+                f"{n_train},{n_val},0",
+                "--local_rank=0",
+                *wandb,
+                "--out",
+                str(tmp_path / "megatron"),
+            ]
+        )
+        == 0
+    )
     from conftest import train_rows
 
     ref, got = train_rows(tmp_path / "prepared"), train_rows(tmp_path / "megatron")
-    assert [(r["step"], r["seqlen"], r["tokens"], r["loss"]) for r in got] == \
-        [(r["step"], r["seqlen"], r["tokens"], r["loss"]) for r in ref]
+    assert [(r["step"], r["seqlen"], r["tokens"], r["loss"]) for r in got] == [
+        (r["step"], r["seqlen"], r["tokens"], r["loss"]) for r in ref
+    ]
     assert max(r["seqlen"] for r in got) <= 128 and got[-1]["seqlen"] == 128
     resolved = json.loads((tmp_path / "megatron" / "config.json").read_text())["data"]["megatron"]
     assert resolved["sources"][0]["prefix"] == prefix and resolved["split"] == f"{n_train},{n_val},0"
     summary = json.loads((tmp_path / "megatron" / "summary.json").read_text())
-    assert summary["final_val_loss"] == json.loads((tmp_path / "prepared" / "summary.json").read_text())["final_val_loss"]
+    assert (
+        summary["final_val_loss"] == json.loads((tmp_path / "prepared" / "summary.json").read_text())["final_val_loss"]
+    )
     if wandb:
         from helpers import wandb_summary
 
@@ -93,8 +124,10 @@ def test_data_path_trains_like_the_prepared_folder(tmp_path, byte_data, monkeypa
     # the same model on the prepared folder
     from seqwarm.evaluation import run_paper_evals
 
-    vals = [run_paper_evals(tmp_path / name, val=True, val_windows=6, write=False, progress=False)["val"]
-            for name in ("prepared", "megatron")]
+    vals = [
+        run_paper_evals(tmp_path / name, val=True, val_windows=6, write=False, progress=False)["val"]
+        for name in ("prepared", "megatron")
+    ]
     assert vals[0] == vals[1] and vals[0]["num_windows"] == 6
     if _has("transformers"):
         assert main(["export", str(tmp_path / "megatron"), "--hf", str(tmp_path / "hf")]) == 0
@@ -126,12 +159,15 @@ def test_the_tiny_migrating_command_runs_on_deepspeed(tmp_path, byte_data):
     _, docs, _, _ = prepared_documents(byte_data)
     (tmp_path / "data").mkdir()
     write_megatron(tmp_path / "data" / "a_text_document", docs[: len(docs) // 2], np.uint16)
-    write_megatron(tmp_path / "data" / "b_text_document", docs[len(docs) // 2:], np.int32)
+    write_megatron(tmp_path / "data" / "b_text_document", docs[len(docs) // 2 :], np.int32)
     ds = json.loads((Path(__file__).resolve().parents[2] / "examples" / "ds_config_gpt2.json").read_text())
     ds.pop("fp16")  # CPU: fp32
-    ds.update(train_batch_size=8, gradient_accumulation_steps=2,
-              tensorboard={"enabled": True, "output_path": "runs/tiny/ignored", "job_name": "x"},
-              csv_monitor={"enabled": True, "output_path": "runs/csv", "job_name": "tiny"})
+    ds.update(
+        train_batch_size=8,
+        gradient_accumulation_steps=2,
+        tensorboard={"enabled": True, "output_path": "runs/tiny/ignored", "job_name": "x"},
+        csv_monitor={"enabled": True, "output_path": "runs/csv", "job_name": "tiny"},
+    )
     ds["curriculum_learning"].update(max_difficulty=64)
     ds["curriculum_learning"]["schedule_config"]["total_curriculum_step"] = 4
     (tmp_path / "ds_tiny.json").write_text(json.dumps(ds))
@@ -144,13 +180,31 @@ def test_the_tiny_migrating_command_runs_on_deepspeed(tmp_path, byte_data):
     if launcher.exists():  # the real launcher: it runs `python -u -m seqwarm --local_rank=0 train ...`
         assert argv[1:3] == ["--local_rank=0", "train"]
         env.pop("LOCAL_RANK")
-        proc = run_on_a_free_port(lambda port: [str(launcher), "--num_gpus", "1", "--master_port", str(port),
-                                                "--module", "seqwarm", *argv[2:]],
-                                  cwd=tmp_path, env=env, timeout=600, before_retry=lambda: shutil.rmtree(
-                                      tmp_path / "runs", ignore_errors=True))
+        proc = run_on_a_free_port(
+            lambda port: [
+                str(launcher),
+                "--num_gpus",
+                "1",
+                "--master_port",
+                str(port),
+                "--module",
+                "seqwarm",
+                *argv[2:],
+            ],
+            cwd=tmp_path,
+            env=env,
+            timeout=600,
+            before_retry=lambda: shutil.rmtree(tmp_path / "runs", ignore_errors=True),
+        )
     else:
-        proc = subprocess.run([sys.executable, "-m", "seqwarm", *argv[1:]], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(
+            [sys.executable, "-m", "seqwarm", *argv[1:]],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     if launcher.exists():
         assert "'-m', 'seqwarm', '--local_rank=0', 'train'" in proc.stdout + proc.stderr
@@ -163,7 +217,9 @@ def test_the_tiny_migrating_command_runs_on_deepspeed(tmp_path, byte_data):
     csv = tmp_path / "runs" / "csv" / "tiny" / "seqlen_curriculum_seqlen_vs_tokens.csv"
     assert csv.read_text().splitlines()[1].startswith(f"{rows[0]['tokens']},16")
     if _has("tensorboard"):  # --tensorboard-dir wins over the config's block
-        assert list((run / "tb").glob("events.out.tfevents.*")) and not (tmp_path / "runs" / "tiny" / "ignored").exists()
+        assert (
+            list((run / "tb").glob("events.out.tfevents.*")) and not (tmp_path / "runs" / "tiny" / "ignored").exists()
+        )
 
 
 def _free_port() -> int:
@@ -207,6 +263,7 @@ def test_a_port_taken_before_the_launch_is_retried_on_another():
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert tried[0] == taken and len(tried) == 2
     tried.clear()
-    proc = run_on_a_free_port(lambda port: tried.append(port) or [sys.executable, "-c", "raise SystemExit('other')"],
-                              timeout=60)
+    proc = run_on_a_free_port(
+        lambda port: tried.append(port) or [sys.executable, "-c", "raise SystemExit('other')"], timeout=60
+    )
     assert proc.returncode == 1 and "other" in proc.stderr and len(tried) == 1  # not about the port: not retried

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from seqwarm.cli import main
-
 from conftest import make_corpus
+from seqwarm.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -38,8 +37,20 @@ def test_train_and_prepare_commands_run(tmp_path, byte_data, monkeypatch, capsys
     """The README's prepare/train/export lines, on a tiny corpus and budget (same flags otherwise)."""
     monkeypatch.chdir(tmp_path)
     make_corpus(tmp_path / "my_texts", docs=12, words_per_doc=200)
-    small = ["--train-tokens", "1500", "--eval-iters", "1", "--no-progress", "--no-tensorboard",
-             "--seq-length", "64", "--global-batch-size", "4", "--micro-batch-size", "4"]
+    small = [
+        "--train-tokens",
+        "1500",
+        "--eval-iters",
+        "1",
+        "--no-progress",
+        "--no-tensorboard",
+        "--seq-length",
+        "64",
+        "--global-batch-size",
+        "4",
+        "--micro-batch-size",
+        "4",
+    ]
     for line in commands():
         argv = shlex.split(line)[1:]
         if argv[0] == "prepare":
@@ -67,6 +78,7 @@ def _curriculum_for(argv):
 
 def _tiny_cfg():
     from conftest import small_config
+
     path = Path("tiny_readme.json")
     if not path.exists():
         small_config(path, seq=64, batch=4, micro=4)

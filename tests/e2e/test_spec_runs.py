@@ -8,17 +8,24 @@ from dataclasses import replace
 
 import pytest
 
+from conftest import small_config
 from seqwarm.run.spec import RunSpec, with_changes
 from seqwarm.run.training import run_training
-
-from conftest import small_config
 
 
 @pytest.mark.slow
 def test_tiny_run_from_python(tmp_path, byte_data):
     """A training run from a RunSpec alone: no argparse, no CLI module."""
-    spec = RunSpec(config=small_config(tmp_path / "c.json", train_tokens=1500), data=byte_data, out=tmp_path / "run",
-                   device="cpu", eval_iters=2, log_interval=1, progress_bar=False, tensorboard=False)
+    spec = RunSpec(
+        config=small_config(tmp_path / "c.json", train_tokens=1500),
+        data=byte_data,
+        out=tmp_path / "run",
+        device="cpu",
+        eval_iters=2,
+        log_interval=1,
+        progress_bar=False,
+        tensorboard=False,
+    )
     result = run_training(spec)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert result.stop_reason.startswith("reached the token budget") and result.tokens >= 1500

@@ -12,11 +12,10 @@ import time
 
 import pytest
 
+from conftest import FAST_TRAIN_FLAGS, small_config
 from seqwarm import load_config, make_plan
 from seqwarm.cli import main
 from seqwarm.trainer.metrics import read_metrics
-
-from conftest import FAST_TRAIN_FLAGS, small_config
 
 FAST = [*FAST_TRAIN_FLAGS, "--log-interval", "1"]
 
@@ -30,8 +29,23 @@ def train(args, capsys=None):
 def test_end_to_end_run(tmp_path, byte_data, capsys):
     cfg = small_config(tmp_path / "c.json")
     out = tmp_path / "run"
-    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out), "--eval-interval", "4",
-                  "--save-interval", "5"]) == 0
+    assert (
+        train(
+            [
+                "--config",
+                str(cfg),
+                "--data",
+                str(byte_data),
+                "--out",
+                str(out),
+                "--eval-interval",
+                "4",
+                "--save-interval",
+                "5",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "step 1 | seqlen 16 |" in printed and "final full-length val loss" in printed
     rows = read_metrics(out / "metrics.jsonl")
@@ -122,6 +136,7 @@ def test_resume_refuses_changed_config(tmp_path, byte_data, capsys):
     out = tmp_path / "run"
     assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out)]) == 0
     import torch
+
     ckpt = sorted((out / "checkpoints").glob("step_*.pt"))[-1]
     state = torch.load(ckpt, weights_only=False)
     assert state["config"]["run"]["curriculum"]["mode"] == "inject"
@@ -132,16 +147,39 @@ def test_resume_refuses_changed_config(tmp_path, byte_data, capsys):
     capsys.readouterr()
     assert train(["--config", str(changed), "--data", str(byte_data), "--out", str(out), "--resume"]) == 2
     assert "different" in capsys.readouterr().err
-    assert train(["--config", str(changed), "--data", str(byte_data), "--out", str(out), "--resume",
-                  "--allow-config-change"]) == 0
+    assert (
+        train(
+            ["--config", str(changed), "--data", str(byte_data), "--out", str(out), "--resume", "--allow-config-change"]
+        )
+        == 0
+    )
 
 
 @pytest.mark.slow
 def test_nano_preset_with_size_flags_end_to_end(tmp_path, byte_data):
     cfg = small_config(tmp_path / "c.json", train_tokens=600)
     out = tmp_path / "r"
-    assert main(["train", *FAST, "--model", "nano", "--n-layer", "1", "--n-embd", "32", "--config", str(cfg),
-                 "--data", str(byte_data), "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                *FAST,
+                "--model",
+                "nano",
+                "--n-layer",
+                "1",
+                "--n-embd",
+                "32",
+                "--config",
+                str(cfg),
+                "--data",
+                str(byte_data),
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     model = json.loads((out / "config.json").read_text())["model"]
     assert (model["preset"], model["n_layer"], model["n_head"], model["n_embd"]) == ("nano", 1, 2, 32)
 
@@ -154,14 +192,42 @@ def test_train_runs_paper_evals_at_the_end(tmp_path, byte_data, capsys):
     lam.write_text('{"text": "the curriculum grows the sequence length"}\n{"text": "short context first"}\n')
     cfg = small_config(tmp_path / "c.json", train_tokens=1500)
     out = tmp_path / "run"
-    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out),
-                  "--eval-wikitext", str(wiki), "--eval-lambada", str(lam)]) == 0
+    assert (
+        train(
+            [
+                "--config",
+                str(cfg),
+                "--data",
+                str(byte_data),
+                "--out",
+                str(out),
+                "--eval-wikitext",
+                str(wiki),
+                "--eval-lambada",
+                str(lam),
+            ]
+        )
+        == 0
+    )
     results = json.loads((out / "eval.json").read_text())
     (entry,) = results.values()
     assert entry["wikitext"]["num_original_words"] > 0 and entry["lambada"]["num_examples"] == 2
     # a missing eval file is refused before any training happens
-    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(tmp_path / "r2"),
-                  "--eval-lambada", str(tmp_path / "missing.jsonl")]) == 2
+    assert (
+        train(
+            [
+                "--config",
+                str(cfg),
+                "--data",
+                str(byte_data),
+                "--out",
+                str(tmp_path / "r2"),
+                "--eval-lambada",
+                str(tmp_path / "missing.jsonl"),
+            ]
+        )
+        == 2
+    )
     assert not (tmp_path / "r2" / "checkpoints").exists()
 
 
@@ -204,8 +270,25 @@ def test_fp16_skipped_steps_do_not_repeat_eval_log_or_save(tmp_path, byte_data, 
     # 2**90 overflows fp32 gradients: the first steps are skipped until the scale has halved enough
     cfg = _fp16_config(tmp_path / "c.json", initial_scale_power=90, hysteresis=1)
     out = tmp_path / "run"
-    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out), "--eval-interval", "2",
-                  "--save-interval", "2", "--train-iters", "4"]) == 0
+    assert (
+        train(
+            [
+                "--config",
+                str(cfg),
+                "--data",
+                str(byte_data),
+                "--out",
+                str(out),
+                "--eval-interval",
+                "2",
+                "--save-interval",
+                "2",
+                "--train-iters",
+                "4",
+            ]
+        )
+        == 0
+    )
     rows = read_metrics(out / "metrics.jsonl")
     train_steps = [r["step"] for r in rows if r["kind"] == "train"]
     eval_steps = [r["step"] for r in rows if r["kind"] == "eval"]
@@ -245,11 +328,26 @@ def _tiny_run(tmp_path, byte_data, name, builder=None, config=None, model=None, 
 
     cfg = load_config(config or small_config(tmp_path / "c.json", train_tokens=3000))
     data = open_prepared(byte_data)
-    model_cfg = GPTConfig.preset("tiny", vocab_size=data.vocab_size, seq_length=64, dropout=0.1,  # uses the RNG
-                                 **(model or {}))
-    options = TrainOptions(**{"out": tmp_path / name, "eval_interval": 0, "eval_iters": 1, "save_interval": 0,
-                              "log_interval": 1, "progress_bar": False, "tensorboard": False, "device": "cpu",
-                              **opts})
+    model_cfg = GPTConfig.preset(
+        "tiny",
+        vocab_size=data.vocab_size,
+        seq_length=64,
+        dropout=0.1,  # uses the RNG
+        **(model or {}),
+    )
+    options = TrainOptions(
+        **{
+            "out": tmp_path / name,
+            "eval_interval": 0,
+            "eval_iters": 1,
+            "save_interval": 0,
+            "log_interval": 1,
+            "progress_bar": False,
+            "tensorboard": False,
+            "device": "cpu",
+            **opts,
+        }
+    )
     if not options.resume:
         prepare_run_dir(options)
     return Run(cfg, options, data, model_cfg, builder=builder)
@@ -263,7 +361,10 @@ def test_the_memory_probe_leaves_the_run_bit_identical(tmp_path, byte_data):
         run = _tiny_run(tmp_path, byte_data, f"probe-{probe}", memory_probe=probe)
         calls = []
         real = run.engine.probe_memory
-        run.engine.probe_memory = lambda batch: (calls.append(batch["input_ids"].shape), real(batch))
+        run.engine.probe_memory = lambda batch, calls=calls, real=real: (
+            calls.append(batch["input_ids"].shape),
+            real(batch),
+        )
         run.train()
         assert calls == ([(4, 64)] if probe else [])  # the largest micro-batch at the full length
         losses[probe] = [r["loss"] for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == "train"]
@@ -340,21 +441,30 @@ def test_the_loop_reads_the_loss_only_at_log_rows(tmp_path, byte_data):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["truncate", "reshape", None])  # None: auto, which injects into the GPT
-def test_a_run_decides_the_length_once_per_step_and_cuts_each_micro_batch_once(tmp_path, byte_data, monkeypatch,
-                                                                               mode, caplog, recwarn):
-    from seqwarm.curriculum.schedule import CurriculumScheduler
+def test_a_run_decides_the_length_once_per_step_and_cuts_each_micro_batch_once(
+    tmp_path, byte_data, monkeypatch, mode, caplog, recwarn
+):
     import seqwarm.curriculum.warmup
+    from seqwarm.curriculum.schedule import CurriculumScheduler
 
     calls = {"schedule": 0, "cut": 0, "model_cut": 0}
     update = CurriculumScheduler.update_difficulty
-    monkeypatch.setattr(CurriculumScheduler, "update_difficulty",
-                        lambda self, step: (calls.__setitem__("schedule", calls["schedule"] + 1), update(self, step))[1])
+    monkeypatch.setattr(
+        CurriculumScheduler,
+        "update_difficulty",
+        lambda self, step: (calls.__setitem__("schedule", calls["schedule"] + 1), update(self, step))[1],
+    )
     for name in ("truncate_batch", "reshape_batch"):
         op = getattr(seqwarm.curriculum.warmup, name)
-        monkeypatch.setattr(seqwarm.curriculum.warmup, name, lambda *a, _op=op: (calls.__setitem__("cut", calls["cut"] + 1),
-                                                                    _op(*a))[1])
-    run = _tiny_run(tmp_path, byte_data, f"run-{mode}", config=small_config(
-        tmp_path / "c.json", train_tokens=3000, **({"curriculum_mode": mode} if mode else {})))
+        monkeypatch.setattr(
+            seqwarm.curriculum.warmup, name, lambda *a, _op=op: (calls.__setitem__("cut", calls["cut"] + 1), _op(*a))[1]
+        )
+    run = _tiny_run(
+        tmp_path,
+        byte_data,
+        f"run-{mode}",
+        config=small_config(tmp_path / "c.json", train_tokens=3000, **({"curriculum_mode": mode} if mode else {})),
+    )
     real = run.model.forward
 
     def forward(*args, **kwargs):  # what the model is handed: already at the step's length

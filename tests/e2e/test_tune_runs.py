@@ -8,9 +8,8 @@ import json
 
 import pytest
 
-from seqwarm.cli import main
-
 from conftest import FAST_TRAIN_FLAGS, small_config
+from seqwarm.cli import main
 
 FAST = FAST_TRAIN_FLAGS
 
@@ -19,11 +18,30 @@ FAST = FAST_TRAIN_FLAGS
 def test_tiny_real_search(tmp_path, byte_data, capsys):
     cfg = small_config(tmp_path / "c.json", train_tokens=6000, total_step=6)
     out = tmp_path / "tune"
-    args = ["tune", *FAST, "--config", str(cfg), "--data", str(byte_data), "--out", str(out),
-            "--probe-steps", "4", "--probe-evals", "2", "--lo", "2", "--hi", "8", "--resolution", "3",
-            # every probe passes: this tests the search on real probe runs, not a tiny model's stability
-            # (4 steps at lr 2e-3 can swing the full-length val ppl tenfold, depending on the init)
-            "--fluctuation", "1000000"]
+    args = [
+        "tune",
+        *FAST,
+        "--config",
+        str(cfg),
+        "--data",
+        str(byte_data),
+        "--out",
+        str(out),
+        "--probe-steps",
+        "4",
+        "--probe-evals",
+        "2",
+        "--lo",
+        "2",
+        "--hi",
+        "8",
+        "--resolution",
+        "3",
+        # every probe passes: this tests the search on real probe runs, not a tiny model's stability
+        # (4 steps at lr 2e-3 can swing the full-length val ppl tenfold, depending on the init)
+        "--fluctuation",
+        "1000000",
+    ]
     assert main(args) == 0
     printed = capsys.readouterr().out
     assert "probe T=     8: pass" in printed and "chosen total_curriculum_step = 8" in printed

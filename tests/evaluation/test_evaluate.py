@@ -8,15 +8,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import small_config
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import small_config
 from seqwarm.cli import main
 from seqwarm.data.tokenizer import ByteTokenizer
-from seqwarm.util.errors import UserError
 from seqwarm.evaluation import (
-
     check_eval_files,
     count_original_words,
     evaluate_lambada,
@@ -29,6 +27,7 @@ from seqwarm.evaluation import (
     wikitext_detokenize,
     wikitext_windows,
 )
+from seqwarm.util.errors import UserError
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread (conftest)
 
@@ -39,28 +38,31 @@ BYTE = ByteTokenizer()
 # detokenizer
 
 
-@pytest.mark.parametrize("raw,expected", [
-    ("a state @-@ of @-@ the @-@ art design", "a state-of-the-art design"),
-    ("it cost 1 @,@ 250 @,@ 000 dollars", "it cost 1,250,000 dollars"),
-    ("a 2 @.@ 5 m wall", "a 2.5 m wall"),
-    ("first : second ; third", "first: second; third"),
-    ("one , two . Three ! Four ? Five", "one, two. Three! Four? Five"),
-    ("the end .", "the end."),
-    ("the end . \nnext", "the end.\nnext"),
-    ("Wait . . . what", "Wait... what"),
-    ("the film ( 2004 ) was", "the film (2004) was"),
-    ("see [ 1 ] and { x }", "see [1] and {x}"),
-    ('he said " hello , world . " and left', 'he said "hello, world." and left'),
-    ('" one " and " two "', '"one" and "two"'),
-    ("Boulter 's role", "Boulter's role"),
-    ("20 \u00b0 C", "20\u00b0C"),
-    ("= Robert Boulter =", "= Robert Boulter ="),
-    ("= = Career = =", "== Career =="),
-    ("= = = 2000 – 2005 = = =", "=== 2000 – 2005 ==="),
-    ("= = = = Deep = = = =", "==== Deep ===="),
-    ("x = y", "x = y"),
-    (" \n = Title = \n \n Text here . \n", "\n= Title =\n\nText here.\n"),
-])
+@pytest.mark.parametrize(
+    "raw,expected",
+    [
+        ("a state @-@ of @-@ the @-@ art design", "a state-of-the-art design"),
+        ("it cost 1 @,@ 250 @,@ 000 dollars", "it cost 1,250,000 dollars"),
+        ("a 2 @.@ 5 m wall", "a 2.5 m wall"),
+        ("first : second ; third", "first: second; third"),
+        ("one , two . Three ! Four ? Five", "one, two. Three! Four? Five"),
+        ("the end .", "the end."),
+        ("the end . \nnext", "the end.\nnext"),
+        ("Wait . . . what", "Wait... what"),
+        ("the film ( 2004 ) was", "the film (2004) was"),
+        ("see [ 1 ] and { x }", "see [1] and {x}"),
+        ('he said " hello , world . " and left', 'he said "hello, world." and left'),
+        ('" one " and " two "', '"one" and "two"'),
+        ("Boulter 's role", "Boulter's role"),
+        ("20 \u00b0 C", "20\u00b0C"),
+        ("= Robert Boulter =", "= Robert Boulter ="),
+        ("= = Career = =", "== Career =="),
+        ("= = = 2000 – 2005 = = =", "=== 2000 – 2005 ==="),
+        ("= = = = Deep = = = =", "==== Deep ===="),
+        ("x = y", "x = y"),
+        (" \n = Title = \n \n Text here . \n", "\n= Title =\n\nText here.\n"),
+    ],
+)
 def test_detokenizer_rules(raw, expected):
     assert wikitext_detokenize(raw) == expected
 
@@ -142,8 +144,9 @@ RAW = "one two three four five six seven eight nine ten eleven twelve thirteen f
 def test_wikitext_scores_the_right_positions(stride, batch):
     tokens = BYTE.encode(RAW)
     assert len(tokens) == 88  # 87 targets, length 32
-    res = evaluate_wikitext(PositionModel(), BYTE, RAW, seq_length=32, overlapping_eval=stride,
-                            batch_size=batch, progress=False)
+    res = evaluate_wikitext(
+        PositionModel(), BYTE, RAW, seq_length=32, overlapping_eval=stride, batch_size=batch, progress=False
+    )
     s = lambda lo, hi: sum(f(p) for p in range(lo, hi))  # noqa: E731
     if stride == 8:  # window 0: 0..31; 6 windows of 8 reach 80; the last scores 7 (positions 25..31)
         expected = s(0, 32) + 6 * s(24, 32) + s(25, 32)
@@ -174,8 +177,9 @@ def test_wikitext_total_nll_equals_bigram_sum(length, stride, batch):
     raw = "the quick brown fox , jumps over the lazy dog . " * 5
     ids = torch.tensor(BYTE.encode(wikitext_detokenize(raw)))
     expected = float(torch.nn.functional.cross_entropy(model.table[ids[:-1]], ids[1:], reduction="sum"))
-    res = evaluate_wikitext(model, BYTE, raw, seq_length=length, overlapping_eval=stride, batch_size=batch,
-                            progress=False)
+    res = evaluate_wikitext(
+        model, BYTE, raw, seq_length=length, overlapping_eval=stride, batch_size=batch, progress=False
+    )
     assert res["loss"] * res["num_scored_tokens"] == pytest.approx(expected, rel=1e-5)
     assert res["num_tokenized_tokens"] == len(ids)
 
@@ -231,7 +235,7 @@ class OracleModel:
         for r in range(b):
             row = input_ids[r].tolist()
             for p in range(t):
-                prefix = tuple(row[:p + 1])
+                prefix = tuple(row[: p + 1])
                 if prefix in self.next:
                     good = self.next[prefix]
                     logits[r, p, (good + 1) % 256 if prefix in self.wrong else good] = 5.0
@@ -258,8 +262,12 @@ def test_lambada_accuracy_strict_vs_non_strict(batch):
     last = [tuple(BYTE.encode("hi ther"))]
     model = OracleModel(TEXTS, last)
     assert evaluate_lambada(model, BYTE, TEXTS, seq_length=64, batch_size=batch, progress=False)["num_correct"] == 2
-    assert evaluate_lambada(model, BYTE, TEXTS, strict=False, seq_length=64, batch_size=batch,
-                            progress=False)["num_correct"] == 2
+    assert (
+        evaluate_lambada(model, BYTE, TEXTS, strict=False, seq_length=64, batch_size=batch, progress=False)[
+            "num_correct"
+        ]
+        == 2
+    )
 
 
 def test_lambada_long_context_keeps_its_last_tokens():
@@ -302,9 +310,27 @@ def run_dir(tmp_path_factory, byte_data):
     base = tmp_path_factory.mktemp("evalrun")
     cfg = small_config(base / "c.json", train_tokens=1500)
     out = base / "run"
-    code = main(["train", "--model", "tiny", "--eval-iters", "1", "--no-progress", "--no-tensorboard",
-                 "--config", str(cfg), "--data", str(byte_data), "--out", str(out), "--save-interval", "2",
-                 "--eval-interval", "0"])
+    code = main(
+        [
+            "train",
+            "--model",
+            "tiny",
+            "--eval-iters",
+            "1",
+            "--no-progress",
+            "--no-tensorboard",
+            "--config",
+            str(cfg),
+            "--data",
+            str(byte_data),
+            "--out",
+            str(out),
+            "--save-interval",
+            "2",
+            "--eval-interval",
+            "0",
+        ]
+    )
     assert code == 0
     return out
 
@@ -331,8 +357,26 @@ def test_cli_json_shape_and_eval_file(run_dir, eval_files, capsys):
     wiki, lam = eval_files
     (run_dir / "eval.json").unlink(missing_ok=True)
     capsys.readouterr()
-    assert main(["eval", str(run_dir), "--wikitext", str(wiki), "--lambada", str(lam), "--val", "--val-windows",
-                 "3", "--batch-size", "4", "--json", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(run_dir),
+                "--wikitext",
+                str(wiki),
+                "--lambada",
+                str(lam),
+                "--val",
+                "--val-windows",
+                "3",
+                "--batch-size",
+                "4",
+                "--json",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     printed = json.loads(capsys.readouterr().out)
     assert set(printed) == {"wikitext", "lambada", "val"}
     assert {"ppl", "adjusted_ppl", "num_tokenized_tokens", "num_original_words", "loss"} <= set(printed["wikitext"])
@@ -351,8 +395,22 @@ def test_cli_json_shape_and_eval_file(run_dir, eval_files, capsys):
 
     # an older checkpoint is added next to it; a second eval of the same step keeps other sections
     first = _steps(run_dir)[0]
-    assert main(["eval", str(run_dir), "--checkpoint", str(first), "--lambada", str(lam), "--non-strict",
-                 "--json", "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "eval",
+                str(run_dir),
+                "--checkpoint",
+                str(first),
+                "--lambada",
+                str(lam),
+                "--non-strict",
+                "--json",
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert set(json.loads(capsys.readouterr().out)) == {"lambada"}
     assert main(["eval", str(run_dir), "--val", "--val-windows", "2", "--no-progress"]) == 0
     human = capsys.readouterr().out
@@ -399,8 +457,9 @@ def test_bad_input_exits_2(run_dir, eval_files, tmp_path, capsys):
     cases.append(([r, "--wikitext", str(empty)], "is empty"))
     short = tmp_path / "short.raw"
     short.write_text(" a short text . \n")  # detokenized: " a short text.\n", 15 bytes
-    cases.append(([r, "--wikitext", str(short)],
-                  "the text has 15 tokens, fewer than one window needs (seq_length + 1 = 65)"))
+    cases.append(
+        ([r, "--wikitext", str(short)], "the text has 15 tokens, fewer than one window needs (seq_length + 1 = 65)")
+    )
     notext = tmp_path / "notext.jsonl"
     notext.write_text('{"text": "a b c"}\n{"txt": "a b c"}\n')
     cases.append(([r, "--lambada", str(notext)], f"{notext}:2: no 'text' string field"))

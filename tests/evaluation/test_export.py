@@ -13,13 +13,12 @@ import sys
 import pytest
 import torch
 
+from conftest import make_corpus
 from seqwarm.cli import main
 from seqwarm.data.prepare import prepare_dataset
 from seqwarm.data.tokenizer import load_tokenizer
 from seqwarm.trainer.checkpoint import save_checkpoint
 from seqwarm.trainer.model import GPT, GPTConfig
-
-from conftest import make_corpus
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread (conftest)
 
@@ -30,8 +29,9 @@ transformers = pytest.importorskip("transformers", reason="transformers (the hf 
 def bpe_data(tmp_path_factory):
     base = tmp_path_factory.mktemp("exportdata")
     out = base / "prepared"
-    prepare_dataset(out, [make_corpus(base / "corpus", docs=8, words_per_doc=200)], tokenizer="bpe:300",
-                    workers=1, progress=False)
+    prepare_dataset(
+        out, [make_corpus(base / "corpus", docs=8, words_per_doc=200)], tokenizer="bpe:300", workers=1, progress=False
+    )
     return out
 
 
@@ -66,9 +66,14 @@ def greedy(gpt, ids, n):
     return ids
 
 
-@pytest.mark.parametrize("rotary,bias,pad,arch", [(False, True, True, "GPT2LMHeadModel"),
-                                                  (False, False, False, "GPT2LMHeadModel"),
-                                                  (True, True, True, "GPTNeoXForCausalLM")])
+@pytest.mark.parametrize(
+    "rotary,bias,pad,arch",
+    [
+        (False, True, True, "GPT2LMHeadModel"),
+        (False, False, False, "GPT2LMHeadModel"),
+        (True, True, True, "GPTNeoXForCausalLM"),
+    ],
+)
 def test_round_trip_logits_generate_and_tokenizer(tmp_path, capsys, bpe_data, rotary, bias, pad, arch):
     # pad: 3 padded rows of the embedding, which the export drops
     extra = {"vocab_multiple": load_tokenizer(bpe_data).vocab_size + 3} if pad else {}
@@ -81,7 +86,9 @@ def test_round_trip_logits_generate_and_tokenizer(tmp_path, capsys, bpe_data, ro
     assert {"model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"} <= names
     hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
     assert type(hf).__name__ == arch
-    ids = torch.randint(0, gpt.config.vocab_size, (3, gpt.config.seq_length), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(
+        0, gpt.config.vocab_size, (3, gpt.config.seq_length), generator=torch.Generator().manual_seed(1)
+    )
     with torch.no_grad():
         ours, theirs = gpt(ids), hf(input_ids=ids).logits
     assert theirs.shape == ours.shape and (ours - theirs).abs().max().item() < 1e-5
@@ -101,14 +108,24 @@ def test_deepspeed_weight_export_and_hf_tokenizer_files(tmp_path, capsys):
     """A --deepspeed run's checkpoints/step_*.pt exports too; an hf: tokenizer's own files travel."""
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    words = sorted({w for w in open(make_corpus(tmp_path / "c", docs=4, words_per_doc=50) / "doc000.txt").read()
-                    .replace(".", " ").lower().split()} | {"</s>", "<unk>"})
+    words = sorted(
+        {
+            w
+            for w in open(make_corpus(tmp_path / "c", docs=4, words_per_doc=50) / "doc000.txt")
+            .read()
+            .replace(".", " ")
+            .lower()
+            .split()
+        }
+        | {"</s>", "<unk>"}
+    )
     hf_tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     hf_tok.pre_tokenizer = pre_tokenizers.Whitespace()
     (tmp_path / "tok").mkdir()
     hf_tok.save(str(tmp_path / "tok" / "tokenizer.json"))
-    (tmp_path / "tok" / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>", "unk_token": "<unk>"}))
+    (tmp_path / "tok" / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>", "unk_token": "<unk>"})
+    )
     data = tmp_path / "data"
     prepare_dataset(data, [tmp_path / "c"], tokenizer=f"hf:{tmp_path / 'tok'}", workers=1, progress=False)
     gpt = fake_run(tmp_path / "run", data, step=5, deepspeed=True)

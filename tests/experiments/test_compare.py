@@ -13,22 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from conftest import FAST_TRAIN_FLAGS, small_config
 from seqwarm.cli import build_parser, main
-from seqwarm.experiments import curves, spread
-from seqwarm.experiments.compare import (
-    QUICK_FRACTION,
-    ComparePlan,
-    build_report,
-    plan_compare,
-    with_seed_spread,
-)
 from seqwarm.data import data_fingerprint, read_meta
+from seqwarm.experiments import curves, spread
+from seqwarm.experiments.compare import QUICK_FRACTION, ComparePlan, build_report, plan_compare, with_seed_spread
 from seqwarm.experiments.launch import check_same_run, spec_data_fingerprint
 from seqwarm.experiments.report import write_report
 from seqwarm.run.spec import RunSpec, resolve_config
 from seqwarm.util.errors import UserError
-
-from conftest import FAST_TRAIN_FLAGS, small_config
 
 FAST = FAST_TRAIN_FLAGS
 
@@ -110,8 +103,10 @@ def test_trailing_mean_has_no_lookahead():
 
 
 def test_stability_summary_of_rows():
-    rows = [{"step": i + 1, "loss": v, "grad_norm": g, "adam_v_l1": 1.0 + i, "adam_v_max": 0.1}
-            for i, (v, g) in enumerate(zip([3.0, 2.0, 2.0, 3.0, 2.0], [1.0, 0.5, 0.4, 5.0, 0.3]))]
+    rows = [
+        {"step": i + 1, "loss": v, "grad_norm": g, "adam_v_l1": 1.0 + i, "adam_v_max": 0.1}
+        for i, (v, g) in enumerate(zip([3.0, 2.0, 2.0, 3.0, 2.0], [1.0, 0.5, 0.4, 5.0, 0.3]))
+    ]
     s = curves.stability(rows, threshold=1.2, window=1)
     assert s["spikes"] == 1 and s["spike_steps"] == [4] and s["max_loss_ratio"] == pytest.approx(1.5)
     assert s["max_loss_ratio_step"] == 4 and s["max_grad_norm"] == 5.0 and s["max_adam_v_l1"] == 5.0
@@ -122,23 +117,43 @@ def test_stability_summary_of_rows():
 
 def _fake_run(folder: Path, evals, final=True):
     folder.mkdir(parents=True)
-    rows = [{"kind": "train", "step": s, "tokens": t, "loss": v + 0.5, "seqlen": 64, "lr": 1e-3,
-             "elapsed_s": t / 100, "grad_norm": 1.0} for s, (t, v) in enumerate(evals, 1)]
-    rows += [{"kind": "eval", "step": s, "tokens": t, "val_loss": v, "val_ppl": math.exp(v), "elapsed_s": t / 100}
-             for s, (t, v) in enumerate(evals, 1)]
+    rows = [
+        {
+            "kind": "train",
+            "step": s,
+            "tokens": t,
+            "loss": v + 0.5,
+            "seqlen": 64,
+            "lr": 1e-3,
+            "elapsed_s": t / 100,
+            "grad_norm": 1.0,
+        }
+        for s, (t, v) in enumerate(evals, 1)
+    ]
+    rows += [
+        {"kind": "eval", "step": s, "tokens": t, "val_loss": v, "val_ppl": math.exp(v), "elapsed_s": t / 100}
+        for s, (t, v) in enumerate(evals, 1)
+    ]
     (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if final:
-        (folder / "summary.json").write_text(json.dumps({
-            "final_val_loss": evals[-1][1], "final_val_ppl": math.exp(evals[-1][1]), "steps": len(evals),
-            "tokens": evals[-1][0], "wall_time_s": evals[-1][0] / 100}))
+        (folder / "summary.json").write_text(
+            json.dumps(
+                {
+                    "final_val_loss": evals[-1][1],
+                    "final_val_ppl": math.exp(evals[-1][1]),
+                    "steps": len(evals),
+                    "tokens": evals[-1][0],
+                    "wall_time_s": evals[-1][0] / 100,
+                }
+            )
+        )
 
 
 def _synthetic_plan(tmp_path, base_evals, cur_evals):
     _fake_run(tmp_path / "baseline", base_evals)
     _fake_run(tmp_path / "curriculum", cur_evals)
     runs = {n: RunSpec(out=tmp_path / n) for n in ("baseline", "curriculum")}
-    return ComparePlan(tmp_path, runs, {"spike_threshold": 1.2, "smooth_steps": 2, "scale_batch": 1,
-                                        "scale_lr": 1.0})
+    return ComparePlan(tmp_path, runs, {"spike_threshold": 1.2, "smooth_steps": 2, "scale_batch": 1, "scale_lr": 1.0})
 
 
 def test_report_says_when_the_target_is_never_reached(tmp_path):
@@ -151,8 +166,9 @@ def test_report_says_when_the_target_is_never_reached(tmp_path):
 
 
 def test_report_speedups_from_synthetic_runs(tmp_path):
-    plan = _synthetic_plan(tmp_path, [(1000, 5.0), (2000, 4.0), (3000, 3.0)],
-                           [(500, 5.0), (1000, 4.0), (2000, 2.0), (3000, 1.5)])
+    plan = _synthetic_plan(
+        tmp_path, [(1000, 5.0), (2000, 4.0), (3000, 3.0)], [(500, 5.0), (1000, 4.0), (2000, 2.0), (3000, 1.5)]
+    )
     report = build_report(plan, {})
     assert report["target"] == 3.0
     assert report["tokens_to_target"]["curriculum"] == pytest.approx(1500)
@@ -184,10 +200,15 @@ def test_a_finished_run_on_other_data_is_not_reused(tmp_path, byte_data):
 
 
 def _row(seed, base_loss, cur_loss, speedup, spikes=(0, 0)):
-    return {"seed": seed, "reached": speedup is not None, "speedup_tokens": speedup, "speedup_time": speedup,
-            "final_val_loss": {"baseline": base_loss, "curriculum": cur_loss},
-            "spikes": {"baseline": spikes[0], "curriculum": spikes[1]},
-            "diverged": {"baseline": False, "curriculum": False}}
+    return {
+        "seed": seed,
+        "reached": speedup is not None,
+        "speedup_tokens": speedup,
+        "speedup_time": speedup,
+        "final_val_loss": {"baseline": base_loss, "curriculum": cur_loss},
+        "spikes": {"baseline": spikes[0], "curriculum": spikes[1]},
+        "diverged": {"baseline": False, "curriculum": False},
+    }
 
 
 def test_spread_is_median_and_range_of_finite_values():
@@ -226,17 +247,25 @@ def test_median_curve_is_pointwise_over_the_shortest():
 
 
 def test_report_over_seeds_from_synthetic_runs(tmp_path):
-    plans = {1: _synthetic_plan(tmp_path / "s1", [(1000, 5.0), (2000, 4.0), (3000, 3.0)],
-                                [(1000, 4.0), (2000, 2.0), (3000, 1.5)]),
-             2: _synthetic_plan(tmp_path / "s2", [(1000, 5.0), (2000, 4.0), (3000, 3.2)],
-                                [(1000, 4.5), (2000, 3.5), (3000, 2.9)])}
+    plans = {
+        1: _synthetic_plan(
+            tmp_path / "s1", [(1000, 5.0), (2000, 4.0), (3000, 3.0)], [(1000, 4.0), (2000, 2.0), (3000, 1.5)]
+        ),
+        2: _synthetic_plan(
+            tmp_path / "s2", [(1000, 5.0), (2000, 4.0), (3000, 3.2)], [(1000, 4.5), (2000, 3.5), (3000, 2.9)]
+        ),
+    }
     report = with_seed_spread({seed: build_report(plan, {}) for seed, plan in plans.items()})
     assert report["speedup_tokens"] == pytest.approx(2.0)  # today's keys: the first seed's
     assert [r["seed"] for r in report["seeds"]] == [1, 2]
     assert report["seeds"][1]["speedup_tokens"] == pytest.approx(3000 / 2500)
     agg = report["aggregate"]
-    assert agg["n_seeds"] == 2 and agg["final_val_loss"]["curriculum"] == {"median": pytest.approx(2.2),
-                                                                          "min": 1.5, "max": 2.9, "n": 2}
+    assert agg["n_seeds"] == 2 and agg["final_val_loss"]["curriculum"] == {
+        "median": pytest.approx(2.2),
+        "min": 1.5,
+        "max": 2.9,
+        "n": 2,
+    }
     assert agg["verdict"]["exceeds_spread"] is True
     out = tmp_path / "report"
     write_report(out, report)
@@ -274,8 +303,7 @@ def test_a_finished_run_of_another_model_size_is_not_reused(tmp_path, byte_data)
     run.mkdir()
     spec = RunSpec(out=run, data=str(byte_data), model="nano")
     recorded = json.loads(json.dumps(resolve_config(spec).to_dict(), default=str))
-    (run / "config.json").write_text(json.dumps({"run": recorded,
-                                                 "model": {"n_layer": 2, "n_head": 2, "n_embd": 64}}))
+    (run / "config.json").write_text(json.dumps({"run": recorded, "model": {"n_layer": 2, "n_head": 2, "n_embd": 64}}))
     check_same_run(run, spec)  # the preset's size
     with pytest.raises(UserError, match="model size"):
         check_same_run(run, RunSpec(out=run, data=str(byte_data), model="nano", n_layer=1))
@@ -314,22 +342,26 @@ def test_quick_plan_shrinks_budget_and_schedule(tmp_path):
     assert cur.settings["train_tokens"] == tokens and cur.settings["lr_decay_tokens"] == tokens
     assert cur.eval_iters == 2
     assert json.loads(Path(cur.config).read_text())["curriculum_learning"]["schedule_config"][
-        "total_curriculum_step"] == round(50 * QUICK_FRACTION)
+        "total_curriculum_step"
+    ] == round(50 * QUICK_FRACTION)
     assert cur.log_interval == 1
     # an explicit budget is kept
     plan = plan_compare(*_compare_args(tmp_path, "--config", str(cfg), "--quick", "--train-tokens", "9000"))
     assert plan.runs["curriculum"].settings["train_tokens"] == 9000
 
 
-@pytest.mark.parametrize("extra,fragment", [
-    (["--scale-batch", "0"], "--scale-batch 0"),
-    (["--scale-lr", "-2"], "--scale-lr"),
-    (["--spike-threshold", "0.9"], "--spike-threshold"),
-    (["--smooth-steps", "0"], "--smooth-steps"),
-    (["--no-curriculum"], "not a compare flag"),
-    (["--resume"], "not a compare flag"),
-    (["--config", "/nonexistent.json"], "config file not found"),
-])
+@pytest.mark.parametrize(
+    "extra,fragment",
+    [
+        (["--scale-batch", "0"], "--scale-batch 0"),
+        (["--scale-lr", "-2"], "--scale-lr"),
+        (["--spike-threshold", "0.9"], "--spike-threshold"),
+        (["--smooth-steps", "0"], "--smooth-steps"),
+        (["--no-curriculum"], "not a compare flag"),
+        (["--resume"], "not a compare flag"),
+        (["--config", "/nonexistent.json"], "config file not found"),
+    ],
+)
 def test_bad_input_exits_2(tmp_path, byte_data, capsys, extra, fragment):
     code = main(["compare", *FAST, "--data", str(byte_data), "--out", str(tmp_path / "o"), *extra])
     assert code == 2
@@ -349,8 +381,13 @@ def test_missing_out_and_no_curriculum_config_exit_2(tmp_path, capsys):
 
 def _help_groups(parser) -> dict[str, str]:
     """option string -> title of the --help group that shows it (hidden flags left out)."""
-    return {opt: group.title for group in parser._action_groups for action in group._group_actions
-            if action.help != argparse.SUPPRESS for opt in action.option_strings}
+    return {
+        opt: group.title
+        for group in parser._action_groups
+        for action in group._group_actions
+        if action.help != argparse.SUPPRESS
+        for opt in action.option_strings
+    }
 
 
 @pytest.mark.parametrize("command", ["compare", "tune"])
@@ -360,8 +397,11 @@ def test_train_flags_keep_their_help_groups_in_experiments(command):
     sub = next(a for a in build_parser()._actions if a.dest == "command").choices
     train, experiment = _help_groups(sub["train"]), _help_groups(sub[command])
     own = {opt for opt, title in experiment.items() if title == command}  # the experiment's own flags
-    moved = {opt: (title, experiment.get(opt)) for opt, title in train.items()
-             if opt not in own and opt in experiment and experiment[opt] != title}
+    moved = {
+        opt: (title, experiment.get(opt))
+        for opt, title in train.items()
+        if opt not in own and opt in experiment and experiment[opt] != title
+    }
     assert not moved, moved
     assert train["--lr-warmup-iters"] == "learning rate (warmup in iters/samples, decay in tokens)"
 
@@ -380,5 +420,7 @@ def test_without_config_the_compared_recipe_follows_seq_length_as_train_does(tmp
     for name in ("baseline", "curriculum"):  # scale 1: both written configs are train's recipe
         written = json.loads(Path(plan.runs[name].config).read_text())
         assert written["curriculum_learning"] == recipe["curriculum_learning"], name
-        assert written["curriculum_learning"]["schedule_config"]["total_curriculum_step"] == trained.total_curriculum_step
+        assert (
+            written["curriculum_learning"]["schedule_config"]["total_curriculum_step"] == trained.total_curriculum_step
+        )
     assert resolve_config(plan.runs["curriculum"]).curriculum == trained

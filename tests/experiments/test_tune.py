@@ -8,18 +8,13 @@ import json
 
 import pytest
 
+from conftest import FAST_TRAIN_FLAGS, small_config
 from seqwarm.cli import build_parser, main
 from seqwarm.experiments import curves
 from seqwarm.experiments.launch import total_curriculum_step_of, with_total_curriculum_step
-from seqwarm.util.errors import UserError
 from seqwarm.experiments.tune import run_tune
-from seqwarm.experiments.tune_search import (
-    ProbeResult,
-    interior_points,
-    search_largest_passing,
-)
-
-from conftest import FAST_TRAIN_FLAGS, small_config
+from seqwarm.experiments.tune_search import ProbeResult, interior_points, search_largest_passing
+from seqwarm.util.errors import UserError
 
 FAST = FAST_TRAIN_FLAGS
 
@@ -84,8 +79,9 @@ def test_resume_skips_done_probes():
     search_largest_passing(first, 1, 100, fluctuation_pct=2.0, on_result=lambda v, r, reused: done.update({v: r}))
     again = FakeProbe(37)
     reused = []
-    out = search_largest_passing(again, 1, 100, fluctuation_pct=2.0, done=done,
-                                 on_result=lambda v, r, was: reused.append(was))
+    out = search_largest_passing(
+        again, 1, 100, fluctuation_pct=2.0, done=done, on_result=lambda v, r, was: reused.append(was)
+    )
     assert out.chosen == 37 and again.calls == [] and all(reused)
     # half the probes done: only the rest run
     partial = dict(list(done.items())[:3])
@@ -127,13 +123,30 @@ def test_config_editing_in_both_curriculum_forms(tmp_path):
     assert total_curriculum_step_of(with_total_curriculum_step(legacy, 99)) == 99
     assert total_curriculum_step_of(legacy) == 6  # the input is not changed
     newer = {k: v for k, v in legacy.items() if k != "curriculum_learning"}
-    newer["data_efficiency"] = {"enabled": True, "data_sampling": {"enabled": True, "curriculum_learning": {
-        "enabled": True, "curriculum_metrics": {"seqlen_truncate": {
-            "min_difficulty": 8, "max_difficulty": 64, "schedule_type": "fixed_linear",
-            "schedule_config": {"total_curriculum_step": 6, "difficulty_step": 8}}}}}}
+    newer["data_efficiency"] = {
+        "enabled": True,
+        "data_sampling": {
+            "enabled": True,
+            "curriculum_learning": {
+                "enabled": True,
+                "curriculum_metrics": {
+                    "seqlen_truncate": {
+                        "min_difficulty": 8,
+                        "max_difficulty": 64,
+                        "schedule_type": "fixed_linear",
+                        "schedule_config": {"total_curriculum_step": 6, "difficulty_step": 8},
+                    }
+                },
+            },
+        },
+    }
     changed = with_total_curriculum_step(newer, 42)
-    assert changed["data_efficiency"]["data_sampling"]["curriculum_learning"]["curriculum_metrics"][
-        "seqlen_truncate"]["schedule_config"]["total_curriculum_step"] == 42
+    assert (
+        changed["data_efficiency"]["data_sampling"]["curriculum_learning"]["curriculum_metrics"]["seqlen_truncate"][
+            "schedule_config"
+        ]["total_curriculum_step"]
+        == 42
+    )
     with pytest.raises(UserError, match="no enabled sequence-length curriculum"):
         total_curriculum_step_of({"train_batch_size": 8})
 
@@ -170,14 +183,17 @@ def test_run_tune_with_a_fake_probe_writes_the_tuned_config(tmp_path, capsys):
         run_tune(*_tune_args(tmp_path, "--config", str(cfg), "--probe-steps", "5"), probe=again)
 
 
-@pytest.mark.parametrize("extra,fragment", [
-    (["--jobs", "0"], "--jobs 0"),
-    (["--fluctuation", "0"], "--fluctuation"),
-    (["--probe-multiple", "0"], "--probe-multiple"),
-    (["--lo", "9", "--hi", "3"], "1 <= --lo <= --hi"),
-    (["--no-curriculum"], "not a tune flag"),
-    (["--eval-interval", "0"], "at least 2 evaluations"),
-])
+@pytest.mark.parametrize(
+    "extra,fragment",
+    [
+        (["--jobs", "0"], "--jobs 0"),
+        (["--fluctuation", "0"], "--fluctuation"),
+        (["--probe-multiple", "0"], "--probe-multiple"),
+        (["--lo", "9", "--hi", "3"], "1 <= --lo <= --hi"),
+        (["--no-curriculum"], "not a tune flag"),
+        (["--eval-interval", "0"], "at least 2 evaluations"),
+    ],
+)
 def test_bad_input_exits_2(tmp_path, capsys, extra, fragment):
     cfg = small_config(tmp_path / "c.json")
     assert main(["tune", *FAST, "--config", str(cfg), "--out", str(tmp_path / "t"), *extra]) == 2

@@ -20,18 +20,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import small_config
 from seqwarm import load_config
 from seqwarm.cli import main
 from seqwarm.curriculum.lr import lr_at
 from seqwarm.integrations.deepspeed.curriculum import DeepSpeedCurriculum, deepspeed_config, require_deepspeed
 from seqwarm.util.errors import MissingDependencyError, UserError
 
-from conftest import small_config
-
 ROOT = Path(__file__).resolve().parents[2]
 HAVE_DS = importlib.util.find_spec("deepspeed") is not None
-needs_ds = pytest.mark.skipif(not HAVE_DS, reason="deepspeed is not installed "
-                              "(DS_BUILD_OPS=0 pip install 'seqwarm[deepspeed]'; `make setup` does it)")
+needs_ds = pytest.mark.skipif(
+    not HAVE_DS,
+    reason="deepspeed is not installed (DS_BUILD_OPS=0 pip install 'seqwarm[deepspeed]'; `make setup` does it)",
+)
 TORCHRUN = [pytest.mark.dist, pytest.mark.deepspeed, pytest.mark.slow, needs_ds]
 
 
@@ -44,18 +45,29 @@ def test_missing_deepspeed_names_the_extra(monkeypatch, tmp_path, byte_data, cap
         require_deepspeed()
     assert info.value.extra == "deepspeed"
     cfg = small_config(tmp_path / "c.json")
-    code = main(["train", "--deepspeed", "--config", str(cfg), "--data", str(byte_data), "--out",
-                 str(tmp_path / "run"), "--no-progress"])
+    code = main(
+        [
+            "train",
+            "--deepspeed",
+            "--config",
+            str(cfg),
+            "--data",
+            str(byte_data),
+            "--out",
+            str(tmp_path / "run"),
+            "--no-progress",
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert "deepspeed is not installed" in err and "pip install 'seqwarm[deepspeed]'" in err
     assert "Traceback" not in err and not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("flags, fragment", [
-    (["--pipeline-stages", "2"], "--pipeline-stages needs --deepspeed"),
-    (["--deepspeed", "--fsdp"], "choose one"),
-])
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [(["--pipeline-stages", "2"], "--pipeline-stages needs --deepspeed"), (["--deepspeed", "--fsdp"], "choose one")],
+)
 def test_bad_flag_combinations_exit_2(tmp_path, capsys, flags, fragment):
     code = main(["train", *flags, "--out", str(tmp_path / "run"), "--no-progress"])
     err = capsys.readouterr().err
@@ -66,12 +78,17 @@ def test_deepspeed_config_hand_off():
     cfg = load_config(ROOT / "examples" / "ds_zero2.json", world_size=8)
     ds = deepspeed_config(cfg)
     assert not {"curriculum_learning", "seqwarm", "optimizer", "scheduler"} & set(ds)
-    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (512, 16, 4)
+    assert (ds["train_batch_size"], ds["train_micro_batch_size_per_gpu"], ds["gradient_accumulation_steps"]) == (
+        512,
+        16,
+        4,
+    )
     assert ds["bf16"] == {"enabled": True} and ds["gradient_clipping"] == 1.0
     assert ds["zero_optimization"]["stage"] == 2 and ds["zero_optimization"]["overlap_comm"] is True
     # --precision wins over the file; the world size changes the accumulation, not the global batch
-    fp32 = deepspeed_config(load_config(ROOT / "examples" / "ds_zero2.json", world_size=2,
-                                        overrides={"precision": "fp32"}))
+    fp32 = deepspeed_config(
+        load_config(ROOT / "examples" / "ds_zero2.json", world_size=2, overrides={"precision": "fp32"})
+    )
     assert fp32["bf16"] == {"enabled": False} and fp32["gradient_accumulation_steps"] == 16
     with pytest.raises(UserError, match="stage 0 or 1"):
         deepspeed_config(cfg, pipeline=True)
@@ -185,10 +202,17 @@ def test_curriculum_counts_loss_mask_tokens_and_checks_batch_sizes(tmp_path):
 def test_curriculum_state_written_before_the_core_still_loads(tmp_path):
     """A "seqwarm.deepspeed_curriculum/1" dict as DeepSpeedCurriculum wrote it before CurriculumCore (an
     fp16-skipped step, loss-mask counts, half a step pending): written the same today, and it resumes."""
-    old = {"format": "seqwarm.deepspeed_curriculum/1",
-           "progress": {"step": 2, "samples": 16, "tokens": 272, "warmup_end_tokens": 272}, "lr": 0.002,
-           "current_seqlen": 32, "step_seqlen": 32, "skipped_steps": 1, "pending_samples": 2, "pending_tokens": 58,
-           "scheduler": {"current_difficulty": 32}}
+    old = {
+        "format": "seqwarm.deepspeed_curriculum/1",
+        "progress": {"step": 2, "samples": 16, "tokens": 272, "warmup_end_tokens": 272},
+        "lr": 0.002,
+        "current_seqlen": 32,
+        "step_seqlen": 32,
+        "skipped_steps": 1,
+        "pending_samples": 2,
+        "pending_tokens": 58,
+        "scheduler": {"current_difficulty": 32},
+    }
     engine, cfg = FakeEngine(), fake_config(tmp_path, count_tokens_by="loss_mask")
 
     def masked():
@@ -208,7 +232,7 @@ def test_curriculum_state_written_before_the_core_still_loads(tmp_path):
     reader = DeepSpeedCurriculum(reader_engine, cfg)
     reader.load_state_dict(old)
     reader_engine.micro, reader_engine.global_steps = engine.micro, engine.global_steps  # DeepSpeed's own resume
-    for cur, eng in ((writer, engine), (reader, reader_engine)):
+    for cur in (writer, reader):  # cur.step() steps its own engine
         for i in range(6):  # the pending micro-batch's step, then two more steps
             if i:
                 cur.cut(masked())
@@ -218,7 +242,8 @@ def test_curriculum_state_written_before_the_core_still_loads(tmp_path):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU: the benchmark would run")
 def test_gpu_benchmark_says_why_it_cannot_run_without_cuda():
-    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_throughput.py")], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "gpu_throughput.py")], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     assert "needs a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr

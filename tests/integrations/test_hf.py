@@ -15,9 +15,9 @@ transformers = pytest.importorskip("transformers", reason="the hf extra (transfo
 from seqwarm.config import load_config  # noqa: E402
 from seqwarm.curriculum.clock import Progress, advance  # noqa: E402
 from seqwarm.curriculum.engine import CurriculumEngine  # noqa: E402
+from seqwarm.curriculum.lr import lr_at  # noqa: E402
 from seqwarm.curriculum.schedule import difficulty_at  # noqa: E402
 from seqwarm.data.dataset import TokenWindows  # noqa: E402
-from seqwarm.util.errors import UserError  # noqa: E402
 from seqwarm.integrations.hf.trainer import (  # noqa: E402
     CurriculumLRScheduler,
     CurriculumTrainer,
@@ -25,17 +25,27 @@ from seqwarm.integrations.hf.trainer import (  # noqa: E402
     label_style_for,
     trainer_deepspeed_config,
 )
-from seqwarm.curriculum.lr import lr_at  # noqa: E402
+from seqwarm.util.errors import UserError  # noqa: E402
 
 VOCAB, SEQ, MICRO, GAS, STEPS = 64, 64, 2, 2, 8
-CURRICULUM = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 8, "max_difficulty": SEQ,
-              "schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 6, "difficulty_step": 8}}
+CURRICULUM = {
+    "enabled": True,
+    "curriculum_type": "seqlen",
+    "min_difficulty": 8,
+    "max_difficulty": SEQ,
+    "schedule_type": "fixed_linear",
+    "schedule_config": {"total_curriculum_step": 6, "difficulty_step": 8},
+}
 
 
 def raw_config(**seqwarm):
-    return {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": GAS,
-            "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}}, "curriculum_learning": CURRICULUM,
-            "seqwarm": {"lr_warmup_iters": 2, "lr_decay_style": "cosine", "lr_decay_iters": STEPS, **seqwarm}}
+    return {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": GAS,
+        "optimizer": {"type": "AdamW", "params": {"lr": 3e-3}},
+        "curriculum_learning": CURRICULUM,
+        "seqwarm": {"lr_warmup_iters": 2, "lr_decay_style": "cosine", "lr_decay_iters": STEPS, **seqwarm},
+    }
 
 
 CFG = load_config(raw_config())
@@ -44,12 +54,31 @@ CFG = load_config(raw_config())
 def tiny(kind):
     torch.manual_seed(0)
     if kind == "gpt2":
-        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
-            vocab_size=VOCAB, n_positions=SEQ, n_embd=16, n_layer=1, n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
-            attn_pdrop=0.0, loss_type="ForCausalLM"))
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=VOCAB, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-        num_key_value_heads=2, max_position_embeddings=SEQ, loss_type="ForCausalLM"))
+        return transformers.GPT2LMHeadModel(
+            transformers.GPT2Config(
+                vocab_size=VOCAB,
+                n_positions=SEQ,
+                n_embd=16,
+                n_layer=1,
+                n_head=2,
+                resid_pdrop=0.0,
+                embd_pdrop=0.0,
+                attn_pdrop=0.0,
+                loss_type="ForCausalLM",
+            )
+        )
+    return transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=SEQ,
+            loss_type="ForCausalLM",
+        )
+    )
 
 
 def windows(label_style="megatron"):
@@ -71,11 +100,13 @@ def record_lengths(model):
     seen = []
     model.register_forward_pre_hook(
         lambda m, a, kw: seen.append((kw["input_ids"].shape[1], kw["input_ids"], kw["labels"])) if m.training else None,
-        with_kwargs=True)
+        with_kwargs=True,
+    )
     return seen
 
 
 # -- the mode ---------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("kind, name", [("gpt2", "GPT2LMHeadModel"), ("llama", "LlamaForCausalLM")])
 def test_inject_on_an_hf_model_is_refused_naming_the_class(kind, name):
@@ -88,6 +119,7 @@ def test_inject_on_an_hf_model_is_refused_naming_the_class(kind, name):
 
 
 # -- a plain loop -----------------------------------------------------------------------------------
+
 
 def plain_loop(kind, steps, state=None, start=0):
     model = tiny(kind)
@@ -121,7 +153,7 @@ def test_plain_loop_lengths_lr_tokens_and_exact_resume(kind):
     assert engine.progress == clock[-1][1]
     assert engine.progress.tokens == sum(MICRO * GAS * length for length, _ in clock)
     raw = windows().window_array(range(MICRO * GAS))  # the token windows, cut to step 1's length
-    cuts = [torch.from_numpy(raw[i * MICRO:(i + 1) * MICRO, :clock[0][0]]) for i in range(GAS)]
+    cuts = [torch.from_numpy(raw[i * MICRO : (i + 1) * MICRO, : clock[0][0]]) for i in range(GAS)]
     assert all(torch.equal(s[1], x) and torch.equal(s[2], x) for s, x in zip(seen, cuts))  # labels = inputs
     own = [first(input_ids=x, labels=x).loss.item() for x in cuts]  # the HF model's own loss on the cut batch
     assert losses[0] == pytest.approx(sum(own) / GAS, rel=1e-6)
@@ -132,18 +164,33 @@ def test_plain_loop_lengths_lr_tokens_and_exact_resume(kind):
 
 # -- the Trainer ------------------------------------------------------------------------------------
 
+
 def trainer_for(kind, out, curriculum=None, resume=False, **overrides):
     model = tiny(kind)
     seen = record_lengths(model)
     opt = torch.optim.AdamW(model.parameters(), lr=CFG.lr.lr)
     lrs = []
     opt.register_step_pre_hook(lambda o, a, k: lrs.append(o.param_groups[0]["lr"]))
-    args = transformers.TrainingArguments(**{
-        "output_dir": str(out), "per_device_train_batch_size": MICRO, "gradient_accumulation_steps": GAS,
-        "max_steps": STEPS, "logging_steps": 1, "save_strategy": "steps", "save_steps": 4, "report_to": [],
-        "use_cpu": True, "disable_tqdm": True, "seed": 0, "dataloader_num_workers": 0, **overrides})
-    trainer = CurriculumTrainer(model=model, args=args, train_dataset=windows(), optimizers=(opt, None),
-                                curriculum=curriculum or raw_config())
+    args = transformers.TrainingArguments(
+        **{
+            "output_dir": str(out),
+            "per_device_train_batch_size": MICRO,
+            "gradient_accumulation_steps": GAS,
+            "max_steps": STEPS,
+            "logging_steps": 1,
+            "save_strategy": "steps",
+            "save_steps": 4,
+            "report_to": [],
+            "use_cpu": True,
+            "disable_tqdm": True,
+            "seed": 0,
+            "dataloader_num_workers": 0,
+            **overrides,
+        }
+    )
+    trainer = CurriculumTrainer(
+        model=model, args=args, train_dataset=windows(), optimizers=(opt, None), curriculum=curriculum or raw_config()
+    )
     return trainer, seen, lrs
 
 
@@ -187,6 +234,7 @@ def test_trainer_stops_at_the_token_budget(tmp_path):
 
 # -- the scheduler, the configs ---------------------------------------------------------------------
 
+
 def test_scheduler_is_an_lr_scheduler_fed_the_clock():
     model = torch.nn.Linear(2, 2)
     opt = torch.optim.SGD([{"params": [model.weight]}, {"params": [model.bias], "lr_scale": 0.5}], lr=1.0)
@@ -203,15 +251,25 @@ def test_scheduler_is_an_lr_scheduler_fed_the_clock():
 
 
 def test_deepspeed_config_hand_off_and_trainer_batch_sizes():
-    raw = {**raw_config(), "scheduler": {"type": "WarmupLR"}, "zero_optimization": {"stage": 2},
-           "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
-           "data_efficiency": {"data_sampling": {"curriculum_learning": {"enabled": True}, "num_workers": 0}}}
+    raw = {
+        **raw_config(),
+        "scheduler": {"type": "WarmupLR"},
+        "zero_optimization": {"stage": 2},
+        "train_micro_batch_size_per_gpu": "auto",
+        "gradient_accumulation_steps": "auto",
+        "data_efficiency": {"data_sampling": {"curriculum_learning": {"enabled": True}, "num_workers": 0}},
+    }
     ds = trainer_deepspeed_config(raw)
     assert "curriculum_learning" not in ds and "seqwarm" not in ds and "scheduler" not in ds
     assert ds["zero_optimization"] == {"stage": 2} and ds["train_micro_batch_size_per_gpu"] == "auto"
     assert ds["data_efficiency"] == {"data_sampling": {"num_workers": 0}} and "curriculum_learning" in raw
-    args = transformers.TrainingArguments(output_dir="unused", per_device_train_batch_size=MICRO,
-                                          gradient_accumulation_steps=GAS, report_to=[], use_cpu=True)
+    args = transformers.TrainingArguments(
+        output_dir="unused",
+        per_device_train_batch_size=MICRO,
+        gradient_accumulation_steps=GAS,
+        report_to=[],
+        use_cpu=True,
+    )
     cfg = curriculum_config_for(raw, args)  # "auto" batch sizes are the Trainer's
     assert (cfg.micro_batch_size, cfg.gradient_accumulation_steps, cfg.curriculum.max_difficulty) == (MICRO, GAS, SEQ)
     with pytest.raises(UserError, match="gradient_accumulation_steps: curriculum config 4, TrainingArguments 2"):
@@ -225,10 +283,11 @@ def test_without_transformers_the_error_names_the_extra(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "transformers", None)
     monkeypatch.delitem(hf.__dict__, "CurriculumTrainer", raising=False)
     with pytest.raises(MissingDependencyError, match=r"pip install 'seqwarm\[hf\]'"):
-        hf.CurriculumTrainer
+        _ = hf.CurriculumTrainer
 
 
 # -- seqwarm train --model hf:PATH ------------------------------------------------------------------
+
 
 def _metrics(run):
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -237,16 +296,38 @@ def _metrics(run):
 
 def test_seqwarm_train_with_an_hf_config_runs_the_whole_recipe_and_resumes_exactly(tmp_path, byte_data):
     from conftest import small_config
-
     from seqwarm.cli import main
 
     folder = tmp_path / "llama"
-    transformers.LlamaConfig(vocab_size=260, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                             num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64
-                             ).save_pretrained(folder)
+    transformers.LlamaConfig(
+        vocab_size=260,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    ).save_pretrained(folder)
     cfg = small_config(tmp_path / "c.json", train_tokens=1200, seq=64, batch=4, micro=2)
-    common = ["train", "--config", str(cfg), "--data", str(byte_data), "--model", f"hf:{folder}", "--device", "cpu",
-              "--eval-iters", "1", "--log-interval", "1", "--no-progress", "--no-tensorboard", "--seed", "3"]
+    common = [
+        "train",
+        "--config",
+        str(cfg),
+        "--data",
+        str(byte_data),
+        "--model",
+        f"hf:{folder}",
+        "--device",
+        "cpu",
+        "--eval-iters",
+        "1",
+        "--log-interval",
+        "1",
+        "--no-progress",
+        "--no-tensorboard",
+        "--seed",
+        "3",
+    ]
     full, cut = tmp_path / "full", tmp_path / "cut"
     assert main([*common, "--out", str(full), "--save-interval", "3"]) == 0
     summary = json.loads((full / "summary.json").read_text())
@@ -268,27 +349,52 @@ def test_seqwarm_train_with_an_hf_config_runs_the_whole_recipe_and_resumes_exact
 
 def test_a_run_of_an_hf_model_evaluates_and_exports_as_that_model(tmp_path, byte_data, monkeypatch):
     from conftest import small_config
-
     from seqwarm.cli import main
     from seqwarm.evaluation import load_run, run_paper_evals
 
-    transformers.GPT2Config(vocab_size=260, n_positions=64, n_embd=16, n_layer=1, n_head=2, bos_token_id=256,
-                            eos_token_id=256).save_pretrained(tmp_path / "gpt")
+    transformers.GPT2Config(
+        vocab_size=260, n_positions=64, n_embd=16, n_layer=1, n_head=2, bos_token_id=256, eos_token_id=256
+    ).save_pretrained(tmp_path / "gpt")
     cfg = small_config(tmp_path / "c.json", train_tokens=800, seq=64, batch=4, micro=2)
     lambada = tmp_path / "lambada_test.jsonl"
-    lambada.write_text("".join(json.dumps({"text": f"the model learns short context first number {i}"}) + "\n"
-                               for i in range(4)))
+    lambada.write_text(
+        "".join(json.dumps({"text": f"the model learns short context first number {i}"}) + "\n" for i in range(4))
+    )
     (tmp_path / "work").mkdir()
     monkeypatch.chdir(tmp_path / "work")  # the model path is recorded as given: relative to here
-    assert main(["train", "--config", str(cfg), "--data", str(byte_data), "--model", "hf:../gpt", "--device", "cpu",
-                 "--eval-iters", "1", "--no-progress", "--no-tensorboard", "--save-interval", "2",
-                 "--eval-lambada", str(lambada), "--out", "runs/run"]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                str(cfg),
+                "--data",
+                str(byte_data),
+                "--model",
+                "hf:../gpt",
+                "--device",
+                "cpu",
+                "--eval-iters",
+                "1",
+                "--no-progress",
+                "--no-tensorboard",
+                "--save-interval",
+                "2",
+                "--eval-lambada",
+                str(lambada),
+                "--out",
+                "runs/run",
+            ]
+        )
+        == 0
+    )
     run = tmp_path / "work" / "runs" / "run"
     recorded = json.loads((run / "eval.json").read_text())
     assert [v["lambada"]["num_examples"] for v in recorded.values()] == [4]  # the paper eval after training
     (tmp_path / "elsewhere" / "here").mkdir(parents=True)
     transformers.GPT2Config(vocab_size=260, n_positions=64, n_embd=8, n_layer=1, n_head=2).save_pretrained(
-        tmp_path / "elsewhere" / "gpt")  # another ../gpt, seen from here: not the run's
+        tmp_path / "elsewhere" / "gpt"
+    )  # another ../gpt, seen from here: not the run's
     monkeypatch.chdir(tmp_path / "elsewhere" / "here")  # the run's ../gpt: from the folder it was started in
     loaded = load_run(run)
     assert loaded.is_hf and type(loaded.model).__name__ == "GPT2LMHeadModel" and loaded.seq_length == 64

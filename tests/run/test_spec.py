@@ -10,41 +10,79 @@ from pathlib import Path
 
 import pytest
 
+from conftest import small_config
 from seqwarm.run.command import command_line, train_argv
 from seqwarm.run.spec import RunSpec, with_changes
 from seqwarm.run.training import run_training
 from seqwarm.util.problems import ConfigError
 
-from conftest import small_config
-
 SRC = Path(__file__).resolve().parents[2] / "src" / "seqwarm"
 
 # `seqwarm train`'s flags, listed before the CLI was generated from RunSpec: (flag, default, --help group).
 TRAIN_FLAGS = [
-    ("--config", None, "options"), ("--data", None, "options"),
-    ("--data-path", (), "options"), ("--split", "969,30,1", "options"), ("--tokenizer", None, "options"),
-    ("--vocab-size", None, "options"), ("--eod-id", None, "options"), ("--model", "tiny", "options"),
-    ("--n-layer", None, "options"), ("--n-head", None, "options"), ("--n-embd", None, "options"),  # issue #17
-    ("--rotary", False, "options"), ("--fsdp", False, "options"),
-    ("--deepspeed", False, "DeepSpeed"), ("--pipeline-stages", 0, "DeepSpeed"), ("--local-rank", None, "DeepSpeed"),
-    ("--train-tokens", None, "budget"), ("--train-iters", None, "budget"), ("--train-samples", None, "budget"),
-    ("--lr", None, "learning rate"), ("--min-lr", None, "learning rate"), ("--lr-decay-style", None, "learning rate"),
-    ("--lr-decay-tokens", None, "learning rate"), ("--lr-decay-iters", None, "learning rate"),
-    ("--lr-decay-samples", None, "learning rate"), ("--lr-warmup-iters", None, "learning rate"),
-    ("--lr-warmup-samples", None, "learning rate"), ("--lr-warmup-tokens", None, "learning rate"),
-    ("--seq-length", None, "batch"), ("--micro-batch-size", None, "batch"), ("--global-batch-size", None, "batch"),
-    ("--gradient-accumulation-steps", None, "batch"), ("--rampup-batch-size", None, "batch"),
-    ("--curriculum-mode", None, "batch"), ("--count-tokens-by", None, "batch"), ("--no-curriculum", False, "batch"),
-    ("--weight-decay", None, "optimizer"), ("--clip-grad", None, "optimizer"), ("--adam-beta1", None, "optimizer"),
-    ("--adam-beta2", None, "optimizer"), ("--adam-eps", None, "optimizer"), ("--precision", None, "optimizer"),
-    ("--fp16", False, "optimizer"), ("--bf16", False, "optimizer"),
-    ("--compile", False, "performance"), ("--no-compile", False, "performance"),  # a config key too since #14
+    ("--config", None, "options"),
+    ("--data", None, "options"),
+    ("--data-path", (), "options"),
+    ("--split", "969,30,1", "options"),
+    ("--tokenizer", None, "options"),
+    ("--vocab-size", None, "options"),
+    ("--eod-id", None, "options"),
+    ("--model", "tiny", "options"),
+    ("--n-layer", None, "options"),
+    ("--n-head", None, "options"),
+    ("--n-embd", None, "options"),  # issue #17
+    ("--rotary", False, "options"),
+    ("--fsdp", False, "options"),
+    ("--deepspeed", False, "DeepSpeed"),
+    ("--pipeline-stages", 0, "DeepSpeed"),
+    ("--local-rank", None, "DeepSpeed"),
+    ("--train-tokens", None, "budget"),
+    ("--train-iters", None, "budget"),
+    ("--train-samples", None, "budget"),
+    ("--lr", None, "learning rate"),
+    ("--min-lr", None, "learning rate"),
+    ("--lr-decay-style", None, "learning rate"),
+    ("--lr-decay-tokens", None, "learning rate"),
+    ("--lr-decay-iters", None, "learning rate"),
+    ("--lr-decay-samples", None, "learning rate"),
+    ("--lr-warmup-iters", None, "learning rate"),
+    ("--lr-warmup-samples", None, "learning rate"),
+    ("--lr-warmup-tokens", None, "learning rate"),
+    ("--seq-length", None, "batch"),
+    ("--micro-batch-size", None, "batch"),
+    ("--global-batch-size", None, "batch"),
+    ("--gradient-accumulation-steps", None, "batch"),
+    ("--rampup-batch-size", None, "batch"),
+    ("--curriculum-mode", None, "batch"),
+    ("--count-tokens-by", None, "batch"),
+    ("--no-curriculum", False, "batch"),
+    ("--weight-decay", None, "optimizer"),
+    ("--clip-grad", None, "optimizer"),
+    ("--adam-beta1", None, "optimizer"),
+    ("--adam-beta2", None, "optimizer"),
+    ("--adam-eps", None, "optimizer"),
+    ("--precision", None, "optimizer"),
+    ("--fp16", False, "optimizer"),
+    ("--bf16", False, "optimizer"),
+    ("--compile", False, "performance"),
+    ("--no-compile", False, "performance"),  # a config key too since #14
     ("--length-bucket", None, "performance"),
-    ("--out", None, "run"), ("--resume", False, "run"), ("--allow-config-change", False, "run"),
-    ("--seed", 1234, "run"), ("--device", "auto", "run"), ("--eval-interval", 50, "run"), ("--eval-iters", 8, "run"),
-    ("--save-interval", 100, "run"), ("--keep-checkpoints", 3, "run"), ("--log-interval", 10, "run"),
-    ("--no-progress", False, "run"), ("--eval-wikitext", None, "run"), ("--eval-lambada", None, "run"),
-    ("--no-tensorboard", False, "run"), ("--tensorboard-dir", None, "run"), ("--wandb-project", None, "run"),
+    ("--out", None, "run"),
+    ("--resume", False, "run"),
+    ("--allow-config-change", False, "run"),
+    ("--seed", 1234, "run"),
+    ("--device", "auto", "run"),
+    ("--eval-interval", 50, "run"),
+    ("--eval-iters", 8, "run"),
+    ("--save-interval", 100, "run"),
+    ("--keep-checkpoints", 3, "run"),
+    ("--log-interval", 10, "run"),
+    ("--no-progress", False, "run"),
+    ("--eval-wikitext", None, "run"),
+    ("--eval-lambada", None, "run"),
+    ("--no-tensorboard", False, "run"),
+    ("--tensorboard-dir", None, "run"),
+    ("--wandb-project", None, "run"),
     ("--wandb-run-name", None, "run"),
 ]
 
@@ -78,9 +116,16 @@ def test_argv_round_trip_through_the_cli():
     from seqwarm.cli import build_parser
     from seqwarm.cli.commands.spec_flags import spec_from_args
 
-    spec = RunSpec(config=Path("c.json"), model="gpt2-124m", rotary=True, seed=7, progress_bar=False,
-                   settings={"train_tokens": 2_000_000, "lr": 0.001, "curriculum": False},
-                   out=Path("runs/x"), eval_interval=5)
+    spec = RunSpec(
+        config=Path("c.json"),
+        model="gpt2-124m",
+        rotary=True,
+        seed=7,
+        progress_bar=False,
+        settings={"train_tokens": 2_000_000, "lr": 0.001, "curriculum": False},
+        out=Path("runs/x"),
+        eval_interval=5,
+    )
     argv = train_argv(spec)
     assert argv[:4] == ["--config", "c.json", "--model", "gpt2-124m"] and "--no-progress" in argv
     assert spec_from_args(build_parser().parse_args(["train", *argv])) == spec
@@ -105,8 +150,9 @@ def test_run_policy_problems_are_reported_together(tmp_path, byte_data):
     for key in ("train_tokens", "lr_decay_style", "min_lr"):
         del raw["seqwarm"][key]
     (tmp_path / "c.json").write_text(json.dumps(raw))
-    spec = RunSpec(config=tmp_path / "c.json", data=byte_data, out=tmp_path / "r",
-                   settings={"rampup_batch_size": [4, 4, 100]})
+    spec = RunSpec(
+        config=tmp_path / "c.json", data=byte_data, out=tmp_path / "r", settings={"rampup_batch_size": [4, 4, 100]}
+    )
     with pytest.raises(ConfigError) as err:
         run_training(spec)
     paths = [p.path for p in err.value.problems]
@@ -121,8 +167,13 @@ def test_only_the_cli_layer_imports_argparse_or_commands():
         if rel.startswith("cli/"):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
-            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
-                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            names = (
+                [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else [node.module or ""]
+                if isinstance(node, ast.ImportFrom)
+                else []
+            )
             for name in names:
                 assert name != "argparse" and not name.startswith("seqwarm.cli.commands"), f"{rel} imports {name}"
 

@@ -19,7 +19,9 @@ import numpy as np
 import pytest
 import torch
 
-from seqwarm.util.atomic import WriteError, write_text
+from conftest import make_corpus, small_config
+from seqwarm.cli import main
+from seqwarm.data import prepare_dataset
 from seqwarm.trainer.checkpoint import (
     CheckpointError,
     list_checkpoints,
@@ -29,11 +31,8 @@ from seqwarm.trainer.checkpoint import (
     save_checkpoint,
     set_rng_state,
 )
-from seqwarm.cli import main
-from seqwarm.data import prepare_dataset
 from seqwarm.trainer.run_folder import LOCK_FILE, RunLock, RunLocked
-
-from conftest import make_corpus, small_config
+from seqwarm.util.atomic import WriteError, write_text
 
 FAST = ["--model", "tiny", "--eval-iters", "1", "--no-progress", "--no-tensorboard", "--log-interval", "1"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -63,8 +62,25 @@ def finished_run(tmp_path_factory, byte_data):
     base = tmp_path_factory.mktemp("finished")
     cfg = small_config(base / "c.json", train_tokens=100_000, total_step=2)
     out = base / "run"
-    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out), "--train-iters", "3",
-                  "--save-interval", "2", "--eval-interval", "0"]) == 0
+    assert (
+        train(
+            [
+                "--config",
+                str(cfg),
+                "--data",
+                str(byte_data),
+                "--out",
+                str(out),
+                "--train-iters",
+                "3",
+                "--save-interval",
+                "2",
+                "--eval-interval",
+                "0",
+            ]
+        )
+        == 0
+    )
     return cfg, out
 
 
@@ -77,19 +93,40 @@ def copy_run(finished_run, tmp_path):
 
 # -- 1. loading never executes code ---------------------------------------------------------------------
 
+
 def test_a_crafted_checkpoint_is_refused_and_never_runs(tmp_path, finished_run, byte_data, capsys):
     cfg, run = copy_run(finished_run, tmp_path)
     marker = tmp_path / "pwned"
-    torch.save({"format": "seqwarm.checkpoint/1", "step": 9, "model": Payload(marker)},
-               run / "checkpoints" / "step_00000009.pt")
+    torch.save(
+        {"format": "seqwarm.checkpoint/1", "step": 9, "model": Payload(marker)},
+        run / "checkpoints" / "step_00000009.pt",
+    )
     with pytest.raises(CheckpointError, match="step_00000009.pt"):
         load_checkpoint(run / "checkpoints" / "step_00000009.pt")
     assert main(["eval", str(run), "--val", "--checkpoint", "9", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "step_00000009.pt" in err and "refused" in err and "Traceback" not in err
     # --resume falls back to the good checkpoint and moves the crafted one aside; nothing ran
-    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(run), "--resume",
-                  "--train-iters", "3", "--save-interval", "2", "--eval-interval", "0"]) == 0
+    assert (
+        train(
+            [
+                "--config",
+                str(cfg),
+                "--data",
+                str(byte_data),
+                "--out",
+                str(run),
+                "--resume",
+                "--train-iters",
+                "3",
+                "--save-interval",
+                "2",
+                "--eval-interval",
+                "0",
+            ]
+        )
+        == 0
+    )
     assert not marker.exists()
     assert (run / "checkpoints" / "step_00000009.pt.unloadable").is_file()
 
@@ -109,8 +146,16 @@ def test_checkpoints_of_earlier_versions_still_load(tmp_path):
 
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     path = tmp_path / "step_00000004.pt"
-    torch.save({"format": "seqwarm.checkpoint/1", "step": 4, "model": {"w": torch.ones(1)}, "rng": state,
-                "config": {"versions": {"torch": TorchVersion(torch.__version__)}}}, path)
+    torch.save(
+        {
+            "format": "seqwarm.checkpoint/1",
+            "step": 4,
+            "model": {"w": torch.ones(1)},
+            "rng": state,
+            "config": {"versions": {"torch": TorchVersion(torch.__version__)}},
+        },
+        path,
+    )
     loaded = load_checkpoint(path)
     expected = np.random.rand()
     np.random.rand()
@@ -129,6 +174,7 @@ def test_a_foreign_file_is_an_exit_2_naming_it(tmp_path):
 
 
 # -- 2. resume never silently restarts ------------------------------------------------------------------
+
 
 def test_resume_with_no_loadable_checkpoint_exits_2_naming_each(tmp_path, finished_run, byte_data, capsys):
     cfg, run = copy_run(finished_run, tmp_path)
@@ -153,9 +199,12 @@ def test_broken_newer_checkpoints_leave_the_rotation(tmp_path):
 
 # -- 3. one run per folder ------------------------------------------------------------------------------
 
+
 def _hold_lock(folder):
-    code = (f"import sys, time; sys.path.insert(0, {SRC!r}); from seqwarm.trainer.run_folder import RunLock; "
-            f"RunLock({str(folder)!r}).acquire(); print('held', flush=True); time.sleep(60)")
+    code = (
+        f"import sys, time; sys.path.insert(0, {SRC!r}); from seqwarm.trainer.run_folder import RunLock; "
+        f"RunLock({str(folder)!r}).acquire(); print('held', flush=True); time.sleep(60)"
+    )
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "held"
     return proc
@@ -247,14 +296,22 @@ def test_empty_and_non_tensor_state_are_not_checked():
 
 # -- 5. every OS failure is an exit 2 -------------------------------------------------------------------
 
+
 def _limited(args, limit_bytes, timeout=240):
     """``python -m seqwarm ARGS`` with files limited to ``limit_bytes`` (a full disk, without root)."""
+
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit_bytes, limit_bytes))
 
     env = {**ENV, "PYTHONPATH": SRC}
-    return subprocess.run([sys.executable, "-m", "seqwarm", *args], capture_output=True, text=True, env=env,
-                          preexec_fn=limit, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "seqwarm", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        preexec_fn=limit,
+        timeout=timeout,
+    )
 
 
 def _leftovers(folder):
@@ -267,8 +324,7 @@ def test_disk_full_during_prepare_force_keeps_the_old_data(tmp_path):
     prepare_dataset(out, [corpus], tokenizer="byte", workers=1, progress=False)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     big = make_corpus(tmp_path / "big", docs=60, words_per_doc=3000)
-    proc = _limited(["prepare", "--input", str(big), "--tokenizer", "byte", "--out", str(out), "--force"],
-                    200_000)
+    proc = _limited(["prepare", "--input", str(big), "--tokenizer", "byte", "--out", str(out), "--force"], 200_000)
     assert proc.returncode == 2 and "File too large" in proc.stderr and "Traceback" not in proc.stderr
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
     assert not _leftovers(tmp_path)
@@ -319,12 +375,16 @@ def test_eval_on_a_read_only_folder_is_an_exit_2(tmp_path, finished_run, capsys,
 
 # -- 6. checked before the work -------------------------------------------------------------------------
 
-@pytest.mark.parametrize("extra,fragment", [
-    (["--eval-iters", "0"], "--eval-iters"),
-    (["--save-interval", "-1"], "--save-interval"),
-    (["--device", "mps"], "--device"),
-    (["--device", "tpu:0"], "--device"),
-])
+
+@pytest.mark.parametrize(
+    "extra,fragment",
+    [
+        (["--eval-iters", "0"], "--eval-iters"),
+        (["--save-interval", "-1"], "--save-interval"),
+        (["--device", "mps"], "--device"),
+        (["--device", "tpu:0"], "--device"),
+    ],
+)
 def test_bad_arguments_are_refused_before_the_run(tmp_path, byte_data, capsys, extra, fragment):
     cfg = small_config(tmp_path / "c.json")
     out = tmp_path / "run"
@@ -343,13 +403,16 @@ def _edited_data(byte_data, tmp_path, edit):
     return data
 
 
-@pytest.mark.parametrize("edit,fragment", [
-    (lambda m: m.pop("vocab_size"), "vocab_size"),
-    (lambda m: m["splits"].pop("val"), "splits.val"),
-    (lambda m: m["files"].update({"/dev/zero": {"bytes": 0, "sha256": "0" * 64}}), "/dev/zero"),
-    (lambda m: m["files"].update({"../escape.bin": {"bytes": 1, "sha256": "0" * 64}}), "leaves the data folder"),
-    (lambda m: m.update(vocab_size=100, eod_id=10), "token id"),
-])
+@pytest.mark.parametrize(
+    "edit,fragment",
+    [
+        (lambda m: m.pop("vocab_size"), "vocab_size"),
+        (lambda m: m["splits"].pop("val"), "splits.val"),
+        (lambda m: m["files"].update({"/dev/zero": {"bytes": 0, "sha256": "0" * 64}}), "/dev/zero"),
+        (lambda m: m["files"].update({"../escape.bin": {"bytes": 1, "sha256": "0" * 64}}), "leaves the data folder"),
+        (lambda m: m.update(vocab_size=100, eod_id=10), "token id"),
+    ],
+)
 def test_a_damaged_data_folder_is_refused_before_the_run(tmp_path, byte_data, capsys, edit, fragment):
     data = _edited_data(byte_data, tmp_path, edit)
     cfg = small_config(tmp_path / "c.json")
@@ -360,12 +423,15 @@ def test_a_damaged_data_folder_is_refused_before_the_run(tmp_path, byte_data, ca
     assert not out.exists()  # a failed start leaves no empty run folder
 
 
-@pytest.mark.parametrize("text,fragment", [
-    ('{"a": ' * 5000 + "1" + "}" * 5000, "cannot be read"),
-    ('{"a": ' * 40 + "1" + "}" * 40, "nested more than"),
-    ('{"train_batch_size": ' + "9" * 5000 + "}", "cannot be read"),
-    ('{"train_batch_size": 8, "seqwarm": {"train_tokens": ' + "9" * 400 + "}}", "digits"),
-])
+@pytest.mark.parametrize(
+    "text,fragment",
+    [
+        ('{"a": ' * 5000 + "1" + "}" * 5000, "cannot be read"),
+        ('{"a": ' * 40 + "1" + "}" * 40, "nested more than"),
+        ('{"train_batch_size": ' + "9" * 5000 + "}", "cannot be read"),
+        ('{"train_batch_size": 8, "seqwarm": {"train_tokens": ' + "9" * 400 + "}}", "digits"),
+    ],
+)
 def test_absurd_configs_are_exit_2(tmp_path, capsys, text, fragment):
     path = tmp_path / "c.json"
     path.write_text(text)
@@ -377,13 +443,16 @@ def test_absurd_configs_are_exit_2(tmp_path, capsys, text, fragment):
 def test_allow_config_change_does_not_cover_the_sequence_length(tmp_path, finished_run, byte_data, capsys):
     _, run = copy_run(finished_run, tmp_path)
     cfg = small_config(tmp_path / "c32.json", train_tokens=100_000, total_step=2, seq=32)
-    assert train(["--config", str(cfg), "--data", str(byte_data), "--out", str(run), "--resume",
-                  "--allow-config-change"]) == 2
+    assert (
+        train(["--config", str(cfg), "--data", str(byte_data), "--out", str(run), "--resume", "--allow-config-change"])
+        == 2
+    )
     err = capsys.readouterr().err
     assert "seq_length" in err and "Traceback" not in err
 
 
 # -- 7. prepare --force replaces prepared data only ------------------------------------------------------
+
 
 def test_prepare_force_refuses_a_training_run(tmp_path, finished_run):
     _, run = copy_run(finished_run, tmp_path)

@@ -28,6 +28,7 @@ def _source(micro=3, seq=16, **opts) -> TrainBatches:
 
 # -- the model: a left-out key is its default, bit for bit --------------------------------------------
 
+
 @pytest.mark.parametrize("rotary", [False, True])
 def test_leaving_out_a_trivial_mask_and_positions_changes_no_bit(rotary, one_thread):
     torch.manual_seed(0)
@@ -59,10 +60,12 @@ def test_lean_batch_keeps_what_is_not_trivial():
     assert lean_batch(plain, ()) == plain and lean_batch(plain, ()) is not plain  # a new dict
     # reshape restarts positions at the seam between two samples: kept when a seam falls inside a row
     assert "position_ids" in lean_batch(reshape_batch(plain, 5)) and "position_ids" not in lean_batch(
-        reshape_batch(plain, 3))  # rows of 9 tokens: re-chunked by 5 a seam falls inside a row, by 3 never
+        reshape_batch(plain, 3)
+    )  # rows of 9 tokens: re-chunked by 5 a seam falls inside a row, by 3 never
 
 
 # -- the feed -----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("threaded", [False, True])
 def test_the_feed_hands_out_the_source_batches_in_order_each_cut_once(threaded):
@@ -77,8 +80,8 @@ def test_the_feed_hands_out_the_source_batches_in_order_each_cut_once(threaded):
         for i in range(7):
             got, want = feed.next_batch(cut), reference.next_batch()
             assert set(got) == {"input_ids", "labels"}
-            assert all(torch.equal(got[k], want[k][:, :4 + i]) for k in got), i
-        assert (feed.state_dict()["sample_index"] == reference.state_dict()["sample_index"])  # one read ahead
+            assert all(torch.equal(got[k], want[k][:, : 4 + i]) for k in got), i
+        assert feed.state_dict()["sample_index"] == reference.state_dict()["sample_index"]  # one read ahead
         assert bool(_threads()) == threaded
         assert feed.next_batch()["input_ids"].shape == (3, 16)  # no cut: every column
     assert not _threads()

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import FAST_TRAIN_FLAGS, small_config
 from seqwarm import load_config
 from seqwarm.cli import main
-
-from conftest import FAST_TRAIN_FLAGS, small_config
 
 FAST = [*FAST_TRAIN_FLAGS, "--log-interval", "1"]
 
@@ -23,16 +22,19 @@ def train(args, capsys=None):
     return code
 
 
-@pytest.mark.parametrize("extra,fragment", [
-    (["--data", "/nonexistent/prepared"], "no such folder"),
-    (["--rampup-batch-size", "4", "4", "100"], "cannot be combined with a sequence-length curriculum"),
-    (["--resume"], "no checkpoint"),
-    (["--seq-length", "32"], "exceeds the model's sequence length"),
-    (["--lr", "-1"], "negative"),
-    (["--model", "gpt5"], "choose one of tiny, nano, gpt2-124m"),
-    (["--n-embd", "100", "--n-head", "3"], "--n-embd 100 is not a multiple of --n-head 3"),
-    (["--n-layer", "0", "--n-head", "-1"], "--n-layer 0: must be >= 1; --n-head -1: must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "extra,fragment",
+    [
+        (["--data", "/nonexistent/prepared"], "no such folder"),
+        (["--rampup-batch-size", "4", "4", "100"], "cannot be combined with a sequence-length curriculum"),
+        (["--resume"], "no checkpoint"),
+        (["--seq-length", "32"], "exceeds the model's sequence length"),
+        (["--lr", "-1"], "negative"),
+        (["--model", "gpt5"], "choose one of tiny, nano, gpt2-124m"),
+        (["--n-embd", "100", "--n-head", "3"], "--n-embd 100 is not a multiple of --n-head 3"),
+        (["--n-layer", "0", "--n-head", "-1"], "--n-layer 0: must be >= 1; --n-head -1: must be >= 1"),
+    ],
+)
 def test_bad_input_exits_2_without_traceback(tmp_path, byte_data, capsys, extra, fragment):
     cfg = small_config(tmp_path / "c.json")
     args = ["train", *FAST, "--config", str(cfg), "--out", str(tmp_path / "r")]
@@ -66,6 +68,7 @@ def test_bad_config_file_exits_2(tmp_path, byte_data, capsys):
 
 def test_default_recipe_file_matches_code():
     from seqwarm.config.defaults import default_train_config
+
     shipped = json.loads((Path(__file__).resolve().parents[2] / "examples" / "tiny_cpu.json").read_text())
     assert shipped == default_train_config()
     for world in (1, 2):  # the global batch stays 16 whatever the number of ranks
@@ -75,8 +78,7 @@ def test_default_recipe_file_matches_code():
 
 def test_custom_schedule_is_refused_by_train(tmp_path, byte_data, capsys):
     raw = json.loads(small_config(tmp_path / "c.json").read_text())
-    raw["curriculum_learning"] = {"enabled": True, "min_difficulty": 8, "max_difficulty": 64,
-                                  "schedule_type": "custom"}
+    raw["curriculum_learning"] = {"enabled": True, "min_difficulty": 8, "max_difficulty": 64, "schedule_type": "custom"}
     (tmp_path / "c.json").write_text(json.dumps(raw))
     assert train(["--config", str(tmp_path / "c.json"), "--data", str(byte_data), "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
@@ -112,8 +114,10 @@ def test_a_val_split_smaller_than_asked_is_said_once(byte_data, caplog):
     with caplog.at_level(logging.WARNING, logger="seqwarm.trainer.evaluator"):
         losses = [evaluator(Engine()) for _ in range(3)]
     notices = [r.getMessage() for r in caplog.records if "evaluation uses all of them" in r.getMessage()]
-    assert notices == [f"the val split has {total} windows of 65 tokens; every evaluation uses all of them, "
-                       f"not {4 * total} (--eval-iters {total} x micro-batch 4)"]
+    assert notices == [
+        f"the val split has {total} windows of 65 tokens; every evaluation uses all of them, "
+        f"not {4 * total} (--eval-iters {total} x micro-batch 4)"
+    ]
     assert not [r for r in caplog.records if "evaluating all of them" in r.getMessage()]  # the data layer's
     every = Evaluator(data, 64, 4, -(-total // 4), torch.device("cpu"))(Engine())  # exactly all windows
     assert losses == [pytest.approx(every)] * 3
@@ -124,8 +128,22 @@ def test_a_closed_stdout_stops_the_console_lines_not_the_run(tmp_path, byte_data
     folder), with one notice on stderr and no traceback."""
     cfg = small_config(tmp_path / "c.json", train_tokens=1500)
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "seqwarm", "train", "--config", str(cfg), "--data", str(byte_data),
-           "--out", str(out), "--no-progress", "--no-tensorboard", "--log-interval", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "seqwarm",
+        "train",
+        "--config",
+        str(cfg),
+        "--data",
+        str(byte_data),
+        "--out",
+        str(out),
+        "--no-progress",
+        "--no-tensorboard",
+        "--log-interval",
+        "1",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()  # like `head` exiting before the first line
     err = proc.stderr.read().decode()
@@ -144,11 +162,26 @@ def _tiny_run(tmp_path, byte_data, name, builder=None, config=None, model=None, 
 
     cfg = load_config(config or small_config(tmp_path / "c.json", train_tokens=3000))
     data = open_prepared(byte_data)
-    model_cfg = GPTConfig.preset("tiny", vocab_size=data.vocab_size, seq_length=64, dropout=0.1,  # uses the RNG
-                                 **(model or {}))
-    options = TrainOptions(**{"out": tmp_path / name, "eval_interval": 0, "eval_iters": 1, "save_interval": 0,
-                              "log_interval": 1, "progress_bar": False, "tensorboard": False, "device": "cpu",
-                              **opts})
+    model_cfg = GPTConfig.preset(
+        "tiny",
+        vocab_size=data.vocab_size,
+        seq_length=64,
+        dropout=0.1,  # uses the RNG
+        **(model or {}),
+    )
+    options = TrainOptions(
+        **{
+            "out": tmp_path / name,
+            "eval_interval": 0,
+            "eval_iters": 1,
+            "save_interval": 0,
+            "log_interval": 1,
+            "progress_bar": False,
+            "tensorboard": False,
+            "device": "cpu",
+            **opts,
+        }
+    )
     if not options.resume:
         prepare_run_dir(options)
     return Run(cfg, options, data, model_cfg, builder=builder)

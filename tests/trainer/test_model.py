@@ -22,7 +22,7 @@ def batch(b=3, s=16, vocab=97, seed=1) -> dict:
     tokens = torch.randint(0, vocab, (b, s + 1), generator=g)
     mask = (torch.rand(b, s, generator=g) > 0.3).float()
     pos = torch.arange(s).repeat(b, 1)
-    pos[:, s // 2:] -= s // 2  # an EOD reset in the middle of every row
+    pos[:, s // 2 :] -= s // 2  # an EOD reset in the middle of every row
     return {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:], "loss_mask": mask, "position_ids": pos}
 
 
@@ -43,8 +43,12 @@ def test_tiny_preset_and_published_sizes():
     tiny = GPT(GPTConfig.preset("tiny"))
     assert 5.0e6 < tiny.num_params() < 5.6e6
     assert tiny.num_params() == tiny.config.num_params()
-    published = {"gpt2-124m": 124_439_808, "gpt2-350m": 354_823_168, "gpt2-774m": 774_030_080,
-                 "gpt2-1.5b": 1_557_611_200}
+    published = {
+        "gpt2-124m": 124_439_808,
+        "gpt2-350m": 354_823_168,
+        "gpt2-774m": 774_030_080,
+        "gpt2-1.5b": 1_557_611_200,
+    }
     for name, count in published.items():
         padded = GPTConfig.preset(name)  # 50304 rows: 47 padded rows of the embedding more
         assert padded.num_params() == count + 47 * padded.n_embd, name
@@ -102,9 +106,11 @@ def test_curriculum_seqlen_cuts_a_4d_mask():
     b["attention_mask"] = torch.ones(1, 1, 12, 12, dtype=torch.bool).tril()
     model = small()
     # an explicit causal mask gives the same loss as the implicit one
-    assert torch.allclose(model(**b, curriculum_seqlen=6), model(**truncate_batch({k: v for k, v in b.items()
-                                                                                  if k != "attention_mask"}, 6)),
-                          atol=1e-6)
+    assert torch.allclose(
+        model(**b, curriculum_seqlen=6),
+        model(**truncate_batch({k: v for k, v in b.items() if k != "attention_mask"}, 6)),
+        atol=1e-6,
+    )
 
 
 def test_loss_mask_mean():

@@ -8,13 +8,21 @@ import logging
 
 import pytest
 
+from helpers import wandb_summary
 from seqwarm.trainer.metrics import MetricsWriter
 from seqwarm.trainer.trackers import TrackerConfig, open_trackers, scalars, tracker_config
 
-from helpers import wandb_summary
-
-TRAIN = {"kind": "train", "step": 3, "tokens": 1536, "samples": 24, "seqlen": 64, "lr": 1e-3, "loss": 4.5,
-         "grad_norm": 0.7, "tokens_per_s": 100.0}
+TRAIN = {
+    "kind": "train",
+    "step": 3,
+    "tokens": 1536,
+    "samples": 24,
+    "seqlen": 64,
+    "lr": 1e-3,
+    "loss": 4.5,
+    "grad_norm": 0.7,
+    "tokens_per_s": 100.0,
+}
 EVAL = {"kind": "eval", "step": 3, "tokens": 1536, "samples": 24, "val_loss": 4.9, "val_ppl": 134.0, "seqlen": 128}
 
 
@@ -36,9 +44,11 @@ def test_deepspeed_blocks_choose_the_trackers(tmp_path):
     run = tmp_path / "run"
     assert tracker_config({}, run) == TrackerConfig(tensorboard_dir=run / "tensorboard")
     assert tracker_config({}, run, tensorboard=False) == TrackerConfig()
-    ds = {"tensorboard": {"enabled": True, "output_path": str(tmp_path / "tb"), "job_name": "job"},
-          "wandb": {"enabled": True, "project": "proj", "group": "g", "team": "t"},
-          "csv_monitor": {"enabled": True, "output_path": str(tmp_path / "csv"), "job_name": "job"}}
+    ds = {
+        "tensorboard": {"enabled": True, "output_path": str(tmp_path / "tb"), "job_name": "job"},
+        "wandb": {"enabled": True, "project": "proj", "group": "g", "team": "t"},
+        "csv_monitor": {"enabled": True, "output_path": str(tmp_path / "csv"), "job_name": "job"},
+    }
     got = tracker_config(ds, run)
     assert got.tensorboard_dir == tmp_path / "tb" / "job" and got.tensorboard_asked
     assert got.csv_dir == tmp_path / "csv" / "job"
@@ -54,8 +64,12 @@ def test_describe_says_who_logs_the_monitor_blocks():
     from seqwarm.config.defaults import default_train_config
     from seqwarm.config.describe import describe
 
-    raw = {**default_train_config(), "wandb": {"enabled": True}, "tensorboard": {"enabled": False},
-           "steps_per_print": 10}
+    raw = {
+        **default_train_config(),
+        "wandb": {"enabled": True},
+        "tensorboard": {"enabled": False},
+        "steps_per_print": 10,
+    }
     lines = describe(load_config(raw))
     assert any(line.startswith("trackers:    wandb (logged by seqwarm") for line in lines)
     assert any(line.startswith("for DeepSpeed: steps_per_print (") for line in lines)
@@ -108,8 +122,12 @@ def test_tensorboard_gets_both_tag_sets(tmp_path):
     acc = EventAccumulator(str(tmp_path / "tb"))
     acc.Reload()
     tags = acc.Tags()["scalars"]
-    assert {"train/loss", "seqlen/curriculum_seqlen", "seqlen/curriculum_seqlen vs tokens",
-            "lm-loss-validation/lm loss validation vs samples"} <= set(tags)
+    assert {
+        "train/loss",
+        "seqlen/curriculum_seqlen",
+        "seqlen/curriculum_seqlen vs tokens",
+        "lm-loss-validation/lm loss validation vs samples",
+    } <= set(tags)
     assert [e.step for e in acc.Scalars("lm-loss-training/lm loss vs tokens")] == [1536]
 
 
@@ -138,8 +156,9 @@ def test_a_resumed_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):
     ids = []
     for run_dir in (tmp_path / "a", tmp_path / "a", tmp_path / "b"):  # started, resumed; another run
         run_dir.mkdir(exist_ok=True)
-        writer = MetricsWriter(run_dir, trackers=tracker_config({"wandb": {"enabled": True}}, run_dir,
-                                                                tensorboard=False))
+        writer = MetricsWriter(
+            run_dir, trackers=tracker_config({"wandb": {"enabled": True}}, run_dir, tensorboard=False)
+        )
         writer.write(TRAIN)
         writer.close(None)
         ids.append((run_dir / WANDB_ID_FILE).read_text().strip())

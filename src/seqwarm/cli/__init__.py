@@ -47,8 +47,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"seqwarm {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     # `deepspeed [--module] seqwarm train ...` puts its --local_rank=N before the command
-    parser.add_argument("--local_rank", "--local-rank", dest="launcher_local_rank", type=int, metavar="N",
-                        help="set by the deepspeed launcher before the command; passed on to `train`")
+    parser.add_argument(
+        "--local_rank",
+        "--local-rank",
+        dest="launcher_local_rank",
+        type=int,
+        metavar="N",
+        help="set by the deepspeed launcher before the command; passed on to `train`",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMAND_MODULES:
         importlib.import_module(name).register(sub)
@@ -58,17 +64,15 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(message)s",
-        stream=sys.stderr,
-    )
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s", stream=sys.stderr)
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if args.command is None else 2
     if args.launcher_local_rank is not None:
         if not hasattr(args, "local_rank"):
-            parser.error(f"--local_rank is the deepspeed launcher's: it runs `seqwarm train`, not `seqwarm {args.command}`")
+            parser.error(
+                f"--local_rank is the deepspeed launcher's: it runs `seqwarm train`, not `seqwarm {args.command}`"
+            )
         if args.local_rank is None:
             args.local_rank = args.launcher_local_rank
     try:

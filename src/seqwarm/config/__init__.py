@@ -29,7 +29,17 @@ from seqwarm.curriculum.schedule import CURRICULUM_MODES, CurriculumConfig
 from seqwarm.util.problems import ConfigError, Problem
 
 __all__ = [
-    "ConfigError", "Problem", "CurriculumConfig", "FP16Config", "OptimizerConfig", "LRConfig",
-    "RunConfig", "load_config", "SEQWARM_KEYS", "CURRICULUM_MODES", "DECAY_STYLES", "PRECISIONS",
+    "ConfigError",
+    "Problem",
+    "CurriculumConfig",
+    "FP16Config",
+    "OptimizerConfig",
+    "LRConfig",
+    "RunConfig",
+    "load_config",
+    "SEQWARM_KEYS",
+    "CURRICULUM_MODES",
+    "DECAY_STYLES",
+    "PRECISIONS",
     "resolve_precision",
 ]

@@ -29,8 +29,16 @@ from seqwarm.util.problems import Checker, suggest
 
 OPTIMIZERS_BUILT_HERE = ("Adam", "AdamW", "SGD")
 
-METRIC_KEYS = ("index_to_sample_path", "index_to_metric_path", "difficulty_type", "clustering_type",
-               "min_difficulty", "max_difficulty", "schedule_type", "schedule_config")
+METRIC_KEYS = (
+    "index_to_sample_path",
+    "index_to_metric_path",
+    "difficulty_type",
+    "clustering_type",
+    "min_difficulty",
+    "max_difficulty",
+    "schedule_type",
+    "schedule_config",
+)
 SEQLEN_METRICS = {"seqlen_truncate": "truncate", "seqlen_reshape": "reshape"}
 
 # The LR settings, as LRConfig's field names (lr_warmup_iters -> warmup_iters): lr_schedule checks them.
@@ -85,8 +93,10 @@ def read_data_efficiency_curriculum(chk: Checker, raw: Mapping[str, Any]) -> Cur
         return None
     if not all(flags.values()):
         off = [where for where, on in flags.items() if on is False]
-        chk.warn(f"{cl_path}.enabled is true but {', '.join(off)}.enabled is not: the curriculum is off "
-                 "(DeepSpeed needs all three enabled)")
+        chk.warn(
+            f"{cl_path}.enabled is true but {', '.join(off)}.enabled is not: the curriculum is off "
+            "(DeepSpeed needs all three enabled)"
+        )
         return None
     m_path = f"{cl_path}.curriculum_metrics"
     if not metrics:
@@ -96,24 +106,30 @@ def read_data_efficiency_curriculum(chk: Checker, raw: Mapping[str, Any]) -> Cur
     for name, block in metrics.items():
         if name not in SEQLEN_METRICS:
             guess = suggest(name, SEQLEN_METRICS)
-            chk.add(f"{m_path}.{name}", "{...}",
-                    "seqwarm runs sequence-length curricula only (other metrics need DeepSpeed's "
-                    "offline-indexed data sampler)",
-                    f'did you mean "{guess}"?' if guess else "use seqlen_truncate or seqlen_reshape")
+            chk.add(
+                f"{m_path}.{name}",
+                "{...}",
+                "seqwarm runs sequence-length curricula only (other metrics need DeepSpeed's "
+                "offline-indexed data sampler)",
+                f'did you mean "{guess}"?' if guess else "use seqlen_truncate or seqlen_reshape",
+            )
             continue
         if not isinstance(block, Mapping):
             chk.add(f"{m_path}.{name}", block, "must be an object", "write the metric's settings as an object")
             continue
         dtype = block.get("difficulty_type", "value")
         if dtype != "value":
-            chk.add(f"{m_path}.{name}.difficulty_type", dtype, "a length curriculum is value-based",
-                    'use "value"')
+            chk.add(f"{m_path}.{name}.difficulty_type", dtype, "a length curriculum is value-based", 'use "value"')
         out = check_curriculum_block(chk, block, f"{m_path}.{name}", METRIC_KEYS, need_enabled=False)
         if out is not None:
             found.append(CurriculumConfig(**out, mode=SEQLEN_METRICS[name], source="data_efficiency"))
     if len(found) > 1:
-        chk.add(m_path, sorted(metrics), "only one sequence-length metric can be active",
-                "keep either seqlen_truncate or seqlen_reshape")
+        chk.add(
+            m_path,
+            sorted(metrics),
+            "only one sequence-length metric can be active",
+            "keep either seqlen_truncate or seqlen_reshape",
+        )
         return None
     return found[0] if found else None
 
@@ -135,25 +151,41 @@ def check_batch_sizes(chk: Checker, raw: Mapping[str, Any], s: Settings, world: 
     tbs, mb, gas = got["train_batch_size"], got["train_micro_batch_size_per_gpu"], got["gradient_accumulation_steps"]
     rule = f"train_batch_size must equal micro batch x gradient_accumulation_steps x world size ({world})"
     if tbs is None and mb is None:
-        chk.add("train_batch_size", None, "is required (or train_micro_batch_size_per_gpu)",
-                'add "train_batch_size": the global batch in sequences')
+        chk.add(
+            "train_batch_size",
+            None,
+            "is required (or train_micro_batch_size_per_gpu)",
+            'add "train_batch_size": the global batch in sequences',
+        )
         return None
     if tbs is not None and mb is not None and gas is not None:
         if tbs != mb * gas * world:
-            chk.add(paths["train_batch_size"], tbs, f"{rule}: {mb} x {gas} x {world} = {mb * gas * world}",
-                    f"set train_batch_size to {mb * gas * world}, or change the micro batch / accumulation")
+            chk.add(
+                paths["train_batch_size"],
+                tbs,
+                f"{rule}: {mb} x {gas} x {world} = {mb * gas * world}",
+                f"set train_batch_size to {mb * gas * world}, or change the micro batch / accumulation",
+            )
             return None
     elif tbs is not None and mb is not None:
         if tbs % (mb * world):
-            chk.add(paths["train_batch_size"], tbs, f"{rule}: it is not divisible by {mb} x {world}",
-                    "use a multiple of micro batch x world size")
+            chk.add(
+                paths["train_batch_size"],
+                tbs,
+                f"{rule}: it is not divisible by {mb} x {world}",
+                "use a multiple of micro batch x world size",
+            )
             return None
         gas = tbs // (mb * world)
     elif tbs is not None:
         gas = gas or 1
         if tbs % (gas * world):
-            chk.add(paths["train_batch_size"], tbs, f"{rule}: it is not divisible by {gas} x {world}",
-                    "use a multiple of gradient_accumulation_steps x world size")
+            chk.add(
+                paths["train_batch_size"],
+                tbs,
+                f"{rule}: it is not divisible by {gas} x {world}",
+                "use a multiple of gradient_accumulation_steps x world size",
+            )
             return None
         mb = tbs // (gas * world)
     else:
@@ -176,8 +208,10 @@ def check_optimizer(chk: Checker, raw: Mapping[str, Any]) -> OptimizerConfig:
         if canonical:
             kind = canonical
         else:
-            chk.warn(f"optimizer.type {kind!r}: seqwarm's own engine builds {', '.join(OPTIMIZERS_BUILT_HERE)}; "
-                     "other types run only under DeepSpeed")
+            chk.warn(
+                f"optimizer.type {kind!r}: seqwarm's own engine builds {', '.join(OPTIMIZERS_BUILT_HERE)}; "
+                "other types run only under DeepSpeed"
+            )
     params = chk.section(block, "params", "optimizer.params") or {}
     defaults = OptimizerConfig()
     lr = defaults.lr
@@ -186,8 +220,11 @@ def check_optimizer(chk: Checker, raw: Mapping[str, Any]) -> OptimizerConfig:
     betas = defaults.betas
     if "betas" in params:
         b = params["betas"]
-        ok = isinstance(b, (list, tuple)) and len(b) == 2 and all(
-            not isinstance(x, bool) and isinstance(x, (int, float)) and 0 <= x < 1 for x in b)
+        ok = (
+            isinstance(b, (list, tuple))
+            and len(b) == 2
+            and all(not isinstance(x, bool) and isinstance(x, (int, float)) and 0 <= x < 1 for x in b)
+        )
         if ok:
             betas = (float(b[0]), float(b[1]))
         else:
@@ -195,8 +232,14 @@ def check_optimizer(chk: Checker, raw: Mapping[str, Any]) -> OptimizerConfig:
     eps = chk.number(params.get("eps", defaults.eps), "optimizer.params.eps", strict=True) or defaults.eps
     # DeepSpeed's optimizers default to no weight decay; keep that when the config names an optimizer.
     wd = chk.number(params.get("weight_decay", 0.0), "optimizer.params.weight_decay")
-    return OptimizerConfig(type=kind, lr=lr if lr is not None else defaults.lr, betas=betas, eps=eps,
-                           weight_decay=wd if wd is not None else 0.0, params=dict(params))
+    return OptimizerConfig(
+        type=kind,
+        lr=lr if lr is not None else defaults.lr,
+        betas=betas,
+        eps=eps,
+        weight_decay=wd if wd is not None else 0.0,
+        params=dict(params),
+    )
 
 
 def apply_adam_overrides(chk: Checker, s: Settings, opt: OptimizerConfig) -> OptimizerConfig:
@@ -216,8 +259,7 @@ def apply_adam_overrides(chk: Checker, s: Settings, opt: OptimizerConfig) -> Opt
     return dataclasses.replace(opt, betas=(betas[0], betas[1]), eps=eps)
 
 
-def check_precision(chk: Checker, raw: Mapping[str, Any],
-               s: Settings) -> tuple[str, FP16Config, bool]:
+def check_precision(chk: Checker, raw: Mapping[str, Any], s: Settings) -> tuple[str, FP16Config, bool]:
     """The precision, the fp16 block, and whether the config named a precision (else the device decides)."""
     fp16_block = chk.section(raw, "fp16", "fp16") or {}
     bf16_block = chk.section(raw, "bf16", "bf16") or {}
@@ -235,15 +277,22 @@ def check_precision(chk: Checker, raw: Mapping[str, Any],
     fp16 = FP16Config(
         enabled=precision == "fp16",
         loss_scale=chk.number(fp16_block.get("loss_scale", d.loss_scale), "fp16.loss_scale") or 0.0,
-        initial_scale_power=chk.integer(fp16_block.get("initial_scale_power", d.initial_scale_power),
-                                        "fp16.initial_scale_power", minimum=0) or 0,
-        loss_scale_window=chk.integer(fp16_block.get("loss_scale_window", d.loss_scale_window),
-                                      "fp16.loss_scale_window") or d.loss_scale_window,
+        initial_scale_power=chk.integer(
+            fp16_block.get("initial_scale_power", d.initial_scale_power), "fp16.initial_scale_power", minimum=0
+        )
+        or 0,
+        loss_scale_window=chk.integer(
+            fp16_block.get("loss_scale_window", d.loss_scale_window), "fp16.loss_scale_window"
+        )
+        or d.loss_scale_window,
         hysteresis=chk.integer(fp16_block.get("hysteresis", d.hysteresis), "fp16.hysteresis") or d.hysteresis,
-        consecutive_hysteresis=bool(chk.boolean(fp16_block.get("consecutive_hysteresis", False),
-                                                "fp16.consecutive_hysteresis")),
-        min_loss_scale=chk.number(fp16_block.get("min_loss_scale", d.min_loss_scale), "fp16.min_loss_scale",
-                                  strict=True) or d.min_loss_scale,
+        consecutive_hysteresis=bool(
+            chk.boolean(fp16_block.get("consecutive_hysteresis", False), "fp16.consecutive_hysteresis")
+        ),
+        min_loss_scale=chk.number(
+            fp16_block.get("min_loss_scale", d.min_loss_scale), "fp16.min_loss_scale", strict=True
+        )
+        or d.min_loss_scale,
     )
     # a block that says enabled (true or false) names the precision: only silence lets the device choose
     named = "enabled" in fp16_block or "enabled" in bf16_block or "precision" in s
@@ -267,17 +316,25 @@ def scheduler_settings(chk: Checker, raw: Mapping[str, Any]) -> Settings:
     elif kind == "WarmupCosineLR":
         out.update(lr_decay_style="cosine", lr_decay_iters=params.get("total_num_steps"))
     if out:
-        chk.warn(f"scheduler {kind!r} is mapped onto seqwarm's LR schedule by iterations; with a curriculum, "
-                 "decay by tokens instead (lr_decay_tokens): early curriculum steps carry few tokens")
+        chk.warn(
+            f"scheduler {kind!r} is mapped onto seqwarm's LR schedule by iterations; with a curriculum, "
+            "decay by tokens instead (lr_decay_tokens): early curriculum steps carry few tokens"
+        )
         if params.get("warmup_min_lr"):
-            chk.warn(f"scheduler.params.warmup_min_lr = {params['warmup_min_lr']}: seqwarm's warmup starts "
-                     "from 0, not from warmup_min_lr")
+            chk.warn(
+                f"scheduler.params.warmup_min_lr = {params['warmup_min_lr']}: seqwarm's warmup starts "
+                "from 0, not from warmup_min_lr"
+            )
         if params.get("warmup_type", "log") != "linear" and "warmup_num_steps" in params:
-            chk.warn(f"scheduler.params.warmup_type = {params.get('warmup_type', 'log')!r} (DeepSpeed's default "
-                     "is 'log'): seqwarm's warmup is linear")
+            chk.warn(
+                f"scheduler.params.warmup_type = {params.get('warmup_type', 'log')!r} (DeepSpeed's default "
+                "is 'log'): seqwarm's warmup is linear"
+            )
     else:
-        chk.warn(f"scheduler {kind!r} is left to DeepSpeed; seqwarm's own engine keeps a constant LR unless "
-                 "lr_decay_style is set")
+        chk.warn(
+            f"scheduler {kind!r} is left to DeepSpeed; seqwarm's own engine keeps a constant LR unless "
+            "lr_decay_style is set"
+        )
     return {k: Given(v, f"scheduler.params ({kind})") for k, v in out.items() if v is not None}
 
 
@@ -285,4 +342,3 @@ def check_lr(chk: Checker, s: Settings, opt: OptimizerConfig, budget: dict[str, 
     """The LR settings, handed to :func:`seqwarm.curriculum.lr.lr_config_from` by LRConfig field name."""
     given = {_LR_FIELDS[key]: where for key, where in s.items() if key in _LR_FIELDS}
     return lr_config_from(chk, given, default_lr=opt.lr, budget=budget, label=lambda name: flag_for(_LR_KEYS[name]))
-

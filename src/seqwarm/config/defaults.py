@@ -30,14 +30,18 @@ PRESETS: dict[str, dict[str, int]] = {
     # For science on CPU (sweeps, many seeds): ~0.6M parameters, most of them the embedding, so hundreds
     # of optimizer steps at a large batch fit on 2 cores.
     "nano": dict(vocab_size=8192, seq_length=256, n_layer=2, n_head=2, n_embd=64, vocab_multiple=VOCAB_MULTIPLE),
-    "gpt2-124m": dict(vocab_size=50257, seq_length=1024, n_layer=12, n_head=12, n_embd=768,
-                      vocab_multiple=VOCAB_MULTIPLE),
-    "gpt2-350m": dict(vocab_size=50257, seq_length=1024, n_layer=24, n_head=16, n_embd=1024,
-                      vocab_multiple=VOCAB_MULTIPLE),
-    "gpt2-774m": dict(vocab_size=50257, seq_length=1024, n_layer=36, n_head=20, n_embd=1280,
-                      vocab_multiple=VOCAB_MULTIPLE),
-    "gpt2-1.5b": dict(vocab_size=50257, seq_length=1024, n_layer=48, n_head=25, n_embd=1600,
-                      vocab_multiple=VOCAB_MULTIPLE),
+    "gpt2-124m": dict(
+        vocab_size=50257, seq_length=1024, n_layer=12, n_head=12, n_embd=768, vocab_multiple=VOCAB_MULTIPLE
+    ),
+    "gpt2-350m": dict(
+        vocab_size=50257, seq_length=1024, n_layer=24, n_head=16, n_embd=1024, vocab_multiple=VOCAB_MULTIPLE
+    ),
+    "gpt2-774m": dict(
+        vocab_size=50257, seq_length=1024, n_layer=36, n_head=20, n_embd=1280, vocab_multiple=VOCAB_MULTIPLE
+    ),
+    "gpt2-1.5b": dict(
+        vocab_size=50257, seq_length=1024, n_layer=48, n_head=25, n_embd=1600, vocab_multiple=VOCAB_MULTIPLE
+    ),
 }
 """GPT sizes by name: vocabulary, full length, layers, heads, width (GPT-2 sizes as in the GPT-2 paper),
 and the multiple the vocabulary is padded to."""
@@ -45,8 +49,7 @@ and the multiple the vocabulary is padded to."""
 _DEFAULT_TRAIN_CONFIG: dict[str, Any] = {
     # Only the global batch: the micro-batch follows from the world size (16 on one process, 8 on two).
     "train_batch_size": 16,
-    "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "betas": [0.9, 0.95], "eps": 1e-8,
-                                              "weight_decay": 0.1}},
+    "optimizer": {"type": "AdamW", "params": {"lr": 0.001, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.1}},
     "gradient_clipping": 1.0,
     "curriculum_learning": {
         "enabled": True,
@@ -70,8 +73,9 @@ _CURRICULUM_FRACTION = 130 / (1_200_000 / (16 * 256))
 """The recipe's curriculum length over its step count at full length (130 of ~293 steps)."""
 
 
-def default_train_config(seq_length: int | None = None, *, train_tokens: int | None = None,
-                         train_batch_size: int | None = None) -> dict[str, Any]:
+def default_train_config(
+    seq_length: int | None = None, *, train_tokens: int | None = None, train_batch_size: int | None = None
+) -> dict[str, Any]:
     """A fresh copy of the default run's config (DeepSpeed JSON plus a seqwarm block).
 
     With ``seq_length`` L (the user's ``--seq-length``, or the model preset's length) the recipe follows

@@ -48,8 +48,15 @@ SEQWARM_KEYS = SETTING_KEYS
 _INT_KEYS = tuple(k for k in keys_of_kind("count") if k not in keys_in_group("lr"))
 _BUDGET_KEYS = keys_in_group("budget")
 
-APPLIED_DS_KEYS = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps",
-                   "optimizer", "gradient_clipping", "fp16", "bf16")
+APPLIED_DS_KEYS = (
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "optimizer",
+    "gradient_clipping",
+    "fp16",
+    "bf16",
+)
 """DeepSpeed top-level keys whose values seqwarm's own engine applies (the rest pass through to DeepSpeed)."""
 TRACKER_DS_KEYS = ("tensorboard", "wandb", "csv_monitor")
 """DeepSpeed's monitor blocks: seqwarm's trackers log them in every engine (:mod:`seqwarm.trainer.trackers`)."""
@@ -57,11 +64,30 @@ TRACKER_DS_KEYS = ("tensorboard", "wandb", "csv_monitor")
 _READ_TOP_KEYS = (*APPLIED_DS_KEYS, "scheduler", "curriculum_learning", "data_efficiency", "seqwarm")
 # Top-level keys of DeepSpeed configs, for "did you mean" on likely typos (other keys pass through).
 _DS_TOP_KEYS = (
-    *_READ_TOP_KEYS, "steps_per_print", "amp", "zero_optimization", "wall_clock_breakdown",
-    "prescale_gradients", "gradient_predivide_factor", "sparse_gradients", "activation_checkpointing",
-    "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comms_logger", "zero_allow_untested_optimizer",
-    "communication_data_type", "pipeline", "checkpoint", "dump_state", "elasticity",
-    "compression_training", "aio", "memory_breakdown", "torch_autocast",
+    *_READ_TOP_KEYS,
+    "steps_per_print",
+    "amp",
+    "zero_optimization",
+    "wall_clock_breakdown",
+    "prescale_gradients",
+    "gradient_predivide_factor",
+    "sparse_gradients",
+    "activation_checkpointing",
+    "flops_profiler",
+    "tensorboard",
+    "wandb",
+    "csv_monitor",
+    "comms_logger",
+    "zero_allow_untested_optimizer",
+    "communication_data_type",
+    "pipeline",
+    "checkpoint",
+    "dump_state",
+    "elasticity",
+    "compression_training",
+    "aio",
+    "memory_breakdown",
+    "torch_autocast",
 )
 
 
@@ -78,16 +104,24 @@ MAX_INT = 10**18
 def _absurd(raw: Any, where: str = "", depth: int = 0) -> Problem | None:
     """The first value nested deeper than MAX_DEPTH or an integer beyond MAX_INT, as a Problem."""
     if depth > MAX_DEPTH:
-        return Problem(where or "(top level)", "...", f"nested more than {MAX_DEPTH} levels deep",
-                       "a seqwarm/DeepSpeed config is a few levels of objects; check the file")
+        return Problem(
+            where or "(top level)",
+            "...",
+            f"nested more than {MAX_DEPTH} levels deep",
+            "a seqwarm/DeepSpeed config is a few levels of objects; check the file",
+        )
     if isinstance(raw, Mapping):
         items: Any = ((f"{where}.{k}" if where else str(k), v) for k, v in raw.items())
     elif isinstance(raw, list):
         items = ((f"{where}[{i}]", v) for i, v in enumerate(raw))
     else:
         if isinstance(raw, int) and not isinstance(raw, bool) and abs(raw) > MAX_INT:
-            return Problem(where, f"an integer of {len(str(abs(raw)))} digits", f"is larger than {MAX_INT:.0e}",
-                           "give a realistic value (budgets and sizes fit in 18 digits)")
+            return Problem(
+                where,
+                f"an integer of {len(str(abs(raw)))} digits",
+                f"is larger than {MAX_INT:.0e}",
+                "give a realistic value (budgets and sizes fit in 18 digits)",
+            )
         return None
     for key, value in items:
         found = _absurd(value, key, depth + 1)
@@ -109,36 +143,55 @@ def read_config_dict(source: Any) -> tuple[dict[str, Any], str | None]:
     path = Path(os.fspath(source))
     name = str(path)
     if not path.exists():
-        raise ConfigError([Problem(name, str(path), "config file not found",
-                                   "check the path (relative paths start from the current directory)")])
+        raise ConfigError(
+            [
+                Problem(
+                    name,
+                    str(path),
+                    "config file not found",
+                    "check the path (relative paths start from the current directory)",
+                )
+            ]
+        )
     if path.is_dir():
-        raise ConfigError([Problem(name, str(path), "is a folder, not a config file",
-                                   "pass the JSON file inside it")])
+        raise ConfigError([Problem(name, str(path), "is a folder, not a config file", "pass the JSON file inside it")])
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError([Problem(name, str(path), f"cannot be read ({err})",
-                                   "check its permissions and that it is UTF-8 JSON")]) from None
+        raise ConfigError(
+            [Problem(name, str(path), f"cannot be read ({err})", "check its permissions and that it is UTF-8 JSON")]
+        ) from None
     try:
         raw = json.loads(text)
     except json.JSONDecodeError as err:
         line = text.splitlines()[err.lineno - 1] if 0 < err.lineno <= len(text.splitlines()) else ""
-        raise ConfigError([Problem(f"{name}:{err.lineno}:{err.colno}", line.strip(),
-                                   f"invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}",
-                                   "fix the JSON syntax there (trailing commas, comments and single "
-                                   "quotes are not JSON)")]) from None
+        raise ConfigError(
+            [
+                Problem(
+                    f"{name}:{err.lineno}:{err.colno}",
+                    line.strip(),
+                    f"invalid JSON at line {err.lineno}, column {err.colno}: {err.msg}",
+                    "fix the JSON syntax there (trailing commas, comments and single quotes are not JSON)",
+                )
+            ]
+        ) from None
     except (RecursionError, ValueError) as err:  # absurd nesting, or an integer of thousands of digits
-        raise ConfigError([Problem(name, "...", f"cannot be read as a config ({str(err).split(':')[0]})",
-                                   "a config is a few levels of objects with realistic numbers")]) from None
+        raise ConfigError(
+            [
+                Problem(
+                    name,
+                    "...",
+                    f"cannot be read as a config ({str(err).split(':')[0]})",
+                    "a config is a few levels of objects with realistic numbers",
+                )
+            ]
+        ) from None
     if not isinstance(raw, dict):
-        raise ConfigError([Problem(name, raw, "the top level must be a JSON object",
-                                   'wrap the settings in { ... }')])
+        raise ConfigError([Problem(name, raw, "the top level must be a JSON object", "wrap the settings in { ... }")])
     found = _absurd(raw)
     if found:
         raise ConfigError([found], name)
     return raw, name
-
-
 
 
 def _settings(chk: Checker, raw: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> Settings:
@@ -156,7 +209,6 @@ def _settings(chk: Checker, raw: Mapping[str, Any], overrides: Mapping[str, Any]
         if value is not None:
             merged[key] = Given(value, flag_for(key))
     return merged
-
 
 
 def without_seqwarm_blocks(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -198,8 +250,12 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
     legacy = read_legacy_curriculum(chk, raw)
     newer = read_data_efficiency_curriculum(chk, raw)
     if legacy and newer:
-        chk.add("curriculum_learning", "{...}", "both the legacy block and data_efficiency curriculum are enabled",
-                "keep one of them")
+        chk.add(
+            "curriculum_learning",
+            "{...}",
+            "both the legacy block and data_efficiency curriculum are enabled",
+            "keep one of them",
+        )
     curriculum = legacy or newer
     if "curriculum" in s:
         value, path = s["curriculum"]
@@ -212,29 +268,42 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
             curriculum = dataclasses.replace(curriculum, mode=mode)
     count_by = "shape"
     if "count_tokens_by" in s:
-        count_by = chk.choice(s["count_tokens_by"].value, s["count_tokens_by"].path, COUNT_TOKENS_BY,
-                              "token counting") or "shape"
+        count_by = (
+            chk.choice(s["count_tokens_by"].value, s["count_tokens_by"].path, COUNT_TOKENS_BY, "token counting")
+            or "shape"
+        )
 
     compiled = chk.boolean(*s["compile"]) if "compile" in s else False
     bucket = s["length_bucket"].value if "length_bucket" in s else None  # a whole number >= 1 (checked above)
     if bucket is not None and not curriculum:
         chk.warn(f"length_bucket {bucket} has no effect without a curriculum (every batch is at full length)")
     if bucket is not None and curriculum and curriculum.mode not in (None, "truncate"):
-        chk.add(s["length_bucket"].path, bucket, f"works only in curriculum mode truncate, not {curriculum.mode}",
-                "drop the length bucket, or use curriculum mode truncate")
+        chk.add(
+            s["length_bucket"].path,
+            bucket,
+            f"works only in curriculum mode truncate, not {curriculum.mode}",
+            "drop the length bucket, or use curriculum mode truncate",
+        )
     batch = check_batch_sizes(chk, raw, s, world_size)
     seq_length = s["seq_length"].value if "seq_length" in s else None
     if curriculum and seq_length is not None:
         if curriculum.max_difficulty > seq_length:
-            where = ("curriculum_learning" if curriculum.source == "curriculum_learning" else
-                     "data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen_"
-                     f"{curriculum.mode}")
-            chk.add(f"{where}.max_difficulty", curriculum.max_difficulty,
-                    f"exceeds the model's sequence length ({seq_length})",
-                    f"set max_difficulty to {seq_length}, the full length")
+            where = (
+                "curriculum_learning"
+                if curriculum.source == "curriculum_learning"
+                else f"data_efficiency.data_sampling.curriculum_learning.curriculum_metrics.seqlen_{curriculum.mode}"
+            )
+            chk.add(
+                f"{where}.max_difficulty",
+                curriculum.max_difficulty,
+                f"exceeds the model's sequence length ({seq_length})",
+                f"set max_difficulty to {seq_length}, the full length",
+            )
         elif curriculum.max_difficulty < seq_length:
-            chk.warn(f"max_difficulty {curriculum.max_difficulty} < seq_length {seq_length}: training never "
-                     "reaches full length (evaluation still runs at full length)")
+            chk.warn(
+                f"max_difficulty {curriculum.max_difficulty} < seq_length {seq_length}: training never "
+                "reaches full length (evaluation still runs at full length)"
+            )
     if "gradient_clipping" in s:
         clip = chk.number(s["gradient_clipping"].value, s["gradient_clipping"].path)
     else:
@@ -247,26 +316,47 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
     opt = apply_adam_overrides(chk, s, opt)
     if clip is None or clip == 0:
         mgn = opt.params.get("max_grad_norm")
-        if isinstance(mgn, (int, float)) and not isinstance(mgn, bool) and mgn > 0 \
-                and "gradient_clipping" not in raw and "gradient_clipping" not in s:
+        if (
+            isinstance(mgn, (int, float))
+            and not isinstance(mgn, bool)
+            and mgn > 0
+            and "gradient_clipping" not in raw
+            and "gradient_clipping" not in s
+        ):
             clip = float(mgn)
     precision, fp16, named = check_precision(chk, raw, s)
     budget = {k: s[k].value if k in s else None for k in _BUDGET_KEYS}
     s = {**scheduler_settings(chk, raw), **s}
     lr = check_lr(chk, s, opt, budget)
     if curriculum and budget["train_iters"] and not budget["train_tokens"]:
-        chk.warn("with a curriculum, steps carry different token counts: budget the run with train_tokens "
-                 "and keep train_iters only as a safety cap")
+        chk.warn(
+            "with a curriculum, steps carry different token counts: budget the run with train_tokens "
+            "and keep train_iters only as a safety cap"
+        )
     raise_if_problems(chk, name)
     tbs, mb, gas = batch
     ds = without_seqwarm_blocks(raw)
     return RunConfig(
-        train_batch_size=tbs, micro_batch_size=mb, gradient_accumulation_steps=gas, world_size=world_size,
-        seq_length=seq_length, gradient_clipping=clip or 0.0, precision=precision, precision_named=named, fp16=fp16,
+        train_batch_size=tbs,
+        micro_batch_size=mb,
+        gradient_accumulation_steps=gas,
+        world_size=world_size,
+        seq_length=seq_length,
+        gradient_clipping=clip or 0.0,
+        precision=precision,
+        precision_named=named,
+        fp16=fp16,
         optimizer=opt,
-        lr=lr, curriculum=curriculum, train_tokens=budget["train_tokens"], train_iters=budget["train_iters"],
-        train_samples=budget["train_samples"], count_tokens_by=count_by, compile=bool(compiled), deepspeed=ds,
+        lr=lr,
+        curriculum=curriculum,
+        train_tokens=budget["train_tokens"],
+        train_iters=budget["train_iters"],
+        train_samples=budget["train_samples"],
+        count_tokens_by=count_by,
+        compile=bool(compiled),
+        deepspeed=ds,
         length_bucket=bucket,
         rampup_batch_size=s["rampup_batch_size"].value if "rampup_batch_size" in s else None,
-        warnings=tuple(chk.warnings), source=name,
+        warnings=tuple(chk.warnings),
+        source=name,
     )

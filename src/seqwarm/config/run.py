@@ -143,8 +143,9 @@ class RunConfig:
         return cls(**vals)
 
 
-def resolve_precision(cfg: RunConfig, device_type: str, bf16_supported: bool = True,
-                      resumed: str | None = None) -> RunConfig:
+def resolve_precision(
+    cfg: RunConfig, device_type: str, bf16_supported: bool = True, resumed: str | None = None
+) -> RunConfig:
     """``cfg`` with its precision fixed for a device — the one rule, for every engine and the loop: a
     precision the config named is kept; else the precision of the run being resumed (``resumed``: a
     checkpoint keeps what it was trained in); else bf16 on CUDA (when the device supports it) and fp32

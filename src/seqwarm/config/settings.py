@@ -19,8 +19,17 @@ from seqwarm.config.run import COUNT_TOKENS_BY, PRECISIONS
 from seqwarm.curriculum.lr import DECAY_STYLES
 from seqwarm.curriculum.schedule import CURRICULUM_MODES
 
-__all__ = ["Setting", "SETTINGS", "SETTING_KEYS", "GROUPS", "setting", "flag_for", "negative_flag", "keys_of_kind",
-           "keys_in_group"]
+__all__ = [
+    "Setting",
+    "SETTINGS",
+    "SETTING_KEYS",
+    "GROUPS",
+    "setting",
+    "flag_for",
+    "negative_flag",
+    "keys_of_kind",
+    "keys_in_group",
+]
 
 GROUPS = {
     "budget": "budget (tokens are counted as trained, after truncation)",
@@ -62,76 +71,236 @@ class Setting:
 
 SETTINGS: tuple[Setting, ...] = (
     # budget
-    Setting("train_tokens", "--train-tokens", "count", "token budget: stop after the first optimizer step at "
-            "which the tokens trained (after truncation, summed over ranks) reach N", "budget", metavar="N"),
-    Setting("train_iters", "--train-iters", "count", "cap on optimizer steps (with a curriculum, keep it only as "
-            "a generous safety cap next to --train-tokens)", "budget", metavar="N"),
-    Setting("train_samples", "--train-samples", "count", "cap on samples (full-length sequences drawn)",
-            "budget", metavar="N"),
+    Setting(
+        "train_tokens",
+        "--train-tokens",
+        "count",
+        "token budget: stop after the first optimizer step at "
+        "which the tokens trained (after truncation, summed over ranks) reach N",
+        "budget",
+        metavar="N",
+    ),
+    Setting(
+        "train_iters",
+        "--train-iters",
+        "count",
+        "cap on optimizer steps (with a curriculum, keep it only as a generous safety cap next to --train-tokens)",
+        "budget",
+        metavar="N",
+    ),
+    Setting(
+        "train_samples",
+        "--train-samples",
+        "count",
+        "cap on samples (full-length sequences drawn)",
+        "budget",
+        metavar="N",
+    ),
     # learning rate
-    Setting("lr", "--lr", "float", "peak learning rate (default: the config's optimizer lr)", "lr",
-            metavar="LR"),
-    Setting("min_lr", "--min-lr", "float", "learning rate at the end of the decay (default 0)", "lr",
-            metavar="LR"),
-    Setting("lr_decay_style", "--lr-decay-style", "choice", "shape of the decay after warmup: linear and "
-            "cosine reach exactly --min-lr at the decay end (default: linear when a decay length is given, "
-            "else constant)", "lr", choices=DECAY_STYLES),
-    Setting("lr_decay_tokens", "--lr-decay-tokens", "count", "the LR decays from the end of warmup until N "
-            "tokens are trained (the recipe's unit; default: the --train-tokens budget). From "
-            "--lr-decay-samples multiply by the full length; from --lr-decay-iters by full length x global "
-            "batch", "lr", exclusive="decay", metavar="N"),
-    Setting("lr_decay_iters", "--lr-decay-iters", "count", "decay until optimizer step N instead (decays too "
-            "fast with a curriculum: early steps carry few tokens)", "lr", exclusive="decay", metavar="N"),
-    Setting("lr_decay_samples", "--lr-decay-samples", "count", "decay until N samples instead", "lr",
-            exclusive="decay", metavar="N"),
-    Setting("lr_warmup_iters", "--lr-warmup-iters", "count", "linear LR warmup over N optimizer steps (for a "
-            "warmup of X tokens: X / (min_difficulty x global batch))", "lr", exclusive="warmup", metavar="N"),
-    Setting("lr_warmup_samples", "--lr-warmup-samples", "count", "linear LR warmup over N samples (for a warmup "
-            "of X tokens: X / min_difficulty)", "lr", exclusive="warmup", metavar="N"),
-    Setting("lr_warmup_tokens", "--lr-warmup-tokens", "count", "linear LR warmup over N tokens (not the recipe: "
-            "token warmup rises slowly while sequences are short)", "lr", exclusive="warmup", metavar="N"),
+    Setting("lr", "--lr", "float", "peak learning rate (default: the config's optimizer lr)", "lr", metavar="LR"),
+    Setting("min_lr", "--min-lr", "float", "learning rate at the end of the decay (default 0)", "lr", metavar="LR"),
+    Setting(
+        "lr_decay_style",
+        "--lr-decay-style",
+        "choice",
+        "shape of the decay after warmup: linear and "
+        "cosine reach exactly --min-lr at the decay end (default: linear when a decay length is given, "
+        "else constant)",
+        "lr",
+        choices=DECAY_STYLES,
+    ),
+    Setting(
+        "lr_decay_tokens",
+        "--lr-decay-tokens",
+        "count",
+        "the LR decays from the end of warmup until N "
+        "tokens are trained (the recipe's unit; default: the --train-tokens budget). From "
+        "--lr-decay-samples multiply by the full length; from --lr-decay-iters by full length x global "
+        "batch",
+        "lr",
+        exclusive="decay",
+        metavar="N",
+    ),
+    Setting(
+        "lr_decay_iters",
+        "--lr-decay-iters",
+        "count",
+        "decay until optimizer step N instead (decays too fast with a curriculum: early steps carry few tokens)",
+        "lr",
+        exclusive="decay",
+        metavar="N",
+    ),
+    Setting(
+        "lr_decay_samples",
+        "--lr-decay-samples",
+        "count",
+        "decay until N samples instead",
+        "lr",
+        exclusive="decay",
+        metavar="N",
+    ),
+    Setting(
+        "lr_warmup_iters",
+        "--lr-warmup-iters",
+        "count",
+        "linear LR warmup over N optimizer steps (for a warmup of X tokens: X / (min_difficulty x global batch))",
+        "lr",
+        exclusive="warmup",
+        metavar="N",
+    ),
+    Setting(
+        "lr_warmup_samples",
+        "--lr-warmup-samples",
+        "count",
+        "linear LR warmup over N samples (for a warmup of X tokens: X / min_difficulty)",
+        "lr",
+        exclusive="warmup",
+        metavar="N",
+    ),
+    Setting(
+        "lr_warmup_tokens",
+        "--lr-warmup-tokens",
+        "count",
+        "linear LR warmup over N tokens (not the recipe: token warmup rises slowly while sequences are short)",
+        "lr",
+        exclusive="warmup",
+        metavar="N",
+    ),
     # batch and length
-    Setting("seq_length", "--seq-length", "count", "the model's full sequence length (default: the curriculum's "
-            "max_difficulty, else the model preset's)", "batch", metavar="L"),
-    Setting("train_micro_batch_size_per_gpu", "--micro-batch-size", "count", "sequences per micro-batch on each "
-            "process (DeepSpeed's train_micro_batch_size_per_gpu)", "batch", metavar="B"),
-    Setting("train_batch_size", "--global-batch-size", "count", "sequences per optimizer step (= micro batch x "
-            "accumulation x world size; DeepSpeed's train_batch_size)", "batch", metavar="B"),
-    Setting("gradient_accumulation_steps", "--gradient-accumulation-steps", "count", "micro-batches per "
-            "optimizer step on each process", "batch", metavar="K"),
-    Setting("rampup_batch_size", "--rampup-batch-size", "list", "Megatron's batch-size ramp: refused next to a "
-            "curriculum (both cut the tokens per batch; never combine the two)", "batch", metavar="V"),
-    Setting("curriculum_mode", "--curriculum-mode", "choice", "how the length reaches the model: truncate (cut "
-            "every sequence), reshape (re-chunk the batch, keep all tokens) or inject (pass curriculum_seqlen=L "
-            "to a forward that takes it); default: inject when the model's forward names curriculum_seqlen, "
-            "else truncate", "batch", choices=CURRICULUM_MODES),
-    Setting("count_tokens_by", "--count-tokens-by", "choice", "count trained tokens by the shaped batch's shape "
-            "(default) or by the sum of its loss_mask", "batch", choices=COUNT_TOKENS_BY),
-    Setting("curriculum", "--no-curriculum", "off", "turn the curriculum off: the full-length baseline",
-            "batch"),
+    Setting(
+        "seq_length",
+        "--seq-length",
+        "count",
+        "the model's full sequence length (default: the curriculum's max_difficulty, else the model preset's)",
+        "batch",
+        metavar="L",
+    ),
+    Setting(
+        "train_micro_batch_size_per_gpu",
+        "--micro-batch-size",
+        "count",
+        "sequences per micro-batch on each process (DeepSpeed's train_micro_batch_size_per_gpu)",
+        "batch",
+        metavar="B",
+    ),
+    Setting(
+        "train_batch_size",
+        "--global-batch-size",
+        "count",
+        "sequences per optimizer step (= micro batch x accumulation x world size; DeepSpeed's train_batch_size)",
+        "batch",
+        metavar="B",
+    ),
+    Setting(
+        "gradient_accumulation_steps",
+        "--gradient-accumulation-steps",
+        "count",
+        "micro-batches per optimizer step on each process",
+        "batch",
+        metavar="K",
+    ),
+    Setting(
+        "rampup_batch_size",
+        "--rampup-batch-size",
+        "list",
+        "Megatron's batch-size ramp: refused next to a "
+        "curriculum (both cut the tokens per batch; never combine the two)",
+        "batch",
+        metavar="V",
+    ),
+    Setting(
+        "curriculum_mode",
+        "--curriculum-mode",
+        "choice",
+        "how the length reaches the model: truncate (cut "
+        "every sequence), reshape (re-chunk the batch, keep all tokens) or inject (pass curriculum_seqlen=L "
+        "to a forward that takes it); default: inject when the model's forward names curriculum_seqlen, "
+        "else truncate",
+        "batch",
+        choices=CURRICULUM_MODES,
+    ),
+    Setting(
+        "count_tokens_by",
+        "--count-tokens-by",
+        "choice",
+        "count trained tokens by the shaped batch's shape (default) or by the sum of its loss_mask",
+        "batch",
+        choices=COUNT_TOKENS_BY,
+    ),
+    Setting("curriculum", "--no-curriculum", "off", "turn the curriculum off: the full-length baseline", "batch"),
     # optimizer, clipping, precision
-    Setting("weight_decay", "--weight-decay", "float", "AdamW weight decay on matrices (biases and norms get "
-            "none); default: the config's optimizer weight_decay", "optimizer", metavar="WD"),
-    Setting("gradient_clipping", "--clip-grad", "float", "clip the global gradient norm to this value (0: off); "
-            "DeepSpeed's gradient_clipping", "optimizer", metavar="NORM"),
-    Setting("adam_beta1", "--adam-beta1", "float", "Adam's beta1, in [0, 1) (default: the config's optimizer "
-            "betas)", "optimizer", metavar="B1"),
-    Setting("adam_beta2", "--adam-beta2", "float", "Adam's beta2, in [0, 1) (default: the config's optimizer "
-            "betas)", "optimizer", metavar="B2"),
-    Setting("adam_eps", "--adam-eps", "float", "Adam's epsilon (default: the config's optimizer eps)",
-            "optimizer", metavar="EPS"),
-    Setting("precision", "--precision", "choice", "fp32, bf16 (autocast) or fp16 (autocast with dynamic loss "
-            "scaling); default: the config's fp16/bf16 blocks, else bf16 on CUDA and fp32 elsewhere", "optimizer",
-            choices=PRECISIONS, switches=(("--fp16", "fp16"), ("--bf16", "bf16"))),
+    Setting(
+        "weight_decay",
+        "--weight-decay",
+        "float",
+        "AdamW weight decay on matrices (biases and norms get none); default: the config's optimizer weight_decay",
+        "optimizer",
+        metavar="WD",
+    ),
+    Setting(
+        "gradient_clipping",
+        "--clip-grad",
+        "float",
+        "clip the global gradient norm to this value (0: off); DeepSpeed's gradient_clipping",
+        "optimizer",
+        metavar="NORM",
+    ),
+    Setting(
+        "adam_beta1",
+        "--adam-beta1",
+        "float",
+        "Adam's beta1, in [0, 1) (default: the config's optimizer betas)",
+        "optimizer",
+        metavar="B1",
+    ),
+    Setting(
+        "adam_beta2",
+        "--adam-beta2",
+        "float",
+        "Adam's beta2, in [0, 1) (default: the config's optimizer betas)",
+        "optimizer",
+        metavar="B2",
+    ),
+    Setting(
+        "adam_eps",
+        "--adam-eps",
+        "float",
+        "Adam's epsilon (default: the config's optimizer eps)",
+        "optimizer",
+        metavar="EPS",
+    ),
+    Setting(
+        "precision",
+        "--precision",
+        "choice",
+        "fp32, bf16 (autocast) or fp16 (autocast with dynamic loss "
+        "scaling); default: the config's fp16/bf16 blocks, else bf16 on CUDA and fp32 elsewhere",
+        "optimizer",
+        choices=PRECISIONS,
+        switches=(("--fp16", "fp16"), ("--bf16", "bf16")),
+    ),
     # performance
-    Setting("compile", "--compile", "on", "torch.compile seqwarm's GPT (in place, before DDP; per block under "
-            "--fsdp) with the sequence dimension dynamic, so a whole curriculum runs on a few graphs (default: "
-            "the config's seqwarm.compile, else off)", "performance"),
-    Setting("length_bucket", "--length-bucket", "count", "cut batches to the curriculum length rounded up to a "
-            "multiple of N, the loss masked past the length: the same loss and gradients, at most "
-            "ceil(seq_length / N) shapes (static shapes for CUDA graphs or compile without dynamic shapes), at the cost of computing "
-            "the masked columns; truncate mode only (default: cut to the length itself)", "performance",
-            metavar="N"),
+    Setting(
+        "compile",
+        "--compile",
+        "on",
+        "torch.compile seqwarm's GPT (in place, before DDP; per block under "
+        "--fsdp) with the sequence dimension dynamic, so a whole curriculum runs on a few graphs (default: "
+        "the config's seqwarm.compile, else off)",
+        "performance",
+    ),
+    Setting(
+        "length_bucket",
+        "--length-bucket",
+        "count",
+        "cut batches to the curriculum length rounded up to a "
+        "multiple of N, the loss masked past the length: the same loss and gradients, at most "
+        "ceil(seq_length / N) shapes (static shapes for CUDA graphs or compile without dynamic shapes), at "
+        "the cost of computing "
+        "the masked columns; truncate mode only (default: cut to the length itself)",
+        "performance",
+        metavar="N",
+    ),
 )
 
 _BY_KEY = {s.key: s for s in SETTINGS}

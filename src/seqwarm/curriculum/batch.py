@@ -41,9 +41,7 @@ def batch_shape(batch: Mapping[str, Any]) -> tuple[str, int, int]:
         t = batch.get(key)
         if isinstance(t, torch.Tensor):
             if t.dim() != 2:
-                raise ValueError(
-                    f"batch[{key!r}] must be 2-D (batch, seq), got shape {list(t.shape)}"
-                )
+                raise ValueError(f"batch[{key!r}] must be 2-D (batch, seq), got shape {list(t.shape)}")
             return key, int(t.shape[0]), int(t.shape[1])
     raise ValueError(
         f"batch has none of the keys {list(PER_TOKEN_KEYS)} as a tensor "
@@ -72,8 +70,7 @@ def _check_layout(batch: Mapping[str, Any], b: int, s: int) -> None:
         ok = t.dim() == 2 and t.shape[1] == s and (t.shape[0] == b or key == "position_ids" and t.shape[0] == 1)
         if not ok:
             raise ValueError(
-                f"batch[{key!r}] has shape {list(t.shape)}; expected {[b, s]} like the other "
-                "per-token tensors"
+                f"batch[{key!r}] has shape {list(t.shape)}; expected {[b, s]} like the other per-token tensors"
             )
     m = batch.get(MASK_KEY)
     if m is None:
@@ -141,8 +138,10 @@ def bucket_batch(batch: Mapping[str, Any], seqlen: int, multiple: int) -> dict[s
         raise ValueError(f"the bucket multiple must be an int >= 1, got {multiple!r}")
     labels = batch.get("labels")
     if not isinstance(labels, torch.Tensor):
-        raise ValueError(f"bucket_batch masks the loss past the length through the labels: the batch has no "
-                         f"'labels' tensor (keys {sorted(map(str, batch))}); use truncate_batch")
+        raise ValueError(
+            f"bucket_batch masks the loss past the length through the labels: the batch has no "
+            f"'labels' tensor (keys {sorted(map(str, batch))}); use truncate_batch"
+        )
     columns = bucket_length(seqlen, multiple, s)
     out = truncate_batch(batch, columns)
     if columns <= seqlen:

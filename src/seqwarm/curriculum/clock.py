@@ -43,8 +43,12 @@ class Progress:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Progress:
-        return cls(step=int(d["step"]), samples=int(d["samples"]), tokens=int(d["tokens"]),
-                   warmup_end_tokens=None if d.get("warmup_end_tokens") is None else int(d["warmup_end_tokens"]))
+        return cls(
+            step=int(d["step"]),
+            samples=int(d["samples"]),
+            tokens=int(d["tokens"]),
+            warmup_end_tokens=None if d.get("warmup_end_tokens") is None else int(d["warmup_end_tokens"]),
+        )
 
 
 def warmup_done(progress: Progress, lr_cfg: LRConfig) -> bool:
@@ -62,8 +66,7 @@ def advance(progress: Progress, samples: int, tokens: int, lr_cfg: LRConfig) -> 
     """The clock after one more optimizer step that trained ``samples`` sequences and ``tokens`` tokens."""
     if samples < 0 or tokens < 0:
         raise ValueError(f"a step cannot train a negative amount (samples={samples}, tokens={tokens})")
-    nxt = Progress(progress.step + 1, progress.samples + samples, progress.tokens + tokens,
-                   progress.warmup_end_tokens)
+    nxt = Progress(progress.step + 1, progress.samples + samples, progress.tokens + tokens, progress.warmup_end_tokens)
     if nxt.warmup_end_tokens is None:
         if not (lr_cfg.warmup_iters or lr_cfg.warmup_samples or lr_cfg.warmup_tokens):
             return Progress(nxt.step, nxt.samples, nxt.tokens, 0)

@@ -53,7 +53,7 @@ class LossScaler:
 
     def __init__(self, cfg: FP16Config):
         self.dynamic = not cfg.loss_scale
-        self.scale = float(2 ** cfg.initial_scale_power) if self.dynamic else float(cfg.loss_scale)
+        self.scale = float(2**cfg.initial_scale_power) if self.dynamic else float(cfg.loss_scale)
         self.window = int(cfg.loss_scale_window)
         self.hysteresis = int(cfg.hysteresis)
         self.consecutive_hysteresis = bool(cfg.consecutive_hysteresis)
@@ -68,8 +68,11 @@ class LossScaler:
             if overflow:
                 if self.hysteresis_left <= 1:
                     if self.scale <= self.min_scale:
-                        logger.warning("fp16 gradient overflow at the minimum loss scale %g: the step is "
-                                       "skipped again; the run is likely diverging", self.min_scale)
+                        logger.warning(
+                            "fp16 gradient overflow at the minimum loss scale %g: the step is "
+                            "skipped again; the run is likely diverging",
+                            self.min_scale,
+                        )
                     self.scale = max(self.scale / 2.0, self.min_scale)
                 else:
                     self.hysteresis_left -= 1
@@ -83,8 +86,12 @@ class LossScaler:
         self.iteration += 1
 
     def state_dict(self) -> dict[str, Any]:
-        return {"scale": self.scale, "hysteresis_left": self.hysteresis_left,
-                "iteration": self.iteration, "last_overflow_iteration": self.last_overflow_iteration}
+        return {
+            "scale": self.scale,
+            "hysteresis_left": self.hysteresis_left,
+            "iteration": self.iteration,
+            "last_overflow_iteration": self.last_overflow_iteration,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self.scale = float(state["scale"])
@@ -98,7 +105,10 @@ def _unwrap(model: nn.Module) -> nn.Module:
     while True:
         inner = getattr(model, "_orig_mod", None)
         if inner is None and type(model).__name__ in (
-                "DistributedDataParallel", "DataParallel", "FullyShardedDataParallel"):
+            "DistributedDataParallel",
+            "DataParallel",
+            "FullyShardedDataParallel",
+        ):
             inner = getattr(model, "module", None)
         if not isinstance(inner, nn.Module):
             return model
@@ -143,20 +153,29 @@ class CurriculumEngine:
     training output is checked against the length (a model that ignores it is an error).
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, config: Any, *,
-                 process_group: Any = None, inject_via_kwargs: bool = False):
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: Any,
+        *,
+        process_group: Any = None,
+        inject_via_kwargs: bool = False,
+    ):
         self.module = model
         self.optimizer = optimizer
         param = next(model.parameters(), None)
         device_type = param.device.type if param is not None else "cpu"
         # a config that names no precision trains in bf16 on CUDA (the device decides, once, here)
-        self.config = cfg = resolve_precision(as_run_config(config, _world_size()), device_type,
-                                              bf16_supported(device_type))
+        self.config = cfg = resolve_precision(
+            as_run_config(config, _world_size()), device_type, bf16_supported(device_type)
+        )
         forward = _unwrap(model).forward
         self._signature = inspect.signature(forward)
         self._input_places: dict[tuple, dict[str, int | str]] = {}  # call shape -> where the tokens are
-        self.slw = SequenceLengthWarmup.from_config(cfg, forward, process_group=process_group,
-                                                    inject_via_kwargs=inject_via_kwargs)
+        self.slw = SequenceLengthWarmup.from_config(
+            cfg, forward, process_group=process_group, inject_via_kwargs=inject_via_kwargs
+        )
         self.scheduler = self.slw.scheduler
         self.mode = self.slw.mode
         self.gradient_accumulation_steps = int(cfg.gradient_accumulation_steps)
@@ -181,7 +200,9 @@ class CurriculumEngine:
                 warnings.warn(
                     f"fp16 on {self._device_type}: computing in fp32 (fp16 autocast is meant for "
                     "CUDA); the loss scaler still runs, so overflow handling is the same",
-                    RuntimeWarning, stacklevel=3)
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
         if self._autocast_dtype is torch.float16 and self._device_type != "cuda":
             return contextlib.nullcontext()
         return torch.autocast(self._device_type, dtype=self._autocast_dtype)
@@ -267,7 +288,8 @@ class CurriculumEngine:
                 raise ValueError(
                     f"curriculum mode {self.mode!r} shapes a dict batch: call engine(batch) or "
                     "engine(**batch), not positional tensors (or use mode 'inject' with a model whose "
-                    "forward takes curriculum_seqlen)")
+                    "forward takes curriculum_seqlen)"
+                )
             kwargs = self.slw.cut(kwargs)
         else:  # inject, or no curriculum: the model gets the batch as it is (+ curriculum_seqlen)
             tokens, mask = self._inputs(args, kwargs)
@@ -367,15 +389,16 @@ class CurriculumEngine:
             where = self._places(*shape)
             if len(self._input_places) < 64:  # a loop calls the forward the same way every micro-batch
                 self._input_places[shape] = where
-        named = {name: args[place] if isinstance(place, int) else kwargs[place]
-                 for name, place in where.items()}
+        named = {name: args[place] if isinstance(place, int) else kwargs[place] for name, place in where.items()}
         tokens = named.get("input_ids")
         if not isinstance(tokens, torch.Tensor):
             tensors = [v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor) and v.dim() == 2]
             tokens = tensors[0] if tensors else None
         if tokens is None or tokens.dim() != 2:
-            raise ValueError("the engine could not find the input tokens: pass a 2-D (batch, seq) tensor "
-                             "as input_ids (or as the first tensor argument)")
+            raise ValueError(
+                "the engine could not find the input tokens: pass a 2-D (batch, seq) tensor "
+                "as input_ids (or as the first tensor argument)"
+            )
         mask = named.get("loss_mask")
         return tokens, mask if isinstance(mask, torch.Tensor) else None
 
@@ -422,5 +445,7 @@ class CurriculumEngine:
             self.optimizer.load_state_dict(state["optimizer"])
 
     def __repr__(self) -> str:
-        return (f"CurriculumEngine(mode={self.mode}, step={self.progress.step}, "
-                f"tokens={self.progress.tokens}, seqlen={self.current_seqlen}, lr={self.lr:.3g})")
+        return (
+            f"CurriculumEngine(mode={self.mode}, step={self.progress.step}, "
+            f"tokens={self.progress.tokens}, seqlen={self.current_seqlen}, lr={self.lr:.3g})"
+        )

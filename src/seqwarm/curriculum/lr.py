@@ -91,8 +91,14 @@ class LRConfig:
         return None
 
 
-def lr_config_from(chk: Checker, given: Mapping[str, tuple[Any, str]], *, default_lr: float,
-                   budget: Mapping[str, int | None], label: Callable[[str], str] = str) -> LRConfig:
+def lr_config_from(
+    chk: Checker,
+    given: Mapping[str, tuple[Any, str]],
+    *,
+    default_lr: float,
+    budget: Mapping[str, int | None],
+    label: Callable[[str], str] = str,
+) -> LRConfig:
     """Check LR settings and build the :class:`LRConfig`, recording every problem in ``chk``.
 
     ``given``: LRConfig field -> (value, the key path it came from), only the fields that were set.
@@ -117,20 +123,27 @@ def lr_config_from(chk: Checker, given: Mapping[str, tuple[Any, str]], *, defaul
     if "decay_style" in given:
         style = chk.choice(given["decay_style"][0], given["decay_style"][1], DECAY_STYLES, "decay style")
     units: dict[str, int] = {}
-    for group, minimum in ((tuple(f"warmup_{u}" for u in WARMUP_UNITS), 0),
-                           (tuple(f"decay_{u}" for u in DECAY_UNITS), 1)):
+    for group, minimum in (
+        (tuple(f"warmup_{u}" for u in WARMUP_UNITS), 0),
+        (tuple(f"decay_{u}" for u in DECAY_UNITS), 1),
+    ):
         set_here = [k for k in group if k in given]
         if len(set_here) > 1:
-            chk.add(given[set_here[1]][1], given[set_here[1]][0],
-                    f"only one of {', '.join(label(k) for k in group)} may be set",
-                    f"keep just one (also set: {given[set_here[0]][1]})")
+            chk.add(
+                given[set_here[1]][1],
+                given[set_here[1]][0],
+                f"only one of {', '.join(label(k) for k in group)} may be set",
+                f"keep just one (also set: {given[set_here[0]][1]})",
+            )
         for key in set_here[:1]:
             value = chk.integer(given[key][0], given[key][1], minimum=minimum)
             if value is not None:
                 units[key] = value
     if units.get("warmup_tokens"):
-        chk.warn("LR warmup is in tokens: the recipe keeps it in samples or iterations (token warmup slows the "
-                 "rise while sequences are short); convert with warmup_samples = tokens / min_difficulty")
+        chk.warn(
+            "LR warmup is in tokens: the recipe keeps it in samples or iterations (token warmup slows the "
+            "rise while sequences are short); convert with warmup_samples = tokens / min_difficulty"
+        )
     decay_given = any(f"decay_{u}" in units for u in DECAY_UNITS)
     if style is None:
         style = "linear" if decay_given else "constant"
@@ -140,13 +153,21 @@ def lr_config_from(chk: Checker, given: Mapping[str, tuple[Any, str]], *, defaul
                 units[f"decay_{unit}"] = budget[f"train_{unit}"]
                 break
         else:
-            chk.add(given["decay_style"][1], style, f"{style} decay needs a length to decay over",
-                    "set lr_decay_tokens (or a train_tokens budget, which it then defaults to)")
+            chk.add(
+                given["decay_style"][1],
+                style,
+                f"{style} decay needs a length to decay over",
+                "set lr_decay_tokens (or a train_tokens budget, which it then defaults to)",
+            )
     for unit in WARMUP_UNITS:
         warm, decay = units.get(f"warmup_{unit}"), units.get(f"decay_{unit}")
         if warm and decay and warm >= decay:
-            chk.add(given[f"warmup_{unit}"][1], warm, f"warmup must end before the decay does ({decay:,} {unit})",
-                    "shorten the warmup or lengthen the decay")
+            chk.add(
+                given[f"warmup_{unit}"][1],
+                warm,
+                f"warmup must end before the decay does ({decay:,} {unit})",
+                "shorten the warmup or lengthen the decay",
+            )
     return LRConfig(lr=peak if peak is not None else default_lr, min_lr=min_lr, decay_style=style, **units)
 
 

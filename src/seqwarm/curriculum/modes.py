@@ -25,8 +25,9 @@ def forward_name(forward: Callable) -> str:
     return f"{type(owner).__name__}.forward" if owner is not None else getattr(forward, "__qualname__", "forward")
 
 
-def resolve_mode(mode: str | None, forward: Callable | None, *, pipeline: bool = False,
-                 inject_via_kwargs: bool = False) -> str:
+def resolve_mode(
+    mode: str | None, forward: Callable | None, *, pipeline: bool = False, inject_via_kwargs: bool = False
+) -> str:
     """The mode that delivers the length: ``mode`` checked against the model, or chosen (None / "auto").
 
     auto: inject when ``forward`` has a parameter named ``curriculum_seqlen``, else truncate (also
@@ -42,8 +43,10 @@ def resolve_mode(mode: str | None, forward: Callable | None, *, pipeline: bool =
         raise ValueError(f"curriculum mode must be one of {CURRICULUM_MODES} or None (auto), got {mode!r}")
     if pipeline:
         if mode == "inject":
-            raise ValueError("a pipeline engine cannot pass curriculum_seqlen through its stages: use mode "
-                             "'truncate' (the same cut, made on the data) or 'reshape'")
+            raise ValueError(
+                "a pipeline engine cannot pass curriculum_seqlen through its stages: use mode "
+                "'truncate' (the same cut, made on the data) or 'reshape'"
+            )
         return mode or "truncate"
     if forward is None:
         if mode == "inject":
@@ -58,14 +61,22 @@ def resolve_mode(mode: str | None, forward: Callable | None, *, pipeline: bool =
     if mode == "inject" and not takes:
         text = f"{forward_name(forward)}{signature}"
         shown = text if len(text) <= 160 else f"{forward_name(forward)}(...)"
-        why = (" (its **kwargs would swallow the keyword: the model would train at full length while the "
-               "clock counts the short one)" if open_kwargs else "")
-        optin = ("; if that forward does read curriculum_seqlen from **kwargs, pass inject_via_kwargs=True"
-                 if open_kwargs and not inject_via_kwargs else "")
+        why = (
+            " (its **kwargs would swallow the keyword: the model would train at full length while the "
+            "clock counts the short one)"
+            if open_kwargs
+            else ""
+        )
+        optin = (
+            "; if that forward does read curriculum_seqlen from **kwargs, pass inject_via_kwargs=True"
+            if open_kwargs and not inject_via_kwargs
+            else ""
+        )
         raise ValueError(
             f"curriculum mode 'inject' needs a model whose forward takes curriculum_seqlen; {shown} has no such "
             f"parameter{why}. Use mode 'truncate' or 'reshape' (the batch is then cut before the model sees "
-            f"it){optin}.")
+            f"it){optin}."
+        )
     return mode
 
 

@@ -12,8 +12,6 @@ from typing import Any
 
 from seqwarm.config import RunConfig
 from seqwarm.curriculum.clock import Progress, advance, stop_reason, tokens_per_step
-from seqwarm.curriculum.schedule import CUSTOM, difficulty_at
-from seqwarm.util.errors import UserError
 from seqwarm.curriculum.lr import (
     decay_tokens_from_iters,
     decay_tokens_from_samples,
@@ -21,6 +19,8 @@ from seqwarm.curriculum.lr import (
     warmup_iters_from_tokens,
     warmup_samples_from_tokens,
 )
+from seqwarm.curriculum.schedule import CUSTOM, difficulty_at
+from seqwarm.util.errors import UserError
 from seqwarm.util.units import human_count
 
 MAX_PLAN_STEPS = 50_000_000
@@ -117,8 +117,7 @@ def make_plan(cfg: RunConfig, *, keep_series: bool = False) -> Plan:
         if reason is not None:
             break
         if step >= MAX_PLAN_STEPS:
-            raise UserError(f"the run would take more than {MAX_PLAN_STEPS:,} steps; check the budget and "
-                            "batch size")
+            raise UserError(f"the run would take more than {MAX_PLAN_STEPS:,} steps; check the budget and batch size")
     if plan.points[-1].step != progress.step:
         plan.points.append(PlanPoint(progress.step, seqlen, tps, progress.tokens, lr))
     plan.total_steps, plan.total_tokens, plan.total_samples = progress.step, progress.tokens, progress.samples
@@ -136,13 +135,17 @@ def data_use(plan: Plan, train_windows: int) -> tuple[str, str | None]:
     plan's samples are drawn from them, so a curriculum (which trains only a prefix of each) makes more
     passes than tokens / data tokens."""
     passes = plan.total_samples / max(train_windows, 1)
-    line = (f"data use:    {passes:.2f} passes over the training data ({plan.total_samples:,} samples drawn "
-            f"from {train_windows:,} windows)")
+    line = (
+        f"data use:    {passes:.2f} passes over the training data ({plan.total_samples:,} samples drawn "
+        f"from {train_windows:,} windows)"
+    )
     warning = None
     if passes > MANY_PASSES:
-        warning = (f"the budget goes over the training data {passes:.0f} times ({plan.total_samples:,} samples, "
-                   f"{train_windows:,} windows): past ~{MANY_PASSES} passes repeated data trains little and a "
-                   "small corpus is memorized; prepare more text or lower the budget (--train-tokens)")
+        warning = (
+            f"the budget goes over the training data {passes:.0f} times ({plan.total_samples:,} samples, "
+            f"{train_windows:,} windows): past ~{MANY_PASSES} passes repeated data trains little and a "
+            "small corpus is memorized; prepare more text or lower the budget (--train-tokens)"
+        )
     return line, warning
 
 
@@ -165,35 +168,54 @@ def _plan_warnings(cfg: RunConfig, plan: Plan) -> None:
     cur = cfg.curriculum
     w = plan.warnings
     if cur is not None and plan.curriculum_end_step is None:
-        w.append(f"the curriculum is longer than the run: training stops at step {plan.total_steps:,} "
-                 f"before reaching max_difficulty {cur.max_difficulty} (total_curriculum_step "
-                 f"{cur.total_curriculum_step:,})")
+        w.append(
+            f"the curriculum is longer than the run: training stops at step {plan.total_steps:,} "
+            f"before reaching max_difficulty {cur.max_difficulty} (total_curriculum_step "
+            f"{cur.total_curriculum_step:,})"
+        )
     elif cur is not None and plan.curriculum_end_step and plan.curriculum_end_step > 0.8 * plan.total_steps:
-        w.append(f"the curriculum takes {plan.curriculum_end_step / plan.total_steps:.0%} of the run's steps: "
-                 "little training happens at full length")
+        w.append(
+            f"the curriculum takes {plan.curriculum_end_step / plan.total_steps:.0%} of the run's steps: "
+            "little training happens at full length"
+        )
     if plan.warmup_reached is not None:
         unit = cfg.lr.warmup_unit
-        w.append(f"the LR warmup ({getattr(cfg.lr, 'warmup_' + unit):,} {unit}) is longer than the run "
-                 f"({plan.total_steps:,} steps, {plan.total_samples:,} samples, {human_count(plan.total_tokens)} "
-                 f"tokens): the LR ends at {plan.warmup_reached:.0%} of its peak {cfg.lr.lr:g} and never decays; "
-                 "shorten the warmup or raise the budget")
+        w.append(
+            f"the LR warmup ({getattr(cfg.lr, 'warmup_' + unit):,} {unit}) is longer than the run "
+            f"({plan.total_steps:,} steps, {plan.total_samples:,} samples, {human_count(plan.total_tokens)} "
+            f"tokens): the LR ends at {plan.warmup_reached:.0%} of its peak {cfg.lr.lr:g} and never decays; "
+            "shorten the warmup or raise the budget"
+        )
     cur_end = plan.curriculum_end_step or (cur.total_curriculum_step if cur else None)
     # The paper's GPT-2 settings end the curriculum ~5-15x after LR warmup; far beyond that, the full
     # LR trains on very short sequences for a long time.
-    if cur is not None and cfg.lr.warmup_unit is not None and plan.warmup_end_step and cur_end \
-            and plan.warmup_end_step * WARMUP_CURRICULUM_RATIO < cur_end:
-        w.append(f"LR warmup ends at step {plan.warmup_end_step:,}, {cur_end / plan.warmup_end_step:.0f}x before "
-                 f"the curriculum does (step {cur_end:,}): the full LR meets very short sequences for long; "
-                 "tune total_curriculum_step against the warmup (`seqwarm tune`)")
+    if (
+        cur is not None
+        and cfg.lr.warmup_unit is not None
+        and plan.warmup_end_step
+        and cur_end
+        and plan.warmup_end_step * WARMUP_CURRICULUM_RATIO < cur_end
+    ):
+        w.append(
+            f"LR warmup ends at step {plan.warmup_end_step:,}, {cur_end / plan.warmup_end_step:.0f}x before "
+            f"the curriculum does (step {cur_end:,}): the full LR meets very short sequences for long; "
+            "tune total_curriculum_step against the warmup (`seqwarm tune`)"
+        )
     if cfg.lr.decay_tokens is not None and cfg.train_tokens and cfg.lr.decay_tokens > cfg.train_tokens:
-        w.append(f"LR decay ends at {human_count(cfg.lr.decay_tokens)} tokens, after the budget "
-                 f"({human_count(cfg.train_tokens)}): the LR never reaches min_lr")
+        w.append(
+            f"LR decay ends at {human_count(cfg.lr.decay_tokens)} tokens, after the budget "
+            f"({human_count(cfg.train_tokens)}): the LR never reaches min_lr"
+        )
     if cfg.lr.decay_iters is not None and cur is not None:
-        w.append("LR decays by iterations: early curriculum steps carry few tokens, so it decays too fast; "
-                 "use lr_decay_tokens (decay_tokens_from_iters converts)")
+        w.append(
+            "LR decays by iterations: early curriculum steps carry few tokens, so it decays too fast; "
+            "use lr_decay_tokens (decay_tokens_from_iters converts)"
+        )
     if cfg.rampup_batch_size and cur is not None:
-        w.append("a batch-size ramp (rampup_batch_size) is configured: never combine it with a sequence-length "
-                 "curriculum (both cut tokens per batch; the paper found SLW the more stable) — training refuses it")
+        w.append(
+            "a batch-size ramp (rampup_batch_size) is configured: never combine it with a sequence-length "
+            "curriculum (both cut tokens per batch; the paper found SLW the more stable) — training refuses it"
+        )
     for message in cfg.warnings:
         if message not in w:
             w.append(message)

@@ -36,8 +36,7 @@ SCHEDULE_TYPES = (FIXED_LINEAR, FIXED_ROOT, FIXED_DISCRETE, CUSTOM)
 CURRICULUM_MODES = ("truncate", "reshape", "inject")
 """How the length reaches the model (see :attr:`CurriculumConfig.mode`)."""
 
-LEGACY_KEYS = ("enabled", "curriculum_type", "min_difficulty", "max_difficulty", "schedule_type",
-               "schedule_config")
+LEGACY_KEYS = ("enabled", "curriculum_type", "min_difficulty", "max_difficulty", "schedule_type", "schedule_config")
 """The keys of DeepSpeed's legacy ``curriculum_learning`` block (the scheduler's input)."""
 SCHEDULE_KEYS = {
     FIXED_LINEAR: ("total_curriculum_step", "difficulty_step"),
@@ -118,8 +117,9 @@ def _check_schedule_value(chk: Checker, key: str, value: Any, path: str) -> Any:
     return chk.int_list(value, path)
 
 
-def _check_schedule(chk: Checker, block: Mapping[str, Any], path: str, lo: int | None, hi: int | None,
-                    kind: str | None) -> dict[str, Any]:
+def _check_schedule(
+    chk: Checker, block: Mapping[str, Any], path: str, lo: int | None, hi: int | None, kind: str | None
+) -> dict[str, Any]:
     """Check ``schedule_config`` for ``kind``; return the cleaned dict (possibly partial)."""
     sc_path = f"{path}.schedule_config"
     if kind == CUSTOM:
@@ -129,8 +129,13 @@ def _check_schedule(chk: Checker, block: Mapping[str, Any], path: str, lo: int |
     if sc is None:
         if block.get("schedule_config") is None and kind is not None:
             keys = ", ".join(SCHEDULE_KEYS[kind])
-            chk.require(block, "schedule_config", sc_path, f"for schedule_type {kind!r}",
-                        f'add "schedule_config": {{...}} with {keys}')
+            chk.require(
+                block,
+                "schedule_config",
+                sc_path,
+                f"for schedule_type {kind!r}",
+                f'add "schedule_config": {{...}} with {keys}',
+            )
         return {}
     out: dict[str, Any] = {}
     needed = SCHEDULE_KEYS[kind] if kind is not None else ()
@@ -145,56 +150,78 @@ def _check_schedule(chk: Checker, block: Mapping[str, Any], path: str, lo: int |
         else:
             choices = needed or ALL_SCHEDULE_KEYS
             guess = suggest(key, choices)
-            chk.add(f"{sc_path}.{key}", sc[key],
-                    f"unknown key for schedule_type {kind!r}" if kind else "unknown key",
-                    f'did you mean "{guess}"?' if guess else f"remove it (known: {', '.join(choices)})")
+            chk.add(
+                f"{sc_path}.{key}",
+                sc[key],
+                f"unknown key for schedule_type {kind!r}" if kind else "unknown key",
+                f'did you mean "{guess}"?' if guess else f"remove it (known: {', '.join(choices)})",
+            )
     for key in needed:
-        value = chk.require(sc, key, f"{sc_path}.{key}", f"for schedule_type {kind!r}",
-                            f"add it: {_SCHEDULE_FIXES[key]}")
+        value = chk.require(
+            sc, key, f"{sc_path}.{key}", f"for schedule_type {kind!r}", f"add it: {_SCHEDULE_FIXES[key]}"
+        )
         if value is not None:
             out[key] = _check_schedule_value(chk, key, value, f"{sc_path}.{key}")
     if kind in (FIXED_LINEAR, FIXED_ROOT):
         step = out.get("difficulty_step")
         if step is not None and lo is not None and hi is not None and lo <= hi:
             if aligned_min(lo, step) > hi:
-                chk.add(f"{sc_path}.difficulty_step", step,
-                        f"no multiple of it lies in [min_difficulty, max_difficulty] = [{lo}, {hi}]",
-                        "use a smaller difficulty_step or a larger max_difficulty")
+                chk.add(
+                    f"{sc_path}.difficulty_step",
+                    step,
+                    f"no multiple of it lies in [min_difficulty, max_difficulty] = [{lo}, {hi}]",
+                    "use a smaller difficulty_step or a larger max_difficulty",
+                )
             else:
                 if step % 8:
-                    chk.warn(f"{sc_path}.difficulty_step = {step}: a multiple of 8 (fp16) or 16 (int8) "
-                             "lets GPU Tensor Cores run at full speed")
+                    chk.warn(
+                        f"{sc_path}.difficulty_step = {step}: a multiple of 8 (fp16) or 16 (int8) "
+                        "lets GPU Tensor Cores run at full speed"
+                    )
                 if lo % step:
-                    chk.warn(f"{path}.min_difficulty = {lo} is not a multiple of difficulty_step {step}: "
-                             f"the schedule starts at {aligned_min(lo, step)}")
+                    chk.warn(
+                        f"{path}.min_difficulty = {lo} is not a multiple of difficulty_step {step}: "
+                        f"the schedule starts at {aligned_min(lo, step)}"
+                    )
                 if hi % step:
-                    chk.warn(f"{path}.max_difficulty = {hi} is not a multiple of difficulty_step {step}: "
-                             "seqwarm uses exactly max_difficulty from total_curriculum_step on "
-                             "(DeepSpeed reached it some steps later)")
+                    chk.warn(
+                        f"{path}.max_difficulty = {hi} is not a multiple of difficulty_step {step}: "
+                        "seqwarm uses exactly max_difficulty from total_curriculum_step on "
+                        "(DeepSpeed reached it some steps later)"
+                    )
     if kind == FIXED_DISCRETE:
         levels, steps = out.get("difficulty"), out.get("max_step")
         if levels is not None and steps is not None and len(steps) != len(levels) - 1:
-            chk.add(f"{sc_path}.max_step", steps,
-                    f"must have exactly one element fewer than difficulty ({len(levels)} levels)",
-                    f"give {len(levels) - 1} step thresholds, one per level but the last")
+            chk.add(
+                f"{sc_path}.max_step",
+                steps,
+                f"must have exactly one element fewer than difficulty ({len(levels)} levels)",
+                f"give {len(levels) - 1} step thresholds, one per level but the last",
+            )
         if levels is not None:
             if any(b < a for a, b in zip(levels, levels[1:])):
-                chk.add(f"{sc_path}.difficulty", levels, "must be sorted from short to long",
-                        f"sort it: {sorted(levels)}")
+                chk.add(
+                    f"{sc_path}.difficulty", levels, "must be sorted from short to long", f"sort it: {sorted(levels)}"
+                )
             if lo is not None and hi is not None:
                 outside = [v for v in levels if v < lo or v > hi]
                 if outside:
-                    chk.add(f"{sc_path}.difficulty", levels,
-                            f"values {outside} lie outside [min_difficulty, max_difficulty] = [{lo}, {hi}]",
-                            "keep every level between min_difficulty and max_difficulty")
+                    chk.add(
+                        f"{sc_path}.difficulty",
+                        levels,
+                        f"values {outside} lie outside [min_difficulty, max_difficulty] = [{lo}, {hi}]",
+                        "keep every level between min_difficulty and max_difficulty",
+                    )
         if steps is not None and any(b <= a for a, b in zip(steps, steps[1:])):
-            chk.add(f"{sc_path}.max_step", steps, "must be strictly increasing",
-                    "list the switch steps in increasing order")
+            chk.add(
+                f"{sc_path}.max_step", steps, "must be strictly increasing", "list the switch steps in increasing order"
+            )
     return out
 
 
-def check_curriculum_block(chk: Checker, block: Mapping[str, Any], path: str, known: tuple[str, ...],
-                           need_enabled: bool) -> dict[str, Any] | None:
+def check_curriculum_block(
+    chk: Checker, block: Mapping[str, Any], path: str, known: tuple[str, ...], need_enabled: bool
+) -> dict[str, Any] | None:
     """Check a legacy block or a data_efficiency metric block, recording every problem in ``chk``.
 
     ``known``: the keys the block may hold (:data:`LEGACY_KEYS` for the legacy block). Returns the
@@ -210,28 +237,41 @@ def check_curriculum_block(chk: Checker, block: Mapping[str, Any], path: str, kn
     if "curriculum_type" in known:
         ctype = chk.choice(ctype, f"{path}.curriculum_type", ("seqlen",), "curriculum_type")
     bounds = {}
-    for key, fix in (("min_difficulty", "the starting length, e.g. 8 (64 for billion-parameter models)"),
-                     ("max_difficulty", "the model's full sequence length, e.g. 1024")):
+    for key, fix in (
+        ("min_difficulty", "the starting length, e.g. 8 (64 for billion-parameter models)"),
+        ("max_difficulty", "the model's full sequence length, e.g. 1024"),
+    ):
         value = chk.require(block, key, f"{path}.{key}", "when the curriculum is enabled", f"add it: {fix}")
         bounds[key] = None if value is None else chk.integer(value, f"{path}.{key}", fix=f"use {fix}")
     lo, hi = bounds["min_difficulty"], bounds["max_difficulty"]
     if lo is not None and hi is not None and lo > hi:
-        chk.add(f"{path}.min_difficulty", lo, f"must not exceed max_difficulty ({hi})",
-                "swap them, or lower min_difficulty")
+        chk.add(
+            f"{path}.min_difficulty", lo, f"must not exceed max_difficulty ({hi})", "swap them, or lower min_difficulty"
+        )
     if lo is not None and lo % 8:
         chk.warn(f"{path}.min_difficulty = {lo}: a multiple of 8 (fp16) or 16 (int8) suits GPU Tensor Cores")
-    kind = chk.require(block, "schedule_type", f"{path}.schedule_type", "when the curriculum is enabled",
-                       'add "schedule_type": "fixed_linear" (recommended)')
+    kind = chk.require(
+        block,
+        "schedule_type",
+        f"{path}.schedule_type",
+        "when the curriculum is enabled",
+        'add "schedule_type": "fixed_linear" (recommended)',
+    )
     if kind is not None:
         kind = chk.choice(kind, f"{path}.schedule_type", SCHEDULE_TYPES, "schedule_type")
     if kind == FIXED_ROOT:
-        chk.warn(f"{path}.schedule_type fixed_root showed no clear advantage over fixed_linear "
-                 "and has one more knob")
+        chk.warn(f"{path}.schedule_type fixed_root showed no clear advantage over fixed_linear and has one more knob")
     schedule = _check_schedule(chk, block, path, lo, hi, kind)
     if None in (lo, hi, kind, ctype) or not enabled:
         return None
-    return {"enabled": True, "curriculum_type": ctype, "min_difficulty": lo, "max_difficulty": hi,
-            "schedule_type": kind, "schedule_config": schedule}
+    return {
+        "enabled": True,
+        "curriculum_type": ctype,
+        "min_difficulty": lo,
+        "max_difficulty": hi,
+        "schedule_type": kind,
+        "schedule_config": schedule,
+    }
 
 
 def validate_curriculum_block(block: Mapping[str, Any], path: str = "curriculum_learning") -> CurriculumConfig:
@@ -253,8 +293,9 @@ def validate_curriculum_block(block: Mapping[str, Any], path: str = "curriculum_
 
 
 def _disabled(path: str) -> ConfigError:
-    return ConfigError([Problem(f"{path}.enabled", False, "a scheduler needs an enabled curriculum",
-                                "set enabled to true")])
+    return ConfigError(
+        [Problem(f"{path}.enabled", False, "a scheduler needs an enabled curriculum", "set enabled to true")]
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -284,8 +325,10 @@ def _discrete_difficulty(step: int, cfg: CurriculumConfig) -> int:
 
 def _check_step(step: Any, where: str) -> None:
     if isinstance(step, bool) or not isinstance(step, Integral):
-        raise TypeError(f"{where}: step must be an integer (the optimizer step), got {step!r} "
-                        f"({type(step).__name__}); pass e.g. int(step)")
+        raise TypeError(
+            f"{where}: step must be an integer (the optimizer step), got {step!r} "
+            f"({type(step).__name__}); pass e.g. int(step)"
+        )
 
 
 def _as_config(cfg: Any) -> CurriculumConfig:
@@ -293,19 +336,30 @@ def _as_config(cfg: Any) -> CurriculumConfig:
     if isinstance(cfg, CurriculumConfig):
         return cfg
     if isinstance(cfg, CurriculumScheduler):
-        raise TypeError("difficulty_at() takes a CurriculumConfig or a validated curriculum block, "
-                        "got a CurriculumScheduler: call scheduler.get_difficulty(step)")
+        raise TypeError(
+            "difficulty_at() takes a CurriculumConfig or a validated curriculum block, "
+            "got a CurriculumScheduler: call scheduler.get_difficulty(step)"
+        )
     if not isinstance(cfg, Mapping):
-        raise TypeError(f"difficulty_at() takes a CurriculumConfig or a validated curriculum block (a dict), "
-                        f"got a {type(cfg).__name__}: pass RunConfig.curriculum, or "
-                        "validate_curriculum_block(block)")
+        raise TypeError(
+            f"difficulty_at() takes a CurriculumConfig or a validated curriculum block (a dict), "
+            f"got a {type(cfg).__name__}: pass RunConfig.curriculum, or "
+            "validate_curriculum_block(block)"
+        )
     missing = [k for k in ("min_difficulty", "max_difficulty", "schedule_type") if k not in cfg]
     if missing:
-        raise TypeError(f"difficulty_at() got a block without {', '.join(missing)}: pass a "
-                        "CurriculumConfig, e.g. validate_curriculum_block(block)")
-    return CurriculumConfig(enabled=True, curriculum_type=cfg.get("curriculum_type", "seqlen"),
-                            min_difficulty=int(cfg["min_difficulty"]), max_difficulty=int(cfg["max_difficulty"]),
-                            schedule_type=cfg["schedule_type"], schedule_config=cfg.get("schedule_config") or {})
+        raise TypeError(
+            f"difficulty_at() got a block without {', '.join(missing)}: pass a "
+            "CurriculumConfig, e.g. validate_curriculum_block(block)"
+        )
+    return CurriculumConfig(
+        enabled=True,
+        curriculum_type=cfg.get("curriculum_type", "seqlen"),
+        min_difficulty=int(cfg["min_difficulty"]),
+        max_difficulty=int(cfg["max_difficulty"]),
+        schedule_type=cfg["schedule_type"],
+        schedule_config=cfg.get("schedule_config") or {},
+    )
 
 
 def difficulty_at(step: int, cfg: CurriculumConfig | Mapping[str, Any]) -> int:
@@ -348,8 +402,9 @@ class CurriculumScheduler:
         elif isinstance(cfg, Mapping):
             cfg = validate_curriculum_block(cfg)
         else:
-            raise TypeError(f"CurriculumScheduler() takes a CurriculumConfig or a curriculum block dict, "
-                            f"got a {type(cfg).__name__}")
+            raise TypeError(
+                f"CurriculumScheduler() takes a CurriculumConfig or a curriculum block dict, got a {type(cfg).__name__}"
+            )
         self._cfg = cfg
         self._custom: Callable[[int], int] | None = None
         self._current = cfg.min_difficulty

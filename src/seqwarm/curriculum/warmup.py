@@ -59,10 +59,16 @@ logger = logging.getLogger(__name__)
 
 SCHEDULES = {"linear": "fixed_linear", "root": "fixed_root", "discrete": "fixed_discrete"}
 """The keyword constructor's schedule names -> DeepSpeed's ``schedule_type``."""
-_KEYWORD_NAMES = {"min_difficulty": "min_length", "max_difficulty": "max_length",
-                  "schedule_config.total_curriculum_step": "steps", "schedule_config.difficulty_step": "multiple_of",
-                  "schedule_config.root_degree": "root_degree", "schedule_config.difficulty": "lengths",
-                  "schedule_config.max_step": "until_steps", "schedule_type": "schedule"}
+_KEYWORD_NAMES = {
+    "min_difficulty": "min_length",
+    "max_difficulty": "max_length",
+    "schedule_config.total_curriculum_step": "steps",
+    "schedule_config.difficulty_step": "multiple_of",
+    "schedule_config.root_degree": "root_degree",
+    "schedule_config.difficulty": "lengths",
+    "schedule_config.max_step": "until_steps",
+    "schedule_type": "schedule",
+}
 
 
 @dataclass(frozen=True)
@@ -104,22 +110,45 @@ def _nccl(group: Any) -> bool:
         return False
 
 
-def _keyword_curriculum(min_length: Any, max_length: Any, steps: Any, multiple_of: Any, schedule: Any,
-                        root_degree: Any, lengths: Any, until_steps: Any) -> CurriculumConfig:
+def _keyword_curriculum(
+    min_length: Any,
+    max_length: Any,
+    steps: Any,
+    multiple_of: Any,
+    schedule: Any,
+    root_degree: Any,
+    lengths: Any,
+    until_steps: Any,
+) -> CurriculumConfig:
     """The keyword constructor's schedule, checked like a DeepSpeed block; problems name the keywords."""
     if schedule not in SCHEDULES:
-        raise ConfigError([Problem("schedule", schedule, f"must be one of {sorted(SCHEDULES)}",
-                                   "use 'linear' (recommended), 'root' or 'discrete'")], source="SequenceLengthWarmup")
-    block: dict[str, Any] = {"min_difficulty": min_length, "max_difficulty": max_length,
-                             "schedule_type": SCHEDULES[schedule]}
+        raise ConfigError(
+            [
+                Problem(
+                    "schedule",
+                    schedule,
+                    f"must be one of {sorted(SCHEDULES)}",
+                    "use 'linear' (recommended), 'root' or 'discrete'",
+                )
+            ],
+            source="SequenceLengthWarmup",
+        )
+    block: dict[str, Any] = {
+        "min_difficulty": min_length,
+        "max_difficulty": max_length,
+        "schedule_type": SCHEDULES[schedule],
+    }
     if schedule == "discrete":
         block["schedule_config"] = {"difficulty": lengths, "max_step": until_steps}
         if isinstance(lengths, (list, tuple)) and lengths and all(isinstance(n, int) for n in lengths):
             block["min_difficulty"] = min(lengths) if min_length is None else min_length  # the lengths' range
             block["max_difficulty"] = max(lengths) if max_length is None else max_length
     else:
-        block["schedule_config"] = {"total_curriculum_step": steps, "difficulty_step": multiple_of,
-                                    **({"root_degree": root_degree} if schedule == "root" else {})}
+        block["schedule_config"] = {
+            "total_curriculum_step": steps,
+            "difficulty_step": multiple_of,
+            **({"root_degree": root_degree} if schedule == "root" else {}),
+        }
     block["schedule_config"] = {k: v for k, v in block["schedule_config"].items() if v is not None}
     block = {k: v for k, v in block.items() if v is not None}
     try:
@@ -153,20 +182,38 @@ class SequenceLengthWarmup:
     length and is counted). :meth:`from_deepspeed` and :meth:`from_config` build one from DeepSpeed's JSON.
     """
 
-    def __init__(self, min_length: int | None = None, max_length: int | None = None, steps: int | None = None, *,
-                 multiple_of: int = 8, schedule: str = "linear", root_degree: float | None = None,
-                 lengths: list[int] | None = None, until_steps: list[int] | None = None,
-                 curriculum: CurriculumConfig | None = None, mode: str | None = "truncate",
-                 forward: Callable | None = None, inject_via_kwargs: bool = False, pipeline: bool = False,
-                 length_bucket: int | None = None, count_tokens_by: str = "shape", lr: LRConfig | None = None,
-                 train_tokens: int | None = None, train_iters: int | None = None, train_samples: int | None = None,
-                 world_size: int | None = None, process_group: Any = None):
+    def __init__(
+        self,
+        min_length: int | None = None,
+        max_length: int | None = None,
+        steps: int | None = None,
+        *,
+        multiple_of: int = 8,
+        schedule: str = "linear",
+        root_degree: float | None = None,
+        lengths: list[int] | None = None,
+        until_steps: list[int] | None = None,
+        curriculum: CurriculumConfig | None = None,
+        mode: str | None = "truncate",
+        forward: Callable | None = None,
+        inject_via_kwargs: bool = False,
+        pipeline: bool = False,
+        length_bucket: int | None = None,
+        count_tokens_by: str = "shape",
+        lr: LRConfig | None = None,
+        train_tokens: int | None = None,
+        train_iters: int | None = None,
+        train_samples: int | None = None,
+        world_size: int | None = None,
+        process_group: Any = None,
+    ):
         keywords = (min_length, max_length, steps, lengths, until_steps)
         if curriculum is not None and any(v is not None for v in keywords):
             raise TypeError("pass either the schedule keywords or curriculum=, not both")
         if curriculum is None and any(v is not None for v in keywords):
-            curriculum = _keyword_curriculum(min_length, max_length, steps, multiple_of, schedule, root_degree,
-                                             lengths, until_steps)
+            curriculum = _keyword_curriculum(
+                min_length, max_length, steps, multiple_of, schedule, root_degree, lengths, until_steps
+            )
         if count_tokens_by not in COUNT_TOKENS_BY:
             raise ValueError(f"count_tokens_by must be 'shape' or 'loss_mask', got {count_tokens_by!r}")
         self.curriculum = curriculum if curriculum is not None and curriculum.enabled else None
@@ -174,8 +221,11 @@ class SequenceLengthWarmup:
         self.bucket: int | None = length_bucket if self.scheduler else None
         if self.bucket is not None and mode in (None, "auto"):
             mode = "truncate"  # the cut is made on the data, into buckets; never injected
-        self.mode = (resolve_mode(mode, forward, pipeline=pipeline, inject_via_kwargs=inject_via_kwargs)
-                     if self.scheduler else None)
+        self.mode = (
+            resolve_mode(mode, forward, pipeline=pipeline, inject_via_kwargs=inject_via_kwargs)
+            if self.scheduler
+            else None
+        )
         if self.bucket is not None and self.mode != "truncate":
             raise ValueError(f"length_bucket works only in curriculum mode truncate, not {self.mode}")
         self.count_tokens_by = count_tokens_by
@@ -207,19 +257,30 @@ class SequenceLengthWarmup:
 
     # -- other constructors -----------------------------------------------------------------------
     @classmethod
-    def from_config(cls, config: RunConfig, forward: Callable | None = None, *, mode: str | None = None,
-                    **kwargs: Any) -> SequenceLengthWarmup:
+    def from_config(
+        cls, config: RunConfig, forward: Callable | None = None, *, mode: str | None = None, **kwargs: Any
+    ) -> SequenceLengthWarmup:
         """From a checked :class:`~seqwarm.config.RunConfig`: its curriculum (and mode, unless ``mode``
         is given), length bucket, token counting, LR, budget and data-parallel size."""
         cur = config.curriculum
-        return cls(curriculum=cur, mode=mode if mode is not None else (cur.mode if cur is not None else None),
-                   forward=forward, length_bucket=config.length_bucket, count_tokens_by=config.count_tokens_by,
-                   lr=config.lr, train_tokens=config.train_tokens, train_iters=config.train_iters,
-                   train_samples=config.train_samples, world_size=config.world_size, **kwargs)
+        return cls(
+            curriculum=cur,
+            mode=mode if mode is not None else (cur.mode if cur is not None else None),
+            forward=forward,
+            length_bucket=config.length_bucket,
+            count_tokens_by=config.count_tokens_by,
+            lr=config.lr,
+            train_tokens=config.train_tokens,
+            train_iters=config.train_iters,
+            train_samples=config.train_samples,
+            world_size=config.world_size,
+            **kwargs,
+        )
 
     @classmethod
-    def from_deepspeed(cls, source: Any, forward: Callable | None = None, *, world_size: int = 1,
-                       **kwargs: Any) -> SequenceLengthWarmup:
+    def from_deepspeed(
+        cls, source: Any, forward: Callable | None = None, *, world_size: int = 1, **kwargs: Any
+    ) -> SequenceLengthWarmup:
         """From a DeepSpeed JSON path or dict (either curriculum block, plus the ``seqwarm`` block), checked
         for ``world_size`` data-parallel ranks; one error lists every problem."""
         return cls.from_config(as_run_config(source, world_size), forward, **kwargs)
@@ -234,8 +295,10 @@ class SequenceLengthWarmup:
         """The length of the optimizer step about to run (step ``progress.step + 1``), decided here, once;
         None without a curriculum. Every :meth:`cut` until :meth:`end_step` uses it."""
         if self._open:
-            raise RuntimeError("begin_step() called twice: end the step in flight with end_step() first "
-                               "(applied=False when its update was skipped)")
+            raise RuntimeError(
+                "begin_step() called twice: end the step in flight with end_step() first "
+                "(applied=False when its update was skipped)"
+            )
         self._open = True
         self._totals = None
         if self.scheduler is not None:  # DeepSpeed's engine called update_difficulty(global_steps + 1)
@@ -303,7 +366,9 @@ class SequenceLengthWarmup:
             warnings.warn(
                 f"curriculum max_difficulty {top} != the batch's sequence length {full}: the "
                 f"curriculum {'never reaches' if top < full else 'stops growing at'} the full "
-                "length; set max_difficulty to the model's sequence length", stacklevel=4)
+                "length; set max_difficulty to the model's sequence length",
+                stacklevel=4,
+            )
 
     def _count(self, samples: int, rows: int, length: int, loss_mask: torch.Tensor | None) -> None:
         if self.count_tokens_by == "loss_mask":
@@ -331,9 +396,11 @@ class SequenceLengthWarmup:
         if got is None:
             if not self._warned_unchecked:
                 self._warned_unchecked = True
-                msg = (f"{self.model_name} returned only a loss: seqwarm cannot check that it trains at the "
-                       f"curriculum_seqlen it is given ({length}); make sure its forward cuts its inputs to "
-                       "it, or use curriculum mode 'truncate'")
+                msg = (
+                    f"{self.model_name} returned only a loss: seqwarm cannot check that it trains at the "
+                    f"curriculum_seqlen it is given ({length}); make sure its forward cuts its inputs to "
+                    "it, or use curriculum mode 'truncate'"
+                )
                 if self._declares_seqlen:  # its signature names the keyword: say it, quietly
                     logger.info(msg)
                 else:  # reached through **kwargs (inject_via_kwargs): nothing vouches for it
@@ -342,7 +409,8 @@ class SequenceLengthWarmup:
             raise ValueError(
                 f"{self.model_name} was given curriculum_seqlen={length} but returned outputs of length "
                 f"{got}: it ignores the keyword, so it trained at {got} while the clock counts {length}. "
-                "Use curriculum mode 'truncate' or 'reshape' (seqwarm cuts the batch itself)")
+                "Use curriculum mode 'truncate' or 'reshape' (seqwarm cuts the batch itself)"
+            )
 
     def _step_totals(self) -> tuple[int, int]:
         """The open step's samples and tokens over all ranks (summed once; shape counts x world size)."""
@@ -434,5 +502,7 @@ class SequenceLengthWarmup:
 
     def __repr__(self) -> str:
         lr = "None" if self.lr is None else f"{self.lr:.3g}"
-        return (f"SequenceLengthWarmup(mode={self.mode}, step={self.progress.step}, tokens={self.progress.tokens}, "
-                f"seqlen={self.current_seqlen}, lr={lr})")
+        return (
+            f"SequenceLengthWarmup(mode={self.mode}, step={self.progress.step}, tokens={self.progress.tokens}, "
+            f"seqlen={self.current_seqlen}, lr={lr})"
+        )

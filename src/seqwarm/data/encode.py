@@ -67,22 +67,39 @@ def _chunks(docs: Iterator[Document], chunk_bytes: int) -> Iterator[tuple[list[s
         yield texts, first, size
 
 
-def tokenize_and_write(folder: Path, tok: Tokenizer, dtype: np.dtype, docs: Iterator[Document],
-                       val_mask: np.ndarray, n_workers: int, chunk_bytes: int, total_bytes: int,
-                       progress: bool) -> dict[str, dict[str, Any]]:
+def tokenize_and_write(
+    folder: Path,
+    tok: Tokenizer,
+    dtype: np.dtype,
+    docs: Iterator[Document],
+    val_mask: np.ndarray,
+    n_workers: int,
+    chunk_bytes: int,
+    total_bytes: int,
+    progress: bool,
+) -> dict[str, dict[str, Any]]:
     """Write ``folder/train`` and ``folder/val`` (``.bin``/``.idx``); document ``i`` goes to ``val`` when
     ``val_mask[i]``. Returns each split's documents, tokens, file names and ``files`` (sizes, hashes)."""
     from tqdm.auto import tqdm
 
     writers = {"train": IndexedWriter(folder / "train", dtype), "val": IndexedWriter(folder / "val", dtype)}
-    bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc=f"tokenizing ({tok.name})",
-               file=sys.stderr, disable=None if progress else True, dynamic_ncols=True)
+    bar = tqdm(
+        total=total_bytes,
+        unit="B",
+        unit_scale=True,
+        desc=f"tokenizing ({tok.name})",
+        file=sys.stderr,
+        disable=None if progress else True,
+        dynamic_ncols=True,
+    )
 
     def consume(first: int, size: int, tokens: np.ndarray, lengths: np.ndarray) -> None:
         if first + len(lengths) > len(val_mask):
-            raise UserError("the inputs changed while they were being prepared (more documents than "
-                            "counted); run seqwarm prepare again")
-        is_val = val_mask[first:first + len(lengths)]
+            raise UserError(
+                "the inputs changed while they were being prepared (more documents than "
+                "counted); run seqwarm prepare again"
+            )
+        is_val = val_mask[first : first + len(lengths)]
         if not is_val.any():
             writers["train"].add_documents(tokens, lengths)
         elif is_val.all():
@@ -102,19 +119,34 @@ def tokenize_and_write(folder: Path, tok: Tokenizer, dtype: np.dtype, docs: Iter
             _run_pool(tok, dtype, chunks, n_workers, consume)
         results = {name: w.close() for name, w in writers.items()}
         if sum(r["documents"] for r in results.values()) != len(val_mask):
-            raise UserError("the inputs changed while they were being prepared (fewer documents than "
-                            "counted); run seqwarm prepare again")
+            raise UserError(
+                "the inputs changed while they were being prepared (fewer documents than "
+                "counted); run seqwarm prepare again"
+            )
     finally:
         bar.close()
         for w in writers.values():
             if not w.closed:
                 w.abort()
-    return {name: {"documents": r["documents"], "tokens": r["tokens"], "bin": f"{name}.bin",
-                   "idx": f"{name}.idx", "files": r["files"]} for name, r in results.items()}
+    return {
+        name: {
+            "documents": r["documents"],
+            "tokens": r["tokens"],
+            "bin": f"{name}.bin",
+            "idx": f"{name}.idx",
+            "files": r["files"],
+        }
+        for name, r in results.items()
+    }
 
 
-def _run_pool(tok: Tokenizer, dtype: np.dtype, chunks: Iterator[tuple[list[str], int, int]],
-              n_workers: int, consume: Callable[..., None]) -> None:
+def _run_pool(
+    tok: Tokenizer,
+    dtype: np.dtype,
+    chunks: Iterator[tuple[list[str], int, int]],
+    n_workers: int,
+    consume: Callable[..., None],
+) -> None:
     """Ordered, bounded fan-out: at most ``2 * n_workers`` chunks are queued, so memory stays flat.
 
     "spawn" workers: a fork after ``tokenizers`` has started its thread pool (BPE training) is unsafe.

@@ -100,8 +100,9 @@ class IndexedWriter:
         if not self.closed:
             self._bin.close()
             self._idx.seek(0)
-            self._idx.write(IDX_HEADER.pack(IDX_MAGIC, IDX_VERSION, self.dtype.itemsize,
-                                            self.num_docs, self.num_tokens))
+            self._idx.write(
+                IDX_HEADER.pack(IDX_MAGIC, IDX_VERSION, self.dtype.itemsize, self.num_docs, self.num_tokens)
+            )
             self._idx.close()
             self.closed = True
         return {
@@ -109,8 +110,7 @@ class IndexedWriter:
             "tokens": self.num_tokens,
             "files": {
                 self.bin_path.name: {"bytes": self.bin_path.stat().st_size, "sha256": self._sha.hexdigest()},
-                self.idx_path.name: {"bytes": self.idx_path.stat().st_size,
-                                     "sha256": sha256_file(self.idx_path)},
+                self.idx_path.name: {"bytes": self.idx_path.stat().st_size, "sha256": sha256_file(self.idx_path)},
             },
         }
 
@@ -133,22 +133,25 @@ class IndexedTokens:
         expect_idx = IDX_HEADER.size + 8 * (self.num_docs + 1)
         _check_size(self.idx_path, expect_idx, "its header")
         _check_size(self.bin_path, self.num_tokens * itemsize, f"{self.idx_path.name}")
-        self.offsets = np.memmap(self.idx_path, dtype="<i8", mode="r", offset=IDX_HEADER.size,
-                                 shape=(self.num_docs + 1,))
+        self.offsets = np.memmap(
+            self.idx_path, dtype="<i8", mode="r", offset=IDX_HEADER.size, shape=(self.num_docs + 1,)
+        )
         if self.num_tokens:
             self.tokens = np.memmap(self.bin_path, dtype=self.dtype, mode="r", shape=(self.num_tokens,))
         else:  # numpy cannot map an empty file
             self.tokens = np.zeros(0, dtype=self.dtype)
         if self.offsets[0] != 0 or self.offsets[-1] != self.num_tokens:
-            raise UserError(f"{self.idx_path}: document offsets do not match the token count; "
-                            "the file is corrupted, re-run seqwarm prepare")
+            raise UserError(
+                f"{self.idx_path}: document offsets do not match the token count; "
+                "the file is corrupted, re-run seqwarm prepare"
+            )
 
     def __len__(self) -> int:
         return self.num_docs
 
     def document(self, i: int) -> np.ndarray:
         """Tokens of document ``i`` (a view into the memmap; its last token is EOD)."""
-        return self.tokens[int(self.offsets[i]):int(self.offsets[i + 1])]
+        return self.tokens[int(self.offsets[i]) : int(self.offsets[i + 1])]
 
 
 def _read_header(path: Path) -> tuple:
@@ -160,14 +163,17 @@ def _read_header(path: Path) -> tuple:
     except OSError as err:
         raise UserError(f"cannot read {str(path)!r}: {err.strerror or err}") from None
     if len(raw) < IDX_HEADER.size:
-        raise UserError(f"{str(path)!r} is truncated ({len(raw)} bytes, shorter than its header); "
-                        "re-run seqwarm prepare")
+        raise UserError(
+            f"{str(path)!r} is truncated ({len(raw)} bytes, shorter than its header); re-run seqwarm prepare"
+        )
     header = IDX_HEADER.unpack(raw)
     if header[0] != IDX_MAGIC:
         raise UserError(f"{str(path)!r} is not a seqwarm index file (bad magic bytes)")
     if header[1] != IDX_VERSION:
-        raise UserError(f"{str(path)!r} has index format version {header[1]}; this seqwarm reads "
-                        f"version {IDX_VERSION}; re-run seqwarm prepare")
+        raise UserError(
+            f"{str(path)!r} has index format version {header[1]}; this seqwarm reads "
+            f"version {IDX_VERSION}; re-run seqwarm prepare"
+        )
     if header[2] not in (2, 4):
         raise UserError(f"{str(path)!r}: unsupported token size {header[2]} bytes")
     return header
@@ -180,8 +186,10 @@ def _check_size(path: Path, expected: int, source: str) -> None:
         raise UserError(f"{str(path)!r} is missing; re-run seqwarm prepare") from None
     if size != expected:
         what = "truncated" if size < expected else "longer than expected"
-        raise UserError(f"{str(path)!r} is {what}: {size} bytes, but {source} says {expected}; "
-                        "the file is damaged or was changed, re-run seqwarm prepare")
+        raise UserError(
+            f"{str(path)!r} is {what}: {size} bytes, but {source} says {expected}; "
+            "the file is damaged or was changed, re-run seqwarm prepare"
+        )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -193,13 +201,16 @@ def read_meta_file(folder: str | Path) -> Any:
     folder = Path(folder)
     path = folder / META_FILE
     if not folder.is_dir():
-        raise UserError(f"{str(folder)!r} is not a prepared data folder (it does not exist); "
-                        "make one with: seqwarm prepare --out DIR")
+        raise UserError(
+            f"{str(folder)!r} is not a prepared data folder (it does not exist); "
+            "make one with: seqwarm prepare --out DIR"
+        )
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise UserError(f"{str(folder)!r} is not a prepared data folder (no {META_FILE}); "
-                        "make one with: seqwarm prepare --out DIR") from None
+        raise UserError(
+            f"{str(folder)!r} is not a prepared data folder (no {META_FILE}); make one with: seqwarm prepare --out DIR"
+        ) from None
     except (OSError, ValueError) as err:
         raise UserError(f"cannot read {str(path)!r}: {err}") from None
 
@@ -211,8 +222,10 @@ def read_meta(folder: str | Path) -> dict[str, Any]:
     if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
         raise UserError(f"{str(path)!r} is not a seqwarm prepared-data description")
     if meta.get("format_version") != META_FORMAT_VERSION:
-        raise UserError(f"{str(path)!r} has format version {meta.get('format_version')}; this seqwarm "
-                        f"reads version {META_FORMAT_VERSION}; re-run seqwarm prepare")
+        raise UserError(
+            f"{str(path)!r} has format version {meta.get('format_version')}; this seqwarm "
+            f"reads version {META_FORMAT_VERSION}; re-run seqwarm prepare"
+        )
     problems = _meta_problems(meta)
     if problems:
         raise UserError(f"{str(path)!r} is damaged or was edited: {'; '.join(problems)}; re-run seqwarm prepare")
@@ -241,8 +254,11 @@ def _meta_problems(meta: Mapping[str, Any]) -> list[str]:
         for name, info in files.items():
             if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
                 problems.append(f"file name {name!r} leaves the data folder (only plain names are allowed)")
-            elif not isinstance(info, Mapping) or not _count(info.get("bytes")) or not isinstance(
-                    info.get("sha256"), str):
+            elif (
+                not isinstance(info, Mapping)
+                or not _count(info.get("bytes"))
+                or not isinstance(info.get("sha256"), str)
+            ):
                 problems.append(f"files.{name} lacks its bytes and sha256")
     return problems
 
@@ -255,10 +271,12 @@ def check_token_ids(split: IndexedTokens, vocab_size: int, chunk: int = 1 << 24)
     if key is None or key in _IDS_OK:
         return
     for start in range(0, split.num_tokens, chunk):
-        top = int(split.tokens[start:start + chunk].max())
+        top = int(split.tokens[start : start + chunk].max())
         if top >= vocab_size:
-            raise UserError(f"{split.bin_path} holds token id {top}, but meta.json says the vocabulary has "
-                            f"{vocab_size} tokens: the files do not belong together; re-run seqwarm prepare")
+            raise UserError(
+                f"{split.bin_path} holds token id {top}, but meta.json says the vocabulary has "
+                f"{vocab_size} tokens: the files do not belong together; re-run seqwarm prepare"
+            )
     _IDS_OK.add(key)
 
 
@@ -275,9 +293,9 @@ def data_fingerprint(meta: Mapping[str, Any]) -> str:
         # describes them instead — each source's path, weight, dtype and documents, the split, the counts
         keys = ("sources", "split", "splits", "vocab_size", "eod_id")
         return hashlib.sha256(json.dumps({k: meta.get(k) for k in keys}, sort_keys=True).encode()).hexdigest()
-    lines = [f"{name}:{info['sha256']}\n" for name, info in sorted(files.items())
-             if name.endswith((".bin", ".idx"))]
+    lines = [f"{name}:{info['sha256']}\n" for name, info in sorted(files.items()) if name.endswith((".bin", ".idx"))]
     return hashlib.sha256("".join(lines).encode()).hexdigest()
+
 
 # In-process cache of verified checksums, keyed by file identity, so that opening the same folder
 # several times (train and val datasets, every test) hashes each file once.
@@ -293,8 +311,9 @@ def verify_files(folder: str | Path, meta: Mapping[str, Any], *, checksums: bool
     for name, info in files.items():
         path = folder / name
         if not path.is_file():  # a device or a folder under a listed name: never read it
-            raise UserError(f"{str(path)!r} (listed in {META_FILE}) is missing or not a regular file; "
-                            "re-run seqwarm prepare")
+            raise UserError(
+                f"{str(path)!r} (listed in {META_FILE}) is missing or not a regular file; re-run seqwarm prepare"
+            )
         _check_size(path, int(info["bytes"]), META_FILE)
         if not checksums:
             continue
@@ -302,7 +321,9 @@ def verify_files(folder: str | Path, meta: Mapping[str, Any], *, checksums: bool
         key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
         digest = _VERIFIED.get(key) or sha256_file(path)
         if digest != info["sha256"]:
-            raise UserError(f"{str(path)!r} does not match its checksum in {META_FILE} (sha256 "
-                            f"{digest[:12]}... vs {str(info['sha256'])[:12]}...): the file is corrupted "
-                            "or was changed; re-run seqwarm prepare")
+            raise UserError(
+                f"{str(path)!r} does not match its checksum in {META_FILE} (sha256 "
+                f"{digest[:12]}... vs {str(info['sha256'])[:12]}...): the file is corrupted "
+                "or was changed; re-run seqwarm prepare"
+            )
         _VERIFIED[key] = digest

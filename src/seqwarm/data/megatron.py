@@ -41,16 +41,32 @@ from seqwarm.data.dataset import Batch, TokenWindows, TrainBatches, build_batch,
 from seqwarm.data.tokenizer import build_tokenizer
 from seqwarm.util.errors import UserError
 
-__all__ = ["MEGATRON_MAGIC", "MEGATRON_DTYPES", "MegatronIndexed", "MegatronData", "BlendedBatches",
-           "parse_data_path", "split_documents", "open_megatron"]
+__all__ = [
+    "MEGATRON_MAGIC",
+    "MEGATRON_DTYPES",
+    "MegatronIndexed",
+    "MegatronData",
+    "BlendedBatches",
+    "parse_data_path",
+    "split_documents",
+    "open_megatron",
+]
 
 logger = logging.getLogger(__name__)
 
 MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
 MEGATRON_VERSION = 1
 _HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, document index length
-MEGATRON_DTYPES = {1: np.uint8, 2: np.int8, 3: np.int16, 4: np.int32, 5: np.int64, 6: np.float64,
-                   7: np.float32, 8: np.uint16}
+MEGATRON_DTYPES = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float32,
+    8: np.uint16,
+}
 """megatron-core's dtype codes."""
 DEFAULT_SPLIT = "969,30,1"
 _FIX = "re-run Megatron's tools/preprocess_data.py for it"
@@ -75,8 +91,10 @@ class MegatronIndexed:
         magic, version, code, seqs, docs = _HEADER.unpack(raw)
         if magic != MEGATRON_MAGIC:
             hint = " (a seqwarm index: give its folder to --data)" if magic.startswith(b"SEQWIDX") else ""
-            raise UserError(f"{str(self.idx_path)!r} is not a Megatron index file (bad magic bytes {magic!r}, "
-                            f"expected {MEGATRON_MAGIC!r}){hint}")
+            raise UserError(
+                f"{str(self.idx_path)!r} is not a Megatron index file (bad magic bytes {magic!r}, "
+                f"expected {MEGATRON_MAGIC!r}){hint}"
+            )
         if version != MEGATRON_VERSION:
             raise _bad(self.idx_path, f"index version {version}, but seqwarm reads version {MEGATRON_VERSION}")
         if code not in MEGATRON_DTYPES:
@@ -91,21 +109,32 @@ class MegatronIndexed:
         expected = _HEADER.size + 12 * seqs + 8 * docs
         if size not in (expected, expected + seqs):  # + seqs: the int8 modes of a multimodal file
             what = "truncated" if size < expected else "longer than its header says"
-            raise _bad(self.idx_path, f"{what}: {size} bytes, but its header ({seqs} sequences, "
-                                      f"{docs - 1} documents) needs {expected}")
+            raise _bad(
+                self.idx_path,
+                f"{what}: {size} bytes, but its header ({seqs} sequences, {docs - 1} documents) needs {expected}",
+            )
         off = _HEADER.size
-        self.lengths = np.memmap(self.idx_path, dtype="<i4", mode="r", offset=off, shape=(seqs,)) \
-            if seqs else np.zeros(0, dtype="<i4")
-        pointers = np.memmap(self.idx_path, dtype="<i8", mode="r", offset=off + 4 * seqs, shape=(seqs,)) \
-            if seqs else np.zeros(0, dtype="<i8")
+        self.lengths = (
+            np.memmap(self.idx_path, dtype="<i4", mode="r", offset=off, shape=(seqs,))
+            if seqs
+            else np.zeros(0, dtype="<i4")
+        )
+        pointers = (
+            np.memmap(self.idx_path, dtype="<i8", mode="r", offset=off + 4 * seqs, shape=(seqs,))
+            if seqs
+            else np.zeros(0, dtype="<i8")
+        )
         doc_index = np.memmap(self.idx_path, dtype="<i8", mode="r", offset=off + 12 * seqs, shape=(docs,))
         if (self.lengths < 0).any():
             raise _bad(self.idx_path, "negative sequence lengths")
         seq_offsets = np.zeros(seqs + 1, dtype=np.int64)
         np.cumsum(self.lengths, out=seq_offsets[1:])
         if not np.array_equal(pointers, seq_offsets[:-1] * self.dtype.itemsize):
-            raise _bad(self.idx_path, "its sequence pointers are not the sequences back to back (a damaged "
-                                      "index, or a layout seqwarm cannot map as one stream)")
+            raise _bad(
+                self.idx_path,
+                "its sequence pointers are not the sequences back to back (a damaged "
+                "index, or a layout seqwarm cannot map as one stream)",
+            )
         if doc_index[0] != 0 or doc_index[-1] != seqs or (np.diff(doc_index) < 0).any():
             raise _bad(self.idx_path, f"its document index must rise from 0 to the sequence count {seqs}")
         self.num_tokens = int(seq_offsets[-1])
@@ -113,16 +142,22 @@ class MegatronIndexed:
         bin_size = _size(self.bin_path)
         if bin_size != self.num_tokens * self.dtype.itemsize:
             what = "truncated" if bin_size < self.num_tokens * self.dtype.itemsize else "longer than its index says"
-            raise _bad(self.bin_path, f"{what}: {bin_size} bytes, but {self.idx_path.name} says "
-                                      f"{self.num_tokens} tokens of {self.dtype.itemsize} bytes")
-        self.tokens = (np.memmap(self.bin_path, dtype=self.dtype, mode="r", shape=(self.num_tokens,))
-                       if self.num_tokens else np.zeros(0, dtype=self.dtype))
+            raise _bad(
+                self.bin_path,
+                f"{what}: {bin_size} bytes, but {self.idx_path.name} says "
+                f"{self.num_tokens} tokens of {self.dtype.itemsize} bytes",
+            )
+        self.tokens = (
+            np.memmap(self.bin_path, dtype=self.dtype, mode="r", shape=(self.num_tokens,))
+            if self.num_tokens
+            else np.zeros(0, dtype=self.dtype)
+        )
 
     def __len__(self) -> int:
         return self.num_docs
 
     def document(self, i: int) -> np.ndarray:
-        return self.tokens[int(self.doc_offsets[i]):int(self.doc_offsets[i + 1])]
+        return self.tokens[int(self.doc_offsets[i]) : int(self.doc_offsets[i + 1])]
 
     def check_ids(self, vocab_size: int, chunk: int = 1 << 24) -> None:
         """Exit 2 naming the file when a token id is negative or ``>= vocab_size`` (one pass over .bin,
@@ -134,13 +169,15 @@ class MegatronIndexed:
         if key in _CHECKED:
             return
         for start in range(0, self.num_tokens, chunk):
-            part = self.tokens[start:start + chunk]
+            part = self.tokens[start : start + chunk]
             low, high = int(part.min()), int(part.max())
             if low < 0 or high >= vocab_size:
                 bad = low if low < 0 else high
-                raise UserError(f"{str(self.bin_path)!r} holds token id {bad}, outside the vocabulary "
-                                f"0..{vocab_size - 1}; give the tokenizer the data was made with "
-                                "(--tokenizer) or its padded size (--vocab-size)")
+                raise UserError(
+                    f"{str(self.bin_path)!r} holds token id {bad}, outside the vocabulary "
+                    f"0..{vocab_size - 1}; give the tokenizer the data was made with "
+                    "(--tokenizer) or its padded size (--vocab-size)"
+                )
         _CHECKED.add(key)
 
 
@@ -152,8 +189,7 @@ def _read(path: Path, n: int) -> bytes:
         with open(path, "rb") as f:
             raw = f.read(n)
     except FileNotFoundError:
-        raise UserError(f"{str(path)!r} is missing (--data-path names PREFIX for PREFIX.bin and PREFIX.idx)") \
-            from None
+        raise UserError(f"{str(path)!r} is missing (--data-path names PREFIX for PREFIX.bin and PREFIX.idx)") from None
     except OSError as err:
         raise UserError(f"cannot read {str(path)!r}: {err.strerror or err}") from None
     if len(raw) < n:
@@ -165,8 +201,7 @@ def _size(path: Path) -> int:
     try:
         return path.stat().st_size
     except FileNotFoundError:
-        raise UserError(f"{str(path)!r} is missing (--data-path names PREFIX for PREFIX.bin and PREFIX.idx)") \
-            from None
+        raise UserError(f"{str(path)!r} is missing (--data-path names PREFIX for PREFIX.bin and PREFIX.idx)") from None
 
 
 # --------------------------------------------------------------------------------------------------
@@ -181,15 +216,18 @@ def parse_data_path(items: Sequence[str]) -> list[tuple[float, str]]:
     if len(items) == 1:
         return [(1.0, items[0])]
     if len(items) % 2:
-        raise UserError(f"--data-path {' '.join(items)}: a blend is pairs of weight and prefix "
-                        "(W1 PREFIX1 W2 PREFIX2 ...), got an odd number of values")
+        raise UserError(
+            f"--data-path {' '.join(items)}: a blend is pairs of weight and prefix "
+            "(W1 PREFIX1 W2 PREFIX2 ...), got an odd number of values"
+        )
     pairs = []
     for w, prefix in zip(items[::2], items[1::2]):
         try:
             weight = float(w)
         except ValueError:
-            raise UserError(f"--data-path: {w!r} (before {prefix!r}) is not a weight; a blend is "
-                            "W1 PREFIX1 W2 PREFIX2 ...") from None
+            raise UserError(
+                f"--data-path: {w!r} (before {prefix!r}) is not a weight; a blend is W1 PREFIX1 W2 PREFIX2 ..."
+            ) from None
         if not weight > 0:
             raise UserError(f"--data-path: the weight of {prefix!r} is {w}; weights must be positive")
         pairs.append((weight, prefix))
@@ -208,7 +246,7 @@ def split_documents(num_docs: int, split: str) -> list[tuple[int, int]]:
     if any(w < 0 for w in weights) or sum(weights) <= 0:
         raise UserError(f"--split {split!r}: weights must be non-negative with a positive sum")
     total = sum(weights)
-    bounds = [0] + [int(round(sum(weights[:i + 1]) / total * num_docs)) for i in range(3)]
+    bounds = [0] + [int(round(sum(weights[: i + 1]) / total * num_docs)) for i in range(3)]
     return [(bounds[i], bounds[i + 1]) for i in range(3)]
 
 
@@ -224,8 +262,12 @@ class ConcatWindows:
         self.seq_length = self.parts[0].seq_length
         self._starts = np.cumsum([0] + [len(p) for p in self.parts])
         first = self.parts[0]
-        self._opts = {"eod_id": first.eod_id, "eod_mask_loss": first.eod_mask_loss,
-                      "reset_position_ids": first.reset_position_ids, "label_style": first.label_style}
+        self._opts = {
+            "eod_id": first.eod_id,
+            "eod_mask_loss": first.eod_mask_loss,
+            "reset_position_ids": first.reset_position_ids,
+            "label_style": first.label_style,
+        }
 
     def __len__(self) -> int:
         return int(self._starts[-1])
@@ -262,8 +304,17 @@ class BlendedBatches:
     The position is the global sample count plus each source's (epoch, index).
     """
 
-    def __init__(self, sources: Sequence[TokenWindows], weights: Sequence[float], micro_batch_size: int, *,
-                 seed: int = 1234, rank: int = 0, world_size: int = 1, shuffle: bool = True):
+    def __init__(
+        self,
+        sources: Sequence[TokenWindows],
+        weights: Sequence[float],
+        micro_batch_size: int,
+        *,
+        seed: int = 1234,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+    ):
         self.weights = [float(w) for w in weights]
         self.micro_batch_size, self.rank, self.world_size = int(micro_batch_size), int(rank), int(world_size)
         self.global_micro_batch = self.micro_batch_size * self.world_size
@@ -280,7 +331,7 @@ class BlendedBatches:
         return [(int(k), int(self.sources[k].next_indices()[0])) for k in picks]
 
     def next_batch(self) -> Batch:
-        mine = self.next_indices()[self.rank * self.micro_batch_size:(self.rank + 1) * self.micro_batch_size]
+        mine = self.next_indices()[self.rank * self.micro_batch_size : (self.rank + 1) * self.micro_batch_size]
         rows = [self.sources[k].windows.window_array([i])[0] for k, i in mine]
         return build_batch(np.stack(rows), **self.windows._opts)
 
@@ -291,14 +342,23 @@ class BlendedBatches:
         return self.next_batch()
 
     def state_dict(self) -> dict[str, Any]:
-        return {"samples": self.samples, "served": list(self.served), "weights": self.weights,
-                "sources": [s.state_dict() for s in self.sources]}
+        return {
+            "samples": self.samples,
+            "served": list(self.served),
+            "weights": self.weights,
+            "sources": [s.state_dict() for s in self.sources],
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "sources" not in state or len(state["sources"]) != len(self.sources) or \
-                not np.allclose(state.get("weights", []), self.weights):
-            raise UserError("cannot resume the data position: the checkpoint was written with another "
-                            "--data-path blend (sources or weights differ)")
+        if (
+            "sources" not in state
+            or len(state["sources"]) != len(self.sources)
+            or not np.allclose(state.get("weights", []), self.weights)
+        ):
+            raise UserError(
+                "cannot resume the data position: the checkpoint was written with another "
+                "--data-path blend (sources or weights differ)"
+            )
         for source, saved in zip(self.sources, state["sources"]):
             source.load_state_dict(saved)
         self.samples, self.served = int(state["samples"]), [int(x) for x in state["served"]]
@@ -316,18 +376,27 @@ class _Source:
 
     def stream(self, split: int) -> np.ndarray:
         start, stop = self.ranges[split]
-        return self.indexed.tokens[int(self.indexed.doc_offsets[start]):int(self.indexed.doc_offsets[stop])]
+        return self.indexed.tokens[int(self.indexed.doc_offsets[start]) : int(self.indexed.doc_offsets[stop])]
 
 
 class MegatronData:
     """Megatron ``--data-path`` sources with the interface of :class:`~seqwarm.data.PreparedData`
     (``vocab_size``, ``eod_id``, ``meta``, ``train_batches``, ``val_batches``, ``tokenizer``)."""
 
-    def __init__(self, data_path: Sequence[str], *, split: str = DEFAULT_SPLIT, tokenizer: str | None = None,
-                 vocab_size: int | None = None, eod_id: int | None = None):
+    def __init__(
+        self,
+        data_path: Sequence[str],
+        *,
+        split: str = DEFAULT_SPLIT,
+        tokenizer: str | None = None,
+        vocab_size: int | None = None,
+        eod_id: int | None = None,
+    ):
         if tokenizer and tokenizer.strip().lower().startswith("bpe:"):
-            raise UserError(f"--tokenizer {tokenizer} trains a new tokenizer; --data-path data was tokenized "
-                            "already: give the tokenizer it was made with (gpt2, hf:PATH) or --vocab-size/--eod-id")
+            raise UserError(
+                f"--tokenizer {tokenizer} trains a new tokenizer; --data-path data was tokenized "
+                "already: give the tokenizer it was made with (gpt2, hf:PATH) or --vocab-size/--eod-id"
+            )
         self._tokenizer = build_tokenizer(tokenizer) if tokenizer else None
         if vocab_size is None:
             if self._tokenizer is None:
@@ -338,8 +407,9 @@ class MegatronData:
                 raise UserError("--data-path needs the end-of-document id: give --tokenizer or --eod-id")
             eod_id = self._tokenizer.eod_id
         if self._tokenizer is not None and vocab_size < self._tokenizer.vocab_size:
-            raise UserError(f"--vocab-size {vocab_size} is smaller than the {tokenizer} vocabulary "
-                            f"({self._tokenizer.vocab_size})")
+            raise UserError(
+                f"--vocab-size {vocab_size} is smaller than the {tokenizer} vocabulary ({self._tokenizer.vocab_size})"
+            )
         if not 0 <= eod_id < vocab_size:
             raise UserError(f"--eod-id {eod_id} is outside the vocabulary 0..{vocab_size - 1}")
         self.vocab_size, self.eod_id = int(vocab_size), int(eod_id)
@@ -350,15 +420,32 @@ class MegatronData:
             self.sources.append(_Source(weight, indexed, split_documents(len(indexed), split)))
             _warn_without_eod(indexed, self.eod_id)
         self.folder = self.sources[0].indexed.prefix.parent
-        counts = {name: {"tokens": sum(len(s.stream(i)) for s in self.sources),
-                         "documents": sum(s.ranges[i][1] - s.ranges[i][0] for s in self.sources)}
-                  for i, name in enumerate(("train", "val"))}
+        counts = {
+            name: {
+                "tokens": sum(len(s.stream(i)) for s in self.sources),
+                "documents": sum(s.ranges[i][1] - s.ranges[i][0] for s in self.sources),
+            }
+            for i, name in enumerate(("train", "val"))
+        }
         self.meta: dict[str, Any] = {
-            "format": "megatron", "vocab_size": self.vocab_size, "eod_id": self.eod_id, "split": split,
-            "tokenizer": (self._tokenizer.describe() if self._tokenizer else
-                          {"name": None, "vocab_size": self.vocab_size, "eod_id": self.eod_id}),
-            "sources": [{"prefix": str(s.indexed.prefix), "weight": s.weight, "dtype": s.indexed.dtype.name,
-                         "documents": len(s.indexed)} for s in self.sources],
+            "format": "megatron",
+            "vocab_size": self.vocab_size,
+            "eod_id": self.eod_id,
+            "split": split,
+            "tokenizer": (
+                self._tokenizer.describe()
+                if self._tokenizer
+                else {"name": None, "vocab_size": self.vocab_size, "eod_id": self.eod_id}
+            ),
+            "sources": [
+                {
+                    "prefix": str(s.indexed.prefix),
+                    "weight": s.weight,
+                    "dtype": s.indexed.dtype.name,
+                    "documents": len(s.indexed),
+                }
+                for s in self.sources
+            ],
             "splits": counts,
         }
 
@@ -376,33 +463,77 @@ class MegatronData:
             out.append(TokenWindows(s.stream(split), seq_length, eod_id=self.eod_id, name=label, **opts))
         return out
 
-    def windows(self, split: str, seq_length: int, *, eod_mask_loss: bool = False, reset_position_ids: bool = False,
-                label_style: str = "megatron") -> TokenWindows | ConcatWindows:
+    def windows(
+        self,
+        split: str,
+        seq_length: int,
+        *,
+        eod_mask_loss: bool = False,
+        reset_position_ids: bool = False,
+        label_style: str = "megatron",
+    ) -> TokenWindows | ConcatWindows:
         """``split`` (train or val) of every source as windows of ``seq_length + 1`` tokens."""
         if split not in ("train", "val"):
             raise UserError(f"unknown split {split!r}; choose from train, val")
-        parts = self._windows(("train", "val").index(split), seq_length, eod_mask_loss=eod_mask_loss,
-                              reset_position_ids=reset_position_ids, label_style=label_style)
+        parts = self._windows(
+            ("train", "val").index(split),
+            seq_length,
+            eod_mask_loss=eod_mask_loss,
+            reset_position_ids=reset_position_ids,
+            label_style=label_style,
+        )
         return parts[0] if len(parts) == 1 else ConcatWindows(parts, split)
 
-    def train_batches(self, seq_length: int, micro_batch_size: int, *, seed: int = 1234, rank: int = 0,
-                      world_size: int = 1, shuffle: bool = True, eod_mask_loss: bool = False,
-                      reset_position_ids: bool = False, label_style: str = "megatron"):
-        windows = self._windows(0, seq_length, eod_mask_loss=eod_mask_loss, reset_position_ids=reset_position_ids,
-                                label_style=label_style)
+    def train_batches(
+        self,
+        seq_length: int,
+        micro_batch_size: int,
+        *,
+        seed: int = 1234,
+        rank: int = 0,
+        world_size: int = 1,
+        shuffle: bool = True,
+        eod_mask_loss: bool = False,
+        reset_position_ids: bool = False,
+        label_style: str = "megatron",
+    ):
+        windows = self._windows(
+            0, seq_length, eod_mask_loss=eod_mask_loss, reset_position_ids=reset_position_ids, label_style=label_style
+        )
         if len(windows) == 1:  # one source: exactly the order of a prepared folder's split
-            return TrainBatches(windows[0], micro_batch_size, seed=seed, rank=rank, world_size=world_size,
-                                shuffle=shuffle)
-        return BlendedBatches(windows, [s.weight for s in self.sources], micro_batch_size, seed=seed, rank=rank,
-                              world_size=world_size, shuffle=shuffle)
+            return TrainBatches(
+                windows[0], micro_batch_size, seed=seed, rank=rank, world_size=world_size, shuffle=shuffle
+            )
+        return BlendedBatches(
+            windows,
+            [s.weight for s in self.sources],
+            micro_batch_size,
+            seed=seed,
+            rank=rank,
+            world_size=world_size,
+            shuffle=shuffle,
+        )
 
-    def val_batches(self, seq_length: int, micro_batch_size: int, *, num_windows: int | None = None,
-                    rank: int = 0, world_size: int = 1, eod_mask_loss: bool = False,
-                    reset_position_ids: bool = False, label_style: str = "megatron") -> Iterator[Batch]:
-        windows = self.windows("val", seq_length, eod_mask_loss=eod_mask_loss, reset_position_ids=reset_position_ids,
-                               label_style=label_style)
-        return iter_eval_batches(windows, micro_batch_size, num_windows=num_windows, rank=rank,
-                                 world_size=world_size)
+    def val_batches(
+        self,
+        seq_length: int,
+        micro_batch_size: int,
+        *,
+        num_windows: int | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        eod_mask_loss: bool = False,
+        reset_position_ids: bool = False,
+        label_style: str = "megatron",
+    ) -> Iterator[Batch]:
+        windows = self.windows(
+            "val",
+            seq_length,
+            eod_mask_loss=eod_mask_loss,
+            reset_position_ids=reset_position_ids,
+            label_style=label_style,
+        )
+        return iter_eval_batches(windows, micro_batch_size, num_windows=num_windows, rank=rank, world_size=world_size)
 
 
 def _warn_without_eod(indexed: MegatronIndexed, eod_id: int, probe: int = 1000) -> None:
@@ -414,12 +545,16 @@ def _warn_without_eod(indexed: MegatronIndexed, eod_id: int, probe: int = 1000) 
     sample = ends[np.unique(np.linspace(0, len(ends) - 1, min(probe, len(ends))).astype(np.int64))]
     missing = int((np.asarray(indexed.tokens[sample - 1]) != eod_id).sum())
     if missing:
-        logger.warning("warning: %d of %d documents probed in %s do not end with EOD id %d (preprocessed "
-                       "without --append-eod?): training windows run across document boundaries unmarked",
-                       missing, len(sample), indexed.bin_path, eod_id)
+        logger.warning(
+            "warning: %d of %d documents probed in %s do not end with EOD id %d (preprocessed "
+            "without --append-eod?): training windows run across document boundaries unmarked",
+            missing,
+            len(sample),
+            indexed.bin_path,
+            eod_id,
+        )
 
 
 def open_megatron(data_path: Sequence[str], **kwargs: Any) -> MegatronData:
     """Open ``--data-path`` sources (see :class:`MegatronData`)."""
     return MegatronData(data_path, **kwargs)
-

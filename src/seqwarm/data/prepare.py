@@ -31,21 +31,14 @@ from typing import Any
 
 import numpy as np
 
-from seqwarm.data import corpus
-from seqwarm.util.atomic import WriteError, write_json
-from seqwarm.util.version import __version__
-from seqwarm.data.encode import tokenize_and_write
-from seqwarm.data.indexed import (
-    META_FILE,
-    META_FORMAT,
-    META_FORMAT_VERSION,
-    choose_dtype,
-    dtype_name,
-    sha256_file,
-)
 from seqwarm.config.defaults import DEFAULT_TOKENIZER
+from seqwarm.data import corpus
+from seqwarm.data.encode import tokenize_and_write
+from seqwarm.data.indexed import META_FILE, META_FORMAT, META_FORMAT_VERSION, choose_dtype, dtype_name, sha256_file
 from seqwarm.data.tokenizer import build_tokenizer, parse_tokenizer_name
+from seqwarm.util.atomic import WriteError, write_json
 from seqwarm.util.errors import UserError
+from seqwarm.util.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -79,9 +72,12 @@ def embedded_data_dir(tokenizer: str = DEFAULT_TOKENIZER) -> Path:
             held = None
         if held == corpus.corpus_identity():
             return folder
-        logger.warning("the cached embedded corpus in %s was made from %s, not from the installed %s; "
-                       "preparing it again", folder, _describe_identity(held), _describe_identity(
-                           corpus.corpus_identity()))
+        logger.warning(
+            "the cached embedded corpus in %s was made from %s, not from the installed %s; preparing it again",
+            folder,
+            _describe_identity(held),
+            _describe_identity(corpus.corpus_identity()),
+        )
     else:
         logger.info("preparing the embedded public-domain corpus with %s into %s (once)", tokenizer, folder)
     folder.parent.mkdir(parents=True, exist_ok=True)
@@ -92,8 +88,12 @@ def embedded_data_dir(tokenizer: str = DEFAULT_TOKENIZER) -> Path:
 def _describe_identity(identity: Any) -> str:
     if not isinstance(identity, list):
         return "unrecorded parts"
-    return ", ".join(f"{p.get('key')} ({p.get('distribution')} {p.get('version')})" for p in identity
-                     if isinstance(p, dict)) or "nothing"
+    return (
+        ", ".join(
+            f"{p.get('key')} ({p.get('distribution')} {p.get('version')})" for p in identity if isinstance(p, dict)
+        )
+        or "nothing"
+    )
 
 
 def default_workers() -> int:
@@ -162,20 +162,26 @@ def _check_out(out: Path, force: bool) -> None:
     if not entries:
         return
     if not force:
-        raise UserError(f"--out {str(out)!r} already exists and is not empty; "
-                        "pass --force to replace it (only once the new data is complete)")
+        raise UserError(
+            f"--out {str(out)!r} already exists and is not empty; "
+            "pass --force to replace it (only once the new data is complete)"
+        )
     run = [name for name in entries if name in RUN_SIGNS]
     if run:
-        raise UserError(f"--force replaces prepared data only, and {str(out)!r} holds a training run "
-                        f"({', '.join(run)}); choose another --out, or move the run away first")
+        raise UserError(
+            f"--force replaces prepared data only, and {str(out)!r} holds a training run "
+            f"({', '.join(run)}); choose another --out, or move the run away first"
+        )
     try:
         meta = json.loads((out / META_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         meta = None
     if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
-        raise UserError(f"--force replaces prepared data only, and {str(out)!r} is not a seqwarm data folder "
-                        f"(no valid {META_FILE}; it holds {', '.join(entries[:5])}"
-                        f"{', ...' if len(entries) > 5 else ''}); choose another --out, or empty it yourself")
+        raise UserError(
+            f"--force replaces prepared data only, and {str(out)!r} is not a seqwarm data folder "
+            f"(no valid {META_FILE}; it holds {', '.join(entries[:5])}"
+            f"{', ...' if len(entries) > 5 else ''}); choose another --out, or empty it yourself"
+        )
 
 
 def _pid_alive(pid: int) -> bool:
@@ -194,7 +200,7 @@ def _clear_leftovers(out: Path) -> None:
     if not out.parent.is_dir():
         return
     for p in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):
-        pid = p.name[len(out.name) + 6:].split("-")[0]
+        pid = p.name[len(out.name) + 6 :].split("-")[0]
         if p.is_dir() and pid.isdigit() and not _pid_alive(int(pid)):
             shutil.rmtree(p, ignore_errors=True)
     for p in out.parent.glob(f".{glob.escape(out.name)}.old-*"):
@@ -212,8 +218,10 @@ def _check_inputs_outside(out: Path, inputs: Sequence[str | Path]) -> None:
     for raw in inputs:
         path = Path(raw).expanduser().resolve()
         if path == target or target in path.parents:
-            raise UserError(f"--out {str(out)!r} contains the input {str(raw)!r}; it would be replaced. "
-                            "Choose another output folder")
+            raise UserError(
+                f"--out {str(out)!r} contains the input {str(raw)!r}; it would be replaced. "
+                "Choose another output folder"
+            )
 
 
 def _non_empty(docs: Iterator[corpus.Document]) -> Iterator[corpus.Document]:
@@ -228,9 +236,11 @@ def choose_val_documents(num_docs: int, val_fraction: float, seed: int) -> np.nd
     """Boolean mask of the held-out documents: ``round(fraction * n)`` of them, at least 1 and at most
     ``n - 1``, chosen by a seeded permutation (so the same seed and corpus give the same split)."""
     if num_docs < 2:
-        raise UserError(f"the corpus has {num_docs} non-empty document(s); at least 2 are needed to hold "
-                        "out a validation split by whole documents (split the text into several .txt "
-                        "files or .jsonl lines)")
+        raise UserError(
+            f"the corpus has {num_docs} non-empty document(s); at least 2 are needed to hold "
+            "out a validation split by whole documents (split the text into several .txt "
+            "files or .jsonl lines)"
+        )
     k = min(max(1, round(val_fraction * num_docs)), num_docs - 1)
     mask = np.zeros(num_docs, dtype=bool)
     mask[np.random.default_rng(seed).permutation(num_docs)[:k]] = True
@@ -281,8 +291,11 @@ def prepare_dataset(
     _clear_leftovers(out)
     _check_out(out, force)
     # A fixed tokenizer is loaded before the corpus is read, so a bad one fails in seconds.
-    fixed = None if kind == "bpe" else build_tokenizer(tokenizer, vocab_file=vocab_file, merges_file=merges_file,
-                                                       eod_token=eod_token)
+    fixed = (
+        None
+        if kind == "bpe"
+        else build_tokenizer(tokenizer, vocab_file=vocab_file, merges_file=merges_file, eod_token=eod_token)
+    )
 
     if inputs:
         files = corpus.resolve_inputs(inputs)
@@ -291,8 +304,7 @@ def prepare_dataset(
         def documents() -> Iterator[corpus.Document]:
             return _non_empty(corpus.iter_input_documents(files, json_key, text_field))
 
-        source_desc: dict[str, Any] = {"inputs": [str(p) for p in inputs], "json_key": json_key,
-                                       "files": len(files)}
+        source_desc: dict[str, Any] = {"inputs": [str(p) for p in inputs], "json_key": json_key, "files": len(files)}
         if any(f.kind in corpus.TABLE_KINDS for f in files):
             source_desc["text_field"] = text_field
     else:
@@ -310,11 +322,12 @@ def prepare_dataset(
         num_docs += 1
         total_bytes += len(text.encode("utf-8"))
     if num_docs == 0:
-        raise UserError("the corpus is empty: no document has any text"
-                        + (f" (inputs: {', '.join(map(str, inputs))})" if inputs else ""))
+        raise UserError(
+            "the corpus is empty: no document has any text"
+            + (f" (inputs: {', '.join(map(str, inputs))})" if inputs else "")
+        )
     val_mask = choose_val_documents(num_docs, val_fraction, seed)
-    logger.info("%d documents, %.1f MB; %d held out for validation", num_docs, total_bytes / 1e6,
-                int(val_mask.sum()))
+    logger.info("%d documents, %.1f MB; %d held out for validation", num_docs, total_bytes / 1e6, int(val_mask.sum()))
 
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -325,8 +338,12 @@ def prepare_dataset(
         if kind == "bpe":
             logger.info("training the %s tokenizer on %d documents ...", tokenizer, int((~val_mask).sum()))
             train_texts = (t for i, (_, t) in enumerate(documents()) if not val_mask[i])
-            tok = build_tokenizer(tokenizer, train_texts, num_documents=int((~val_mask).sum()),
-                                  show_progress=progress and sys.stderr.isatty())
+            tok = build_tokenizer(
+                tokenizer,
+                train_texts,
+                num_documents=int((~val_mask).sum()),
+                show_progress=progress and sys.stderr.isatty(),
+            )
         else:
             assert fixed is not None
             tok = fixed
@@ -338,8 +355,9 @@ def prepare_dataset(
         # not for `byte` (tens of MB/s in-process), nor for a corpus of a single chunk.
         n_workers = 1 if kind == "byte" else max(1, min(workers, math.ceil(total_bytes / chunk_bytes)))
         t0 = time.perf_counter()
-        splits = tokenize_and_write(tmp, tok, dtype, documents(), val_mask, n_workers, chunk_bytes,
-                                    total_bytes, progress)
+        splits = tokenize_and_write(
+            tmp, tok, dtype, documents(), val_mask, n_workers, chunk_bytes, total_bytes, progress
+        )
         tokenize_seconds = time.perf_counter() - t0
 
         tok_files = tok.save(tmp)
@@ -367,14 +385,22 @@ def prepare_dataset(
         shutil.rmtree(tmp, ignore_errors=True)
         where = err.filename or tmp
         kept = "is untouched" if out.exists() else "was not written"
-        raise WriteError(f"cannot write the prepared data ({where}: {err.strerror or err}); {str(out)!r} {kept}. "
-                        "Free some space or choose a writable --out") from None
+        raise WriteError(
+            f"cannot write the prepared data ({where}: {err.strerror or err}); {str(out)!r} {kept}. "
+            "Free some space or choose a writable --out"
+        ) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return PrepareResult(out=out, meta=meta, input_bytes=total_bytes, tokenize_seconds=tokenize_seconds,
-                         tokenizer_seconds=tokenizer_seconds,
-                         total_seconds=time.perf_counter() - t_start, workers=n_workers)
+    return PrepareResult(
+        out=out,
+        meta=meta,
+        input_bytes=total_bytes,
+        tokenize_seconds=tokenize_seconds,
+        tokenizer_seconds=tokenizer_seconds,
+        total_seconds=time.perf_counter() - t_start,
+        workers=n_workers,
+    )
 
 
 def _replace_dir(tmp: Path, out: Path) -> None:

@@ -35,10 +35,14 @@ def _text_column(pa: Any, schema: Any, path: Path, field: str) -> None:
         shown = ", ".join(repr(n) for n in names[:8]) or "none"
         raise UserError(f"{path}: no {field!r} column (columns: {shown}); choose the text column with --text-field")
     kind = schema.field(field).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)
-            or getattr(pa.types, "is_string_view", lambda _: False)(kind)):
-        raise UserError(f"{path}: column {field!r} must hold strings, got {kind}; choose the text column "
-                        "with --text-field")
+    if not (
+        pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or getattr(pa.types, "is_string_view", lambda _: False)(kind)
+    ):
+        raise UserError(
+            f"{path}: column {field!r} must hold strings, got {kind}; choose the text column with --text-field"
+        )
 
 
 def _rows(batches: Iterator[Any], path: Path, field: str) -> Iterator[tuple[str, str]]:

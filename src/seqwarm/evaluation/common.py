@@ -56,8 +56,15 @@ def model_logits(model: Model, input_ids: torch.Tensor) -> torch.Tensor:
 def progress_bar(total: int, desc: str, unit: str, progress: bool):
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True,
-                disable=None if progress else True)
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        file=sys.stderr,
+        leave=False,
+        dynamic_ncols=True,
+        disable=None if progress else True,
+    )
 
 
 def safe_exp(x: float) -> float:
@@ -93,12 +100,19 @@ def read_text_file(path: str | Path, what: str) -> str:
 
 
 @torch.no_grad()
-def evaluate_val(model: Model, data, *, seq_length: int | None = None, batch_size: int = 8,
-                 num_windows: int | None = None, device: str | torch.device | None = None,
-                 progress: bool = True) -> dict[str, Any]:
+def evaluate_val(
+    model: Model,
+    data,
+    *,
+    seq_length: int | None = None,
+    batch_size: int = 8,
+    num_windows: int | None = None,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
     """Full-length loss/ppl on the val split of a :class:`~seqwarm.data.PreparedData` (all windows or
-    ``num_windows`` of them spread evenly over the split): ``loss`` (mean NLL per target token), ``ppl``, ``num_windows``,
-    ``num_tokens`` (targets scored), ``seq_length``."""
+    ``num_windows`` of them spread evenly over the split): ``loss`` (mean NLL per target token), ``ppl``,
+    ``num_windows``, ``num_tokens`` (targets scored), ``seq_length``."""
     seq_length = model_seq_length(model, seq_length)
     windows = data.windows("val", seq_length)
     count = len(windows) if num_windows is None else min(len(windows), num_windows)
@@ -117,6 +131,10 @@ def evaluate_val(model: Model, data, *, seq_length: int | None = None, batch_siz
     finally:
         bar.close()
     loss = total_nll / max(total, 1.0)
-    return {"loss": loss, "ppl": safe_exp(loss), "num_windows": count, "num_tokens": int(total),
-            "seq_length": seq_length}
-
+    return {
+        "loss": loss,
+        "ppl": safe_exp(loss),
+        "num_windows": count,
+        "num_tokens": int(total),
+        "seq_length": seq_length,
+    }

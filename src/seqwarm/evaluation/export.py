@@ -58,8 +58,11 @@ class ExportResult:
     run trained the Transformers model itself, ``--model hf:PATH``, so nothing was converted)."""
 
     def summary(self) -> str:
-        how = ("the run's own Transformers model" if self.max_logit_diff is None else
-               f"logits match to {self.max_logit_diff:.1e}")
+        how = (
+            "the run's own Transformers model"
+            if self.max_logit_diff is None
+            else f"logits match to {self.max_logit_diff:.1e}"
+        )
         return f"wrote {self.out}: {self.architecture} from step {self.step} ({how}); files: {', '.join(self.files)}"
 
 
@@ -72,8 +75,15 @@ def _transformers() -> Any:
     return transformers
 
 
-def _linear(state: dict[str, torch.Tensor], src: str, dst: str, out: dict[str, torch.Tensor], *,
-            size: int, transpose: bool = False) -> None:
+def _linear(
+    state: dict[str, torch.Tensor],
+    src: str,
+    dst: str,
+    out: dict[str, torch.Tensor],
+    *,
+    size: int,
+    transpose: bool = False,
+) -> None:
     """Copy ``src.weight``/``src.bias`` to ``dst``; a missing bias (``bias=False``) becomes zeros."""
     weight = state[f"{src}.weight"]
     out[f"{dst}.weight"] = (weight.t() if transpose else weight).contiguous().clone()
@@ -85,13 +95,26 @@ def gpt2_weights(model: GPT) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """``GPT2Config`` keywords and the ``GPT2LMHeadModel`` state dict of a learned-position GPT."""
     cfg, state = model.config, model.state_dict()
     c = cfg.n_embd
-    config = dict(vocab_size=cfg.vocab_size, n_positions=cfg.seq_length, n_embd=c, n_layer=cfg.n_layer,
-                  n_head=cfg.n_head, n_inner=4 * c, activation_function="gelu_new",
-                  resid_pdrop=cfg.dropout, embd_pdrop=cfg.dropout, attn_pdrop=cfg.dropout,
-                  layer_norm_epsilon=cfg.layer_norm_eps, initializer_range=cfg.init_std,
-                  scale_attn_weights=True, tie_word_embeddings=True)
-    out = {"transformer.wte.weight": state["wte.weight"][:cfg.vocab_size].clone(),  # padded rows dropped
-           "transformer.wpe.weight": state["wpe.weight"].clone()}
+    config = dict(
+        vocab_size=cfg.vocab_size,
+        n_positions=cfg.seq_length,
+        n_embd=c,
+        n_layer=cfg.n_layer,
+        n_head=cfg.n_head,
+        n_inner=4 * c,
+        activation_function="gelu_new",
+        resid_pdrop=cfg.dropout,
+        embd_pdrop=cfg.dropout,
+        attn_pdrop=cfg.dropout,
+        layer_norm_epsilon=cfg.layer_norm_eps,
+        initializer_range=cfg.init_std,
+        scale_attn_weights=True,
+        tie_word_embeddings=True,
+    )
+    out = {
+        "transformer.wte.weight": state["wte.weight"][: cfg.vocab_size].clone(),  # padded rows dropped
+        "transformer.wpe.weight": state["wpe.weight"].clone(),
+    }
     for i in range(cfg.n_layer):
         src, dst = f"blocks.{i}", f"transformer.h.{i}"
         for name in ("ln_1", "ln_2"):
@@ -109,12 +132,25 @@ def neox_weights(model: GPT) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     """``GPTNeoXConfig`` keywords and the ``GPTNeoXForCausalLM`` state dict of a rotary GPT."""
     cfg, state = model.config, model.state_dict()
     c, h = cfg.n_embd, cfg.n_head
-    config = dict(vocab_size=cfg.vocab_size, hidden_size=c, num_hidden_layers=cfg.n_layer, num_attention_heads=h,
-                  intermediate_size=4 * c, hidden_act="gelu_new", max_position_embeddings=cfg.seq_length,
-                  rotary_pct=1.0, rotary_emb_base=cfg.rotary_base, use_parallel_residual=False,
-                  attention_bias=True, layer_norm_eps=cfg.layer_norm_eps, initializer_range=cfg.init_std,
-                  attention_dropout=cfg.dropout, hidden_dropout=cfg.dropout, tie_word_embeddings=True)
-    out = {"gpt_neox.embed_in.weight": state["wte.weight"][:cfg.vocab_size].clone()}  # padded rows dropped
+    config = dict(
+        vocab_size=cfg.vocab_size,
+        hidden_size=c,
+        num_hidden_layers=cfg.n_layer,
+        num_attention_heads=h,
+        intermediate_size=4 * c,
+        hidden_act="gelu_new",
+        max_position_embeddings=cfg.seq_length,
+        rotary_pct=1.0,
+        rotary_emb_base=cfg.rotary_base,
+        use_parallel_residual=False,
+        attention_bias=True,
+        layer_norm_eps=cfg.layer_norm_eps,
+        initializer_range=cfg.init_std,
+        attention_dropout=cfg.dropout,
+        hidden_dropout=cfg.dropout,
+        tie_word_embeddings=True,
+    )
+    out = {"gpt_neox.embed_in.weight": state["wte.weight"][: cfg.vocab_size].clone()}  # padded rows dropped
 
     def per_head(t: torch.Tensor) -> torch.Tensor:  # (3C, ...) q|k|v -> per head [q_h, k_h, v_h]
         return t.reshape(3, h, c // h, *t.shape[1:]).transpose(0, 1).reshape(t.shape).contiguous()
@@ -155,8 +191,10 @@ def build_hf_model(model: GPT, eod_id: int | None = None) -> Any:
     unexpected = sorted(set(state) - set(own))
     missing = sorted(k for k in set(own) - set(state) if not k.endswith((".attn.bias", ".attn.masked_bias")))
     if missing or unexpected:
-        raise SeqwarmError(f"export to {model_cls.__name__}: the weight names do not match this Transformers "
-                           f"version (missing {missing[:4]}, unexpected {unexpected[:4]}); please report it")
+        raise SeqwarmError(
+            f"export to {model_cls.__name__}: the weight names do not match this Transformers "
+            f"version (missing {missing[:4]}, unexpected {unexpected[:4]}); please report it"
+        )
     hf.load_state_dict(state, strict=False)
     return hf.eval()
 
@@ -184,8 +222,7 @@ def _tokenizer_files(data_dir: Path | None, tmp: Path, seq_length: int, tokenize
     info = read_meta(data_dir).get("tokenizer", {}) if prepared else tokenizer.describe()
     names = [str(n) for n in info.get("files", [])]
     if not names:
-        logger.warning("the %s tokenizer has no Hugging Face form; the export holds the model only",
-                       info.get("name"))
+        logger.warning("the %s tokenizer has no Hugging Face form; the export holds the model only", info.get("name"))
         return []
     if prepared:
         for name in names:
@@ -194,15 +231,26 @@ def _tokenizer_files(data_dir: Path | None, tmp: Path, seq_length: int, tokenize
         names = tokenizer.save(tmp)
     if "tokenizer_config.json" not in names:
         eod = info.get("eod_token")
-        config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eod, "bos_token": eod,
-                  "model_max_length": seq_length, "clean_up_tokenization_spaces": False}
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": eod,
+            "bos_token": eod,
+            "model_max_length": seq_length,
+            "clean_up_tokenization_spaces": False,
+        }
         (tmp / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
         names.append("tokenizer_config.json")
     return names
 
 
-def export_hf(run_dir: str | Path, out: str | Path, *, checkpoint: int | None = None,
-              data: str | Path | None = None, force: bool = False) -> ExportResult:
+def export_hf(
+    run_dir: str | Path,
+    out: str | Path,
+    *,
+    checkpoint: int | None = None,
+    data: str | Path | None = None,
+    force: bool = False,
+) -> ExportResult:
     """Write the checkpoint ``checkpoint`` (default: the newest that loads) of ``run_dir`` to ``out``
     as a Transformers model folder; UserError on anything the user can fix, ``out`` untouched then."""
     _transformers()  # a missing extra fails before the checkpoint is read
@@ -218,8 +266,10 @@ def export_hf(run_dir: str | Path, out: str | Path, *, checkpoint: int | None = 
         hf = build_hf_model(loaded.model, loaded.need_tokenizer().eod_id)
         diff = max_logit_diff(loaded.model, hf)
     if diff is not None and not diff <= TOLERANCE:
-        raise SeqwarmError(f"export of {run_dir}: the {type(hf).__name__} logits differ from seqwarm's by "
-                           f"{diff:.2e} (> {TOLERANCE}); nothing written, please report it")
+        raise SeqwarmError(
+            f"export of {run_dir}: the {type(hf).__name__} logits differ from seqwarm's by "
+            f"{diff:.2e} (> {TOLERANCE}); nothing written, please report it"
+        )
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
@@ -233,5 +283,10 @@ def export_hf(run_dir: str | Path, out: str | Path, *, checkpoint: int | None = 
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return ExportResult(out=out, architecture=type(hf).__name__, step=loaded.step,
-                        files=tuple(sorted(p.name for p in out.iterdir())), max_logit_diff=diff)
+    return ExportResult(
+        out=out,
+        architecture=type(hf).__name__,
+        step=loaded.step,
+        files=tuple(sorted(p.name for p in out.iterdir())),
+        max_logit_diff=diff,
+    )

@@ -11,7 +11,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from seqwarm.util.errors import UserError
 from seqwarm.evaluation.common import (
     EvalMode,
     Model,
@@ -21,6 +20,7 @@ from seqwarm.evaluation.common import (
     progress_bar,
     read_text_file,
 )
+from seqwarm.util.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ def lambada_example(text: str, tokenizer, *, strict: bool = True) -> LambadaExam
         if len(words) < 2:
             raise ValueError("needs at least two words (a context and a last word)")
         word = words[-1]
-        context = tokenizer.encode(text[:len(text) - len(word)].strip())
+        context = tokenizer.encode(text[: len(text) - len(word)].strip())
         target = tokenizer.encode(" " + word)
     else:
         ids = tokenizer.encode(text)
@@ -67,17 +67,26 @@ def read_lambada(path: str | Path, key: str = "text") -> list[str]:
         except ValueError as err:
             raise UserError(f"{p}:{number}: not a JSON object ({err})") from None
         if not isinstance(obj, dict) or not isinstance(obj.get(key), str):
-            raise UserError(f"{p}:{number}: no {key!r} string field (LAMBADA JSONL needs "
-                            f'{{"{key}": "..."}} on every line)')
+            raise UserError(
+                f'{p}:{number}: no {key!r} string field (LAMBADA JSONL needs {{"{key}": "..."}} on every line)'
+            )
         texts.append(obj[key])
     return texts
 
 
 @torch.no_grad()
-def evaluate_lambada(model: Model, tokenizer, texts: Sequence[str], *, strict: bool = True,
-                     seq_length: int | None = None, batch_size: int = 8,
-                     device: str | torch.device | None = None, progress: bool = True,
-                     source: str = "LAMBADA") -> dict[str, Any]:
+def evaluate_lambada(
+    model: Model,
+    tokenizer,
+    texts: Sequence[str],
+    *,
+    strict: bool = True,
+    seq_length: int | None = None,
+    batch_size: int = 8,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+    source: str = "LAMBADA",
+) -> dict[str, Any]:
     """LAMBADA accuracy: an example is correct when the argmax at every target position is the target.
 
     Context longer than the model keeps its last tokens (the input is context + target minus its
@@ -92,8 +101,10 @@ def evaluate_lambada(model: Model, tokenizer, texts: Sequence[str], *, strict: b
         except ValueError as err:
             raise UserError(f"{source} example {i + 1}: {err}") from None
         if len(ex.target) > seq_length:
-            raise UserError(f"{source} example {i + 1}: its last word is {len(ex.target)} tokens, more than "
-                            f"the model's length {seq_length}")
+            raise UserError(
+                f"{source} example {i + 1}: its last word is {len(ex.target)} tokens, more than "
+                f"the model's length {seq_length}"
+            )
         examples.append(ex)
     if not examples:
         raise UserError(f"{source}: no examples")
@@ -105,13 +116,13 @@ def evaluate_lambada(model: Model, tokenizer, texts: Sequence[str], *, strict: b
     try:
         with EvalMode(model):
             for b in range(0, len(order), batch_size):
-                batch = [examples[i] for i in order[b:b + batch_size]]
-                seqs = [(ex.context + ex.target)[-(seq_length + 1):] for ex in batch]
+                batch = [examples[i] for i in order[b : b + batch_size]]
+                seqs = [(ex.context + ex.target)[-(seq_length + 1) :] for ex in batch]
                 width = max(len(s) for s in seqs) - 1
                 # Right padding: with causal attention the padded tail changes nothing before it.
                 inputs = torch.zeros(len(batch), width, dtype=torch.long)
                 for r, s in enumerate(seqs):
-                    inputs[r, :len(s) - 1] = torch.tensor(s[:-1])
+                    inputs[r, : len(s) - 1] = torch.tensor(s[:-1])
                 logits = model_logits(model, inputs.to(dev)).float()  # (B, T, V)
                 for r, (ex, s) in enumerate(zip(batch, seqs)):
                     n = len(ex.target)
@@ -124,6 +135,11 @@ def evaluate_lambada(model: Model, tokenizer, texts: Sequence[str], *, strict: b
                 bar.update(len(batch))
     finally:
         bar.close()
-    return {"accuracy": correct / len(examples), "num_examples": len(examples), "num_correct": correct,
-            "strict": strict, "num_target_tokens": num_targets, "loss": total_nll / num_targets}
-
+    return {
+        "accuracy": correct / len(examples),
+        "num_examples": len(examples),
+        "num_correct": correct,
+        "strict": strict,
+        "num_target_tokens": num_targets,
+        "loss": total_nll / num_targets,
+    }

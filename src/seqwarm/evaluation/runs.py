@@ -67,8 +67,10 @@ class LoadedRun:
     def need_tokenizer(self) -> Any:
         """The tokenizer; UserError when the run has none (a --data-path run made without --tokenizer)."""
         if self.tokenizer is None:
-            raise UserError(f"{self.run_dir} read --data-path data with --vocab-size/--eod-id and no --tokenizer: "
-                            "this needs the tokenizer; pass --data DIR, a prepared folder made with it")
+            raise UserError(
+                f"{self.run_dir} read --data-path data with --vocab-size/--eod-id and no --tokenizer: "
+                "this needs the tokenizer; pass --data DIR, a prepared folder made with it"
+            )
         return self.tokenizer
 
 
@@ -95,8 +97,11 @@ def _reopen_megatron(info: dict[str, Any], run: Path, resolved: dict[str, Any]) 
 
     try:
         megatron = info["megatron"]
-        items = [x for s in megatron["sources"]
-                 for x in (repr(float(s["weight"])), str(_where_recorded(str(s["prefix"]), run, resolved)))]
+        items = [
+            x
+            for s in megatron["sources"]
+            for x in (repr(float(s["weight"])), str(_where_recorded(str(s["prefix"]), run, resolved)))
+        ]
         split, eod_id = str(megatron["split"]), int(megatron["eod_id"])
     except (KeyError, TypeError, ValueError) as err:
         raise UserError(f"{run / 'config.json'}: its data.megatron section is unusable ({err!r})") from None
@@ -117,14 +122,17 @@ def _hf_model(section: dict[str, Any], run: Path, path: Path, resolved: dict[str
         raise UserError(f"{path}: the run's model section is unusable ({err})") from None
     where = _where_recorded(cfg.path, run, resolved)
     if not where.exists():
-        raise UserError(f"the run trained the Hugging Face model of {cfg.path!r}, which is not there any more "
-                        "(a relative path is looked for from where the run was started, beside the run folder and "
-                        "from here): put that config.json back to rebuild the model")
+        raise UserError(
+            f"the run trained the Hugging Face model of {cfg.path!r}, which is not there any more "
+            "(a relative path is looked for from where the run was started, beside the run folder and "
+            "from here): put that config.json back to rebuild the model"
+        )
     return replace(cfg, path=str(where)).build(), cfg.seq_length
 
 
-def load_run(run_dir: str | Path, *, checkpoint: int | None = None, device: str = "auto",
-             data: str | Path | None = None) -> LoadedRun:
+def load_run(
+    run_dir: str | Path, *, checkpoint: int | None = None, device: str = "auto", data: str | Path | None = None
+) -> LoadedRun:
     """The GPT of ``run_dir``'s checkpoint ``checkpoint`` (default: the newest that loads), its tokenizer
     (from the run's prepared data folder, or ``data``) and the step; UserError on anything missing."""
     run = Path(run_dir)
@@ -139,8 +147,9 @@ def load_run(run_dir: str | Path, *, checkpoint: int | None = None, device: str 
     else:
         steps = [s for s, _ in found]
         if checkpoint not in steps:
-            raise UserError(f"{run} has no checkpoint of step {checkpoint}; available: "
-                            f"{', '.join(str(s) for s in steps)}")
+            raise UserError(
+                f"{run} has no checkpoint of step {checkpoint}; available: {', '.join(str(s) for s in steps)}"
+            )
         path = checkpoint_path(folder, checkpoint)
         state = load_checkpoint(path)  # CheckpointError (exit 2) naming the file and why
     require_keys(path, state, {"model": dict})
@@ -178,12 +187,16 @@ def load_run(run_dir: str | Path, *, checkpoint: int | None = None, device: str 
     else:
         data_dir = Path(data) if data is not None else Path(info.get("folder", ""))
         if not str(data_dir) or not (data_dir / "meta.json").is_file():
-            raise UserError(f"the run's prepared data folder {str(data_dir)!r} (it holds the tokenizer) is missing; "
-                            "pass --data DIR to point at it")
+            raise UserError(
+                f"the run's prepared data folder {str(data_dir)!r} (it holds the tokenizer) is missing; "
+                "pass --data DIR to point at it"
+            )
         tokenizer = load_tokenizer(data_dir)
     if tokenizer is not None and tokenizer.vocab_size > vocab:
-        raise UserError(f"the tokenizer of {data_dir} has {tokenizer.vocab_size} tokens but the model only "
-                        f"{vocab}: not the data this run was trained on")
+        raise UserError(
+            f"the tokenizer of {data_dir} has {tokenizer.vocab_size} tokens but the model only "
+            f"{vocab}: not the data this run was trained on"
+        )
     dev = device_for(DistInfo(), device)
     try:
         model.load_state_dict(state["model"])
@@ -192,8 +205,19 @@ def load_run(run_dir: str | Path, *, checkpoint: int | None = None, device: str 
         raise UserError(f"checkpoint {path}: its weights do not fit the model it records ({first})") from None
     model.to(dev).eval()
     tokens = (state.get("engine") or {}).get("progress", {}).get("tokens")
-    return LoadedRun(run, int(state.get("step", 0)), path, model, tokenizer, data_dir, tokens, dev,
-                     seq_length=int(seq_length), data=megatron, data_error=data_error)
+    return LoadedRun(
+        run,
+        int(state.get("step", 0)),
+        path,
+        model,
+        tokenizer,
+        data_dir,
+        tokens,
+        dev,
+        seq_length=int(seq_length),
+        data=megatron,
+        data_error=data_error,
+    )
 
 
 def _read_eval_file(path: Path) -> dict[str, Any]:
@@ -221,11 +245,22 @@ def record_results(run_dir: str | Path, step: int, results: dict[str, Any]) -> P
     return path
 
 
-def run_paper_evals(run_dir: str | Path, wikitext: str | Path | None = None, lambada: str | Path | None = None,
-                    *, val: bool = False, val_windows: int | None = None, checkpoint: int | None = None,
-                    overlapping_eval: int | None = None, batch_size: int = 8, device: str = "auto",
-                    strict: bool = True, data: str | Path | None = None, progress: bool = True,
-                    write: bool = True) -> dict[str, Any]:
+def run_paper_evals(
+    run_dir: str | Path,
+    wikitext: str | Path | None = None,
+    lambada: str | Path | None = None,
+    *,
+    val: bool = False,
+    val_windows: int | None = None,
+    checkpoint: int | None = None,
+    overlapping_eval: int | None = None,
+    batch_size: int = 8,
+    device: str = "auto",
+    strict: bool = True,
+    data: str | Path | None = None,
+    progress: bool = True,
+    write: bool = True,
+) -> dict[str, Any]:
     """Evaluate a run's checkpoint on the files given and record it in ``RUN/eval.json``.
 
     Returns ``{"step": ..., "tokens": ..., "checkpoint": ..., "wikitext": {...}, "lambada": {...},
@@ -245,16 +280,25 @@ def run_paper_evals(run_dir: str | Path, wikitext: str | Path | None = None, lam
     results: dict[str, Any] = {}
     if raw is not None:
         try:
-            res = evaluate_wikitext(loaded.model, loaded.need_tokenizer(), raw, overlapping_eval=overlapping_eval, **common)
+            res = evaluate_wikitext(
+                loaded.model, loaded.need_tokenizer(), raw, overlapping_eval=overlapping_eval, **common
+            )
         except UserError as err:
             raise UserError(f"WikiText file {wikitext}: {err}") from None
         results["wikitext"] = {"file": str(wikitext), **res}
     if texts is not None:
-        res = evaluate_lambada(loaded.model, loaded.need_tokenizer(), texts, strict=strict, source=str(lambada), **common)
+        res = evaluate_lambada(
+            loaded.model, loaded.need_tokenizer(), texts, strict=strict, source=str(lambada), **common
+        )
         results["lambada"] = {"file": str(lambada), **res}
     if val:
         results["val"] = evaluate_val(loaded.model, loaded.val_data(), num_windows=val_windows, **common)
     if write:
         record_results(loaded.run_dir, loaded.step, {"tokens": loaded.tokens, **results})
-    return {"step": loaded.step, "tokens": loaded.tokens, "checkpoint": str(loaded.checkpoint),
-            "seq_length": seq, **results}
+    return {
+        "step": loaded.step,
+        "tokens": loaded.tokens,
+        "checkpoint": str(loaded.checkpoint),
+        "seq_length": seq,
+        **results,
+    }

@@ -9,7 +9,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from seqwarm.util.errors import UserError
 from seqwarm.evaluation.common import (
     EvalMode,
     Model,
@@ -20,6 +19,7 @@ from seqwarm.evaluation.common import (
     read_text_file,
     safe_exp,
 )
+from seqwarm.util.errors import UserError
 
 DEFAULT_OVERLAPPING_EVAL = 32
 
@@ -92,12 +92,14 @@ def wikitext_windows(num_tokens: int, seq_length: int, overlapping_eval: int) ->
     if seq_length < 1:
         raise ValueError(f"seq_length must be at least 1, got {seq_length}")
     if not 1 <= overlapping_eval <= seq_length:
-        raise UserError(f"overlapping_eval must be between 1 and the model's length {seq_length}, "
-                        f"got {overlapping_eval}")
+        raise UserError(
+            f"overlapping_eval must be between 1 and the model's length {seq_length}, got {overlapping_eval}"
+        )
     targets = num_tokens - 1
     if targets < seq_length:
-        raise UserError(f"the text has {num_tokens:,} tokens, fewer than one window needs "
-                        f"(seq_length + 1 = {seq_length + 1:,})")
+        raise UserError(
+            f"the text has {num_tokens:,} tokens, fewer than one window needs (seq_length + 1 = {seq_length + 1:,})"
+        )
     windows = [(0, seq_length)]
     end = seq_length
     while end < targets:
@@ -112,10 +114,18 @@ def wikitext_windows(num_tokens: int, seq_length: int, overlapping_eval: int) ->
 
 
 @torch.no_grad()
-def evaluate_wikitext(model: Model, tokenizer, raw_text: str, *, seq_length: int | None = None,
-                      overlapping_eval: int | None = None, batch_size: int = 8,
-                      device: str | torch.device | None = None, progress: bool = True,
-                      detokenize: bool = True) -> dict[str, Any]:
+def evaluate_wikitext(
+    model: Model,
+    tokenizer,
+    raw_text: str,
+    *,
+    seq_length: int | None = None,
+    overlapping_eval: int | None = None,
+    batch_size: int = 8,
+    device: str | torch.device | None = None,
+    progress: bool = True,
+    detokenize: bool = True,
+) -> dict[str, Any]:
     """Zero-shot WikiText perplexity of ``model`` on ``raw_text`` (the raw word-level file's text).
 
     ``seq_length`` defaults to ``model.config.seq_length``; ``overlapping_eval`` to 32, or the
@@ -137,13 +147,15 @@ def evaluate_wikitext(model: Model, tokenizer, raw_text: str, *, seq_length: int
     try:
         with EvalMode(model):
             for i in range(0, len(windows), batch_size):
-                chunk = windows[i:i + batch_size]
-                rows = torch.stack([tokens[s:s + seq_length + 1] for s, _ in chunk]).to(dev)  # (B, L+1)
+                chunk = windows[i : i + batch_size]
+                rows = torch.stack([tokens[s : s + seq_length + 1] for s, _ in chunk]).to(dev)  # (B, L+1)
                 widest = max(n for _, n in chunk)
                 logits = model_logits(model, rows[:, :-1])[:, -widest:].float()  # (B, widest, V)
                 nll = F.cross_entropy(logits.transpose(1, 2), rows[:, -widest:], reduction="none")  # (B, widest)
-                keep = torch.arange(widest, device=dev)[None, :] >= torch.tensor(
-                    [widest - n for _, n in chunk], device=dev)[:, None]  # the last n of each row
+                keep = (
+                    torch.arange(widest, device=dev)[None, :]
+                    >= torch.tensor([widest - n for _, n in chunk], device=dev)[:, None]
+                )  # the last n of each row
                 total_nll += float(nll.double()[keep].sum())
                 scored += int(keep.sum())
                 bar.update(len(chunk))
@@ -168,4 +180,3 @@ def evaluate_wikitext(model: Model, tokenizer, raw_text: str, *, seq_length: int
 def read_wikitext(path: str | Path) -> str:
     """The raw text of a WikiText file (e.g. ``wiki.test.raw``); UserError if missing or empty."""
     return read_text_file(path, "WikiText")
-

@@ -25,6 +25,15 @@ from seqwarm.experiments.curves import (
 )
 
 __all__ = [
-    "Fluctuation", "Spike", "ToTarget", "find_spikes", "first_crossing", "fluctuation", "interpolate",
-    "loss_ratio", "speedup_to_target", "stability", "trailing_mean",
+    "Fluctuation",
+    "Spike",
+    "ToTarget",
+    "find_spikes",
+    "first_crossing",
+    "fluctuation",
+    "interpolate",
+    "loss_ratio",
+    "speedup_to_target",
+    "stability",
+    "trailing_mean",
 ]

@@ -2,9 +2,10 @@
 
 :func:`plan_compare` turns a shared :class:`~seqwarm.run.spec.RunSpec` and the :class:`CompareOptions`
 into two runs (``DIR/baseline`` with the curriculum off, ``DIR/curriculum``), :func:`run_compare` runs
-them one after the other (reusing a finished run, resuming one that has checkpoints) and :func:`build_report` reads their metrics into the
-report (speedups to the baseline's final validation loss, stability, final losses). The arithmetic is
-in :mod:`seqwarm.experiments.curves`; figures and markdown in :mod:`seqwarm.experiments.report`.
+them one after the other (reusing a finished run, resuming one that has checkpoints) and
+:func:`build_report` reads their metrics into the report (speedups to the baseline's final validation
+loss, stability, final losses). The arithmetic is in :mod:`seqwarm.experiments.curves`; figures and
+markdown in :mod:`seqwarm.experiments.report`.
 """
 
 from __future__ import annotations
@@ -19,20 +20,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from seqwarm.experiments import curves, spread
-from seqwarm.util.atomic import write_json
-from seqwarm.util.errors import UserError
-from seqwarm.experiments.launch import (
-    check_same_data,
-    read_raw_config,
-    run_or_reuse,
-    scale_schedule_steps,
-)
 from seqwarm.curriculum.plan import make_plan
+from seqwarm.experiments import curves, spread
+from seqwarm.experiments.launch import check_same_data, read_raw_config, run_or_reuse, scale_schedule_steps
 from seqwarm.experiments.report import write_report
 from seqwarm.run.command import command_line, train_argv
 from seqwarm.run.spec import RunSpec, resolve_config, with_changes
 from seqwarm.trainer.metrics import read_metrics
+from seqwarm.util.atomic import write_json
+from seqwarm.util.errors import UserError
 from seqwarm.util.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -51,12 +47,14 @@ TARGET_DEFINITION = (
     "target = the baseline's final full-length validation loss. Each run's tokens (or elapsed seconds) to "
     "reach it = the first point at which the piecewise-linear line through its evaluations is at or below "
     "the target (linear interpolation between the last evaluation above and the first at or below; nothing "
-    "is assumed before the first evaluation). speedup = baseline / curriculum.")
+    "is assumed before the first evaluation). speedup = baseline / curriculum."
+)
 STABILITY_DEFINITION = (
     "loss ratio = training loss (at the current length) smoothed by a trailing mean over {window} logged "
     "steps (from the first full window on), divided by the minimum of that smoothed loss so far; a spike = "
     "one excursion above {threshold} (consecutive points above it count once). max_loss_ratio_raw is the "
-    "unsmoothed ratio.")
+    "unsmoothed ratio."
+)
 
 
 @dataclass(frozen=True)
@@ -113,23 +111,32 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
     if not options.scale_lr > 0 or not math.isfinite(options.scale_lr):
         raise UserError(f"--scale-lr {options.scale_lr}: must be a positive number (the paper used 4)")
     if not options.spike_threshold > 1:
-        raise UserError(f"--spike-threshold {options.spike_threshold}: must be above 1 (a ratio to the minimum "
-                        "loss so far), e.g. 1.2")
+        raise UserError(
+            f"--spike-threshold {options.spike_threshold}: must be above 1 (a ratio to the minimum "
+            "loss so far), e.g. 1.2"
+        )
     if options.smooth_steps < 1:
         raise UserError(f"--smooth-steps {options.smooth_steps}: must be >= 1 (1 = no smoothing)")
     if options.seeds < 1:
         raise UserError(f"--seeds {options.seeds}: must be a whole number >= 1 (3 or more to measure the spread)")
-    for given, flag in ((base.settings.get("curriculum") is False, "--no-curriculum"), (base.resume, "--resume"),
-                        (base.allow_config_change, "--allow-config-change")):
+    for given, flag in (
+        (base.settings.get("curriculum") is False, "--no-curriculum"),
+        (base.resume, "--resume"),
+        (base.allow_config_change, "--allow-config-change"),
+    ):
         if given:
-            raise UserError(f"{flag} is not a compare flag: compare runs the baseline with --no-curriculum "
-                            "itself and resumes or reuses runs found in --out")
+            raise UserError(
+                f"{flag} is not a compare flag: compare runs the baseline with --no-curriculum "
+                "itself and resumes or reuses runs found in --out"
+            )
     out = Path(options.out)
     raw = read_raw_config(base)
     cfg = resolve_config(replace(base, out=out / "baseline"))
     if cfg.curriculum is None:
-        raise UserError("the config has no enabled sequence-length curriculum, so there is nothing to compare "
-                        "with the baseline: add a curriculum_learning block (see examples/tiny_cpu.json)")
+        raise UserError(
+            "the config has no enabled sequence-length curriculum, so there is nothing to compare "
+            "with the baseline: add a curriculum_learning block (see examples/tiny_cpu.json)"
+        )
     notes: list[str] = []
     changes: dict[str, Any] = {}
     fraction = 1.0
@@ -141,8 +148,10 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
             if value:
                 changes[f"train_{unit}"] = max(1, round(value * fraction))
         changes.update(_scaled_lr_units(cfg.lr, fraction, fraction))
-        notes.append(f"--quick: {fraction:g}x the config's budget; the curriculum, LR warmup and LR decay are "
-                     "shrunk by the same factor so the recipe keeps its shape")
+        notes.append(
+            f"--quick: {fraction:g}x the config's budget; the curriculum, LR warmup and LR decay are "
+            "shrunk by the same factor so the recipe keeps its shape"
+        )
     elif options.quick:
         notes.append("--quick with an explicit budget: the budget is kept, only evaluations are fewer")
 
@@ -152,36 +161,51 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
     eval_interval = options.eval_interval if options.eval_interval is not None else max(1, round(base_steps / evals))
     shared = {
         "eval_interval": eval_interval,
-        "eval_iters": options.eval_iters if options.eval_iters is not None else (
-            QUICK_EVAL_ITERS if options.quick else 8),
+        "eval_iters": options.eval_iters
+        if options.eval_iters is not None
+        else (QUICK_EVAL_ITERS if options.quick else 8),
         "log_interval": options.log_interval if options.log_interval is not None else 1,
     }
     k, m = options.scale_batch, options.scale_lr
     cur_changes = dict(changes)
     if k != 1 or m != 1:
         cur_changes.update(_scaled_batch(cfg, base_cfg, k, m, changes))
-        notes.append(f"curriculum at {k}x global batch and {m:g}x learning rate (peak and min): "
-                     f"total_curriculum_step and any warmup/decay/cap counted in steps divided by {k}, so "
-                     "they cover the same samples")
+        notes.append(
+            f"curriculum at {k}x global batch and {m:g}x learning rate (peak and min): "
+            f"total_curriculum_step and any warmup/decay/cap counted in steps divided by {k}, so "
+            "they cover the same samples"
+        )
     cur_raw = scale_schedule_steps(raw, fraction / k)
     base_path = write_json(out / "configs" / "baseline.json", scale_schedule_steps(raw, fraction))
     cur_path = write_json(out / "configs" / "curriculum.json", cur_raw)
     runs = {
-        "baseline": with_changes(base, **changes, **shared, config=base_path, out=out / "baseline",
-                                 curriculum=False),
-        "curriculum": with_changes(base, **cur_changes, **{**shared, "eval_interval": max(1, round(eval_interval / k))},
-                                   config=cur_path, out=out / "curriculum"),
+        "baseline": with_changes(base, **changes, **shared, config=base_path, out=out / "baseline", curriculum=False),
+        "curriculum": with_changes(
+            base,
+            **cur_changes,
+            **{**shared, "eval_interval": max(1, round(eval_interval / k))},
+            config=cur_path,
+            out=out / "curriculum",
+        ),
     }
-    settings = {"quick": bool(options.quick), "budget_fraction": fraction, "scale_batch": k, "scale_lr": m,
-                "spike_threshold": options.spike_threshold, "smooth_steps": options.smooth_steps,
-                "eval_interval": {name: spec.eval_interval for name, spec in runs.items()},
-                "eval_iters": shared["eval_iters"], "log_interval": shared["log_interval"]}
+    settings = {
+        "quick": bool(options.quick),
+        "budget_fraction": fraction,
+        "scale_batch": k,
+        "scale_lr": m,
+        "spike_threshold": options.spike_threshold,
+        "smooth_steps": options.smooth_steps,
+        "eval_interval": {name: spec.eval_interval for name, spec in runs.items()},
+        "eval_iters": shared["eval_iters"],
+        "log_interval": shared["log_interval"],
+    }
     seeds = [base.seed + i for i in range(options.seeds)]
     settings["seeds"] = seeds
     seed_runs = {seeds[0]: runs}
     for seed in seeds[1:]:
-        seed_runs[seed] = {name: with_changes(spec, seed=seed, out=out / f"seed-{seed}" / name)
-                           for name, spec in runs.items()}
+        seed_runs[seed] = {
+            name: with_changes(spec, seed=seed, out=out / f"seed-{seed}" / name) for name, spec in runs.items()
+        }
     return ComparePlan(out, runs, settings, notes, seed_runs)
 
 
@@ -284,8 +308,9 @@ def eval_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def _run_summary(name: str, spec: RunSpec, status: dict[str, Any], rows: list[dict[str, Any]],
-                 threshold: float, window: int) -> dict[str, Any]:
+def _run_summary(
+    name: str, spec: RunSpec, status: dict[str, Any], rows: list[dict[str, Any]], threshold: float, window: int
+) -> dict[str, Any]:
     run_dir = Path(spec.out)
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
@@ -309,8 +334,12 @@ def _run_summary(name: str, spec: RunSpec, status: dict[str, Any], rows: list[di
         "lr": (run_cfg.get("lr") or {}).get("lr"),
         "total_curriculum_step": (cur or {}).get("schedule_config", {}).get("total_curriculum_step") if cur else None,
         "num_params": summary.get("num_params") or config.get("model", {}).get("num_params"),
-        "evals": {"step": [r["step"] for r in evals], "tokens": [r["tokens"] for r in evals],
-                  "elapsed_s": [r["elapsed_s"] for r in evals], "val_loss": [r["val_loss"] for r in evals]},
+        "evals": {
+            "step": [r["step"] for r in evals],
+            "tokens": [r["tokens"] for r in evals],
+            "elapsed_s": [r["elapsed_s"] for r in evals],
+            "val_loss": [r["val_loss"] for r in evals],
+        },
         "stability": curves.stability(train, threshold, window),
     }
 
@@ -335,23 +364,42 @@ def build_report(plan: ComparePlan, status: dict[str, dict[str, Any]]) -> dict[s
         "commands": {name: runs[name]["command"] for name in RUNS},
         "baseline": base,
         "curriculum": cur,
-        "definitions": {"target": TARGET_DEFINITION,
-                        "stability": STABILITY_DEFINITION.format(window=window, threshold=threshold)},
+        "definitions": {
+            "target": TARGET_DEFINITION,
+            "stability": STABILITY_DEFINITION.format(window=window, threshold=threshold),
+        },
     }
     be, ce = base["evals"], cur["evals"]
     if base["diverged"] or not be["val_loss"]:
-        report.update(target=None, reached=False, speedup_tokens=None, speedup_time=None,
-                      tokens_to_target=None, time_to_target=None)
+        report.update(
+            target=None,
+            reached=False,
+            speedup_tokens=None,
+            speedup_time=None,
+            tokens_to_target=None,
+            time_to_target=None,
+        )
         report["target_note"] = "the baseline diverged or has no evaluation: there is no target to reach"
     else:
         tok = curves.speedup_to_target(be["tokens"], be["val_loss"], ce["tokens"], ce["val_loss"])
-        sec = curves.speedup_to_target(be["elapsed_s"], be["val_loss"], ce["elapsed_s"], ce["val_loss"],
-                                       target=tok.target)
-        report.update(target=tok.target, reached=tok.reached, speedup_tokens=tok.speedup,
-                      speedup_time=sec.speedup, tokens_to_target=tok.to_dict(), time_to_target=sec.to_dict())
+        sec = curves.speedup_to_target(
+            be["elapsed_s"], be["val_loss"], ce["elapsed_s"], ce["val_loss"], target=tok.target
+        )
+        report.update(
+            target=tok.target,
+            reached=tok.reached,
+            speedup_tokens=tok.speedup,
+            speedup_time=sec.speedup,
+            tokens_to_target=tok.to_dict(),
+            time_to_target=sec.to_dict(),
+        )
         report["val_gap"] = _val_gap(be, ce)
-    report["stability"] = {"threshold": threshold, "smooth_steps": window,
-                           "baseline": base["stability"], "curriculum": cur["stability"]}
+    report["stability"] = {
+        "threshold": threshold,
+        "smooth_steps": window,
+        "baseline": base["stability"],
+        "curriculum": cur["stability"],
+    }
     return report
 
 

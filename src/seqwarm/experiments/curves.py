@@ -78,8 +78,13 @@ class ToTarget:
         return asdict(self)
 
 
-def speedup_to_target(base_x: Sequence[float], base_y: Sequence[float], cur_x: Sequence[float],
-                      cur_y: Sequence[float], target: float | None = None) -> ToTarget:
+def speedup_to_target(
+    base_x: Sequence[float],
+    base_y: Sequence[float],
+    cur_x: Sequence[float],
+    cur_y: Sequence[float],
+    target: float | None = None,
+) -> ToTarget:
     """Speedup of the curriculum over the baseline in reaching ``target`` (default: the baseline's final y)."""
     if not base_y:
         raise ValueError("the baseline curve is empty")

@@ -62,12 +62,15 @@ def total_curriculum_step_of(raw: Mapping[str, Any]) -> int:
     """The config's ``total_curriculum_step`` (fixed_linear / fixed_root schedules only)."""
     blocks = _schedule_blocks(raw)
     if not blocks:
-        raise UserError("the config has no enabled sequence-length curriculum (curriculum_learning or "
-                        "data_efficiency block)")
+        raise UserError(
+            "the config has no enabled sequence-length curriculum (curriculum_learning or data_efficiency block)"
+        )
     sc = blocks[0].get("schedule_config") or {}
     if blocks[0].get("schedule_type") not in ("fixed_linear", "fixed_root") or "total_curriculum_step" not in sc:
-        raise UserError(f"schedule_type {blocks[0].get('schedule_type')!r} has no total_curriculum_step: "
-                        "only fixed_linear and fixed_root schedules can be tuned or rescaled")
+        raise UserError(
+            f"schedule_type {blocks[0].get('schedule_type')!r} has no total_curriculum_step: "
+            "only fixed_linear and fixed_root schedules can be tuned or rescaled"
+        )
     return int(sc["total_curriculum_step"])
 
 
@@ -159,8 +162,10 @@ def check_same_run(run_dir: Path, spec: RunSpec) -> None:
     if held is not None and held != spec_data_fingerprint(spec):
         changed.append("data (its token files' fingerprint)")
     if changed:
-        raise UserError(f"{run_dir} holds a run with a different {', '.join(changed)} than this experiment asks "
-                        "for; choose another --out, or delete that folder to run it again")
+        raise UserError(
+            f"{run_dir} holds a run with a different {', '.join(changed)} than this experiment asks "
+            "for; choose another --out, or delete that folder to run it again"
+        )
 
 
 def spec_data_fingerprint(spec: RunSpec) -> str | None:
@@ -190,9 +195,11 @@ def check_same_data(run_dirs: list[Path]) -> None:
     known = {fp for fp in seen.values() if fp is not None}
     if len(known) > 1:
         listing = "; ".join(f"{d}: {fp[:12] if fp else 'unrecorded'}" for d, fp in seen.items())
-        raise UserError("these runs were trained on different data (fingerprints of their token files: "
-                        f"{listing}), so they cannot be compared; rerun them on one prepared folder "
-                        "(the same --data), or delete the runs made on other data")
+        raise UserError(
+            "these runs were trained on different data (fingerprints of their token files: "
+            f"{listing}), so they cannot be compared; rerun them on one prepared folder "
+            "(the same --data), or delete the runs made on other data"
+        )
 
 
 def run_or_reuse(spec: RunSpec, *, check: bool = True) -> tuple[str, Any]:

@@ -26,7 +26,8 @@ SPREAD_DEFINITION = (
     "spread over seeds = median and min–max of a metric over the seeds where it is a finite number (a "
     "seed whose curriculum never reached the target has no speedup and is counted in `reached` instead). "
     "The difference exceeds the seed spread when the two arms' min–max ranges of final full-length "
-    "validation loss do not overlap.")
+    "validation loss do not overlap."
+)
 
 
 def spread(values: Iterable[Any]) -> dict[str, Any]:
@@ -78,25 +79,33 @@ def verdict(agg: Mapping[str, Any]) -> dict[str, Any]:
     lines: list[str] = []
     if n < 2:
         exceeds, side = None, None
-        lines.append("One seed: no spread measured, so this cannot say whether the difference is larger than "
-                     "the seed-to-seed noise (run with --seeds 3 or more).")
+        lines.append(
+            "One seed: no spread measured, so this cannot say whether the difference is larger than "
+            "the seed-to-seed noise (run with --seeds 3 or more)."
+        )
     elif base["n"] == 0 or cur["n"] == 0:
         exceeds, side = None, None
         lines.append("An arm has no final loss on any seed (diverged or unfinished): no comparison of spreads.")
     elif cur["max"] < base["min"]:
         exceeds, side = True, "curriculum"
-        lines.append(f"The curriculum's final loss is lower than the baseline's on every one of the {n} seeds "
-                     f"(curriculum {_range(cur)}, baseline {_range(base)}): the difference exceeds the seed "
-                     "spread.")
+        lines.append(
+            f"The curriculum's final loss is lower than the baseline's on every one of the {n} seeds "
+            f"(curriculum {_range(cur)}, baseline {_range(base)}): the difference exceeds the seed "
+            "spread."
+        )
     elif base["max"] < cur["min"]:
         exceeds, side = True, "baseline"
-        lines.append(f"The baseline's final loss is lower than the curriculum's on every one of the {n} seeds "
-                     f"(baseline {_range(base)}, curriculum {_range(cur)}): the difference exceeds the seed "
-                     "spread.")
+        lines.append(
+            f"The baseline's final loss is lower than the curriculum's on every one of the {n} seeds "
+            f"(baseline {_range(base)}, curriculum {_range(cur)}): the difference exceeds the seed "
+            "spread."
+        )
     else:
         exceeds, side = False, None
-        lines.append(f"The final-loss ranges over {n} seeds overlap (baseline {_range(base)}, curriculum "
-                     f"{_range(cur)}): the difference does not exceed the seed spread.")
+        lines.append(
+            f"The final-loss ranges over {n} seeds overlap (baseline {_range(base)}, curriculum "
+            f"{_range(cur)}): the difference does not exceed the seed spread."
+        )
     if n >= 2:
         sp = agg["speedup_tokens"]
         reached = agg["reached"]
@@ -104,8 +113,9 @@ def verdict(agg: Mapping[str, Any]) -> dict[str, Any]:
             lines.append(f"The curriculum reached the baseline's final loss on none of the {n} seeds.")
         else:
             where = "on every seed" if reached == n else f"on {reached} of {n} seeds (the others: never)"
-            lines.append(f"speedup_tokens {where}: median {sp['median']:.2f}x, range "
-                         f"{sp['min']:.2f}x–{sp['max']:.2f}x.")
+            lines.append(
+                f"speedup_tokens {where}: median {sp['median']:.2f}x, range {sp['min']:.2f}x–{sp['max']:.2f}x."
+            )
     return {"exceeds_spread": exceeds, "lower": side, "text": lines}
 
 

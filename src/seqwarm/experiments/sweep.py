@@ -22,8 +22,6 @@ from pathlib import Path
 from typing import Any
 
 from seqwarm.experiments import curves, spread
-from seqwarm.util.atomic import write_json, write_text
-from seqwarm.util.errors import UserError
 from seqwarm.experiments.compare import (
     DEFAULT_SMOOTH_STEPS,
     DEFAULT_SPIKE_THRESHOLD,
@@ -37,6 +35,8 @@ from seqwarm.experiments.launch import check_same_data
 from seqwarm.run.spec import RunSpec, with_changes
 from seqwarm.trainer.metrics import read_metrics
 from seqwarm.trainer.plots import plot_sweep
+from seqwarm.util.atomic import write_json, write_text
+from seqwarm.util.errors import UserError
 
 POSITIONS = ("learned", "rotary")
 
@@ -96,29 +96,51 @@ def plan_sweep(base: RunSpec, options: SweepOptions) -> list[dict[str, Any]]:
                 for warmup in options.lr_warmup_iters:
                     for pos in options.pos:
                         name = cell_name(lr, k, clip, warmup, pos)
-                        changes = {key: v for key, v in (("lr", lr), ("gradient_clipping", clip),
-                                                         ("lr_warmup_iters", warmup)) if v is not None}
+                        changes = {
+                            key: v
+                            for key, v in (("lr", lr), ("gradient_clipping", clip), ("lr_warmup_iters", warmup))
+                            if v is not None
+                        }
                         spec = with_changes(base, rotary=pos == "rotary", **changes)
-                        plan = plan_compare(spec, CompareOptions(
-                            out=Path(options.out) / name, scale_batch=k, seeds=options.seeds,
-                            spike_threshold=options.spike_threshold, smooth_steps=options.smooth_steps,
-                            eval_interval=options.eval_interval, eval_iters=options.eval_iters,
-                            log_interval=options.log_interval))
+                        plan = plan_compare(
+                            spec,
+                            CompareOptions(
+                                out=Path(options.out) / name,
+                                scale_batch=k,
+                                seeds=options.seeds,
+                                spike_threshold=options.spike_threshold,
+                                smooth_steps=options.smooth_steps,
+                                eval_interval=options.eval_interval,
+                                eval_iters=options.eval_iters,
+                                log_interval=options.log_interval,
+                            ),
+                        )
                         seeds = {}
                         for seed, runs in plan.by_seed().items():
                             cur = runs["curriculum"]  # at K x batch; the baseline is the same without curriculum
-                            seeds[seed] = {"baseline": with_changes(cur, curriculum=False,
-                                                                    out=Path(cur.out).parent / "baseline"),
-                                           "curriculum": cur}
-                        cells.append({"name": name, "lr": lr, "scale_batch": k, "clip_grad": clip,
-                                      "lr_warmup_iters": warmup, "pos": pos, "runs": seeds})
+                            seeds[seed] = {
+                                "baseline": with_changes(cur, curriculum=False, out=Path(cur.out).parent / "baseline"),
+                                "curriculum": cur,
+                            }
+                        cells.append(
+                            {
+                                "name": name,
+                                "lr": lr,
+                                "scale_batch": k,
+                                "clip_grad": clip,
+                                "lr_warmup_iters": warmup,
+                                "pos": pos,
+                                "runs": seeds,
+                            }
+                        )
     return cells
 
 
 DIVERGED_DEFINITION = (
     "diverged = a non-finite loss, a smoothed loss-ratio spike above the threshold, or a blow-up: a training "
     "loss above threshold x ln(vocabulary size), worse than that many times a uniform guess (the loss ratio, "
-    "measured against the lowest loss so far, misses a blow-up that comes before the loss has fallen)")
+    "measured against the lowest loss so far, misses a blow-up that comes before the loss has fallen)"
+)
 
 
 def blow_up_ceiling(vocab_size: Any, threshold: float) -> float | None:
@@ -140,13 +162,21 @@ def run_result(spec: RunSpec, status: dict[str, Any], threshold: float, window: 
     finite = [v for v in losses if math.isfinite(v)]
     ceiling = blow_up_ceiling((config.get("model") or {}).get("vocab_size"), threshold)
     blew_up = ceiling is not None and any(v > ceiling for v in finite)
-    return {"run_dir": str(run_dir), "status": status.get("status"), "final_val_loss": final,
-            "spikes": stab["spikes"], "diverged": bool(non_finite or stab["spikes"] or blew_up),
-            "non_finite": non_finite, "blew_up": blew_up, "max_train_loss": max(finite) if finite else None,
-            "max_loss_ratio": stab["max_loss_ratio"],
-            "peak_lr": (config.get("run", {}).get("lr") or {}).get("lr"),
-            "global_batch_size": config.get("run", {}).get("train_batch_size"),
-            "tokens": [r["tokens"] for r in evals], "val_loss": [r["val_loss"] for r in evals]}
+    return {
+        "run_dir": str(run_dir),
+        "status": status.get("status"),
+        "final_val_loss": final,
+        "spikes": stab["spikes"],
+        "diverged": bool(non_finite or stab["spikes"] or blew_up),
+        "non_finite": non_finite,
+        "blew_up": blew_up,
+        "max_train_loss": max(finite) if finite else None,
+        "max_loss_ratio": stab["max_loss_ratio"],
+        "peak_lr": (config.get("run", {}).get("lr") or {}).get("lr"),
+        "global_batch_size": config.get("run", {}).get("train_batch_size"),
+        "tokens": [r["tokens"] for r in evals],
+        "val_loss": [r["val_loss"] for r in evals],
+    }
 
 
 def run_sweep(base: RunSpec, options: SweepOptions, *, echo=print) -> dict[str, Any]:
@@ -168,17 +198,34 @@ def run_sweep(base: RunSpec, options: SweepOptions, *, echo=print) -> dict[str, 
             check_same_data([Path(runs[arm].out) for arm in RUNS])
             row["tokens_to_target"] = _tokens_to_target(row)
             per_seed.append(row)
-        results.append({**{k: v for k, v in cell.items() if k != "runs"}, "seeds": per_seed,
-                        **{arm: _arm_spread(per_seed, arm) for arm in RUNS}})
+        results.append(
+            {
+                **{k: v for k, v in cell.items() if k != "runs"},
+                "seeds": per_seed,
+                **{arm: _arm_spread(per_seed, arm) for arm in RUNS},
+            }
+        )
     check_same_data([Path(s[arm]["run_dir"]) for c in results for s in c["seeds"] for arm in RUNS])
-    report = {"out": str(out), "grid": {"lr": list(options.lr), "scale_batch": list(options.scale_batch),
-                                        "clip_grad": list(options.clip_grad),
-                                        "lr_warmup_iters": list(options.lr_warmup_iters), "pos": list(options.pos),
-                                        "seeds": options.seeds},
-              "cells": results, "against_best_baseline": against_best_baseline(results),
-              "stability_limits": stability_limits(results),
-              "definitions": {"spread": spread.SPREAD_DEFINITION, "against_best_baseline": BEST_DEFINITION,
-                              "diverged": DIVERGED_DEFINITION, "stability_limits": LIMITS_DEFINITION}}
+    report = {
+        "out": str(out),
+        "grid": {
+            "lr": list(options.lr),
+            "scale_batch": list(options.scale_batch),
+            "clip_grad": list(options.clip_grad),
+            "lr_warmup_iters": list(options.lr_warmup_iters),
+            "pos": list(options.pos),
+            "seeds": options.seeds,
+        },
+        "cells": results,
+        "against_best_baseline": against_best_baseline(results),
+        "stability_limits": stability_limits(results),
+        "definitions": {
+            "spread": spread.SPREAD_DEFINITION,
+            "against_best_baseline": BEST_DEFINITION,
+            "diverged": DIVERGED_DEFINITION,
+            "stability_limits": LIMITS_DEFINITION,
+        },
+    }
     write_json(out / "sweep.json", report)
     plot_sweep(results, out / "sweep.png")
     write_text(out / "sweep.md", render_sweep(report))
@@ -198,7 +245,8 @@ BEST_DEFINITION = (
     "the best baseline = the cell, at the grid's smallest batch scale, whose baseline has the lowest median "
     "final val loss among those that diverged on no seed; its final loss on each seed is that seed's target; "
     "tokens ratio = a run's tokens to reach the target / the best baseline's own tokens to it (same seed; "
-    "below 1: fewer tokens than the best baseline).")
+    "below 1: fewer tokens than the best baseline)."
+)
 
 
 def against_best_baseline(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -207,8 +255,13 @@ def against_best_baseline(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not cells:
         return None
     smallest = min(c["scale_batch"] for c in cells)
-    stable = [c for c in cells if c["scale_batch"] == smallest and not c["baseline"]["diverged"]
-              and c["baseline"]["final_val_loss"]["median"] is not None]
+    stable = [
+        c
+        for c in cells
+        if c["scale_batch"] == smallest
+        and not c["baseline"]["diverged"]
+        and c["baseline"]["final_val_loss"]["median"] is not None
+    ]
     if not stable:
         return None
     best = min(stable, key=lambda c: c["baseline"]["final_val_loss"]["median"])
@@ -226,17 +279,30 @@ def against_best_baseline(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
                 t, run = targets.get(s["seed"]), s[arm]
                 x = curves.first_crossing(run["tokens"], run["val_loss"], t["target"]) if t else None
                 ratios.append(x / t["tokens"] if x is not None and t["tokens"] else None)
-            rows.append({"cell": c["name"], "arm": arm, "tokens_ratio": spread.spread(ratios),
-                         "reached": sum(r is not None for r in ratios), "seeds": len(c["seeds"]),
-                         "per_seed": ratios})
-    return {"cell": best["name"], "lr": best["lr"], "scale_batch": best["scale_batch"],
-            "targets": list(targets.values()), "rows": rows}
+            rows.append(
+                {
+                    "cell": c["name"],
+                    "arm": arm,
+                    "tokens_ratio": spread.spread(ratios),
+                    "reached": sum(r is not None for r in ratios),
+                    "seeds": len(c["seeds"]),
+                    "per_seed": ratios,
+                }
+            )
+    return {
+        "cell": best["name"],
+        "lr": best["lr"],
+        "scale_batch": best["scale_batch"],
+        "targets": list(targets.values()),
+        "rows": rows,
+    }
 
 
 LIMITS_DEFINITION = (
     "for each arm and each setting of the other grid axes: the largest peak LR of the grid at which no seed "
     "diverged, and the smallest at which some seed did (none: no LR of the grid made it diverge, so the "
-    "limit lies above the grid).")
+    "limit lies above the grid)."
+)
 
 
 def stability_limits(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -252,17 +318,27 @@ def stability_limits(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
         for arm in RUNS:
             stable = [c["lr"] for c in group if not c[arm]["diverged"]]
             failed = [c["lr"] for c in group if c[arm]["diverged"]]
-            out.append({"scale_batch": k, "clip_grad": clip, "lr_warmup_iters": warmup, "pos": pos, "arm": arm,
-                        "lrs": sorted(c["lr"] for c in group),
-                        "largest_stable_lr": max(stable) if stable else None,
-                        "smallest_diverged_lr": min(failed) if failed else None})
+            out.append(
+                {
+                    "scale_batch": k,
+                    "clip_grad": clip,
+                    "lr_warmup_iters": warmup,
+                    "pos": pos,
+                    "arm": arm,
+                    "lrs": sorted(c["lr"] for c in group),
+                    "largest_stable_lr": max(stable) if stable else None,
+                    "smallest_diverged_lr": min(failed) if failed else None,
+                }
+            )
     return out
 
 
 def _arm_spread(per_seed: list[dict[str, Any]], arm: str) -> dict[str, Any]:
-    out = {"final_val_loss": spread.spread(s[arm]["final_val_loss"] for s in per_seed),
-           "diverged": sum(s[arm]["diverged"] for s in per_seed),
-           "max_loss_ratio": spread.spread(s[arm].get("max_loss_ratio") for s in per_seed)}
+    out = {
+        "final_val_loss": spread.spread(s[arm]["final_val_loss"] for s in per_seed),
+        "diverged": sum(s[arm]["diverged"] for s in per_seed),
+        "max_loss_ratio": spread.spread(s[arm].get("max_loss_ratio") for s in per_seed),
+    }
     if arm == "curriculum":
         out["speedup_tokens"] = spread.spread(s["tokens_to_target"]["speedup"] for s in per_seed)
         out["tokens_to_target"] = spread.spread(s["tokens_to_target"]["curriculum"] for s in per_seed)
@@ -273,24 +349,36 @@ def _arm_spread(per_seed: list[dict[str, Any]], arm: str) -> dict[str, Any]:
 def render_sweep(report: dict[str, Any]) -> str:
     """sweep.md: one row per cell and arm."""
     n = report["grid"]["seeds"]
-    lines = ["# seqwarm sweep: baseline vs curriculum over a grid", "",
-             f"{n} seed(s) per cell" + (" (one seed: no spread measured)" if n == 1 else "")
-             + "; values are median (min–max over seeds).", "",
-             "| cell | arm | final val loss | diverged | max loss ratio | tokens to target | reached | speedup_tokens |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# seqwarm sweep: baseline vs curriculum over a grid",
+        "",
+        f"{n} seed(s) per cell"
+        + (" (one seed: no spread measured)" if n == 1 else "")
+        + "; values are median (min–max over seeds).",
+        "",
+        "| cell | arm | final val loss | diverged | max loss ratio | tokens to target | reached | speedup_tokens |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for c in report["cells"]:
         for arm in RUNS:
             a = c[arm]
             sp, tt = a.get("speedup_tokens"), a.get("tokens_to_target")
             reach = f"{_cell(tt, ',.0f')} | {a['reached']}/{n} | {_cell(sp, '.2f')}" if tt else "– | – | –"
-            lines.append(f"| {c['name']} | {arm} | {_cell(a['final_val_loss'], '.4f')} | {a['diverged']}/{n} | "
-                         f"{_cell(a.get('max_loss_ratio') or {}, '.3f')} | {reach} |")
-    lines += ["", DIVERGED_DEFINITION + "; max loss ratio = the largest "
-              "smoothed training loss over the lowest before it (the spike signal; a spike is above the "
-              "threshold); target = the baseline's final "
-              "loss (same cell and seed); tokens to target = the curriculum's tokens to reach it; speedup_tokens "
-              "= the baseline's tokens to it / the curriculum's.",
-              "", f"_{report['definitions']['spread']}_", ""]
+            lines.append(
+                f"| {c['name']} | {arm} | {_cell(a['final_val_loss'], '.4f')} | {a['diverged']}/{n} | "
+                f"{_cell(a.get('max_loss_ratio') or {}, '.3f')} | {reach} |"
+            )
+    lines += [
+        "",
+        DIVERGED_DEFINITION + "; max loss ratio = the largest "
+        "smoothed training loss over the lowest before it (the spike signal; a spike is above the "
+        "threshold); target = the baseline's final "
+        "loss (same cell and seed); tokens to target = the curriculum's tokens to reach it; speedup_tokens "
+        "= the baseline's tokens to it / the curriculum's.",
+        "",
+        f"_{report['definitions']['spread']}_",
+        "",
+    ]
     lines += _render_limits(report.get("stability_limits") or [])
     lines += _render_best(report.get("against_best_baseline"))
     lines += ["![final loss against LR](sweep.png)", ""]
@@ -300,13 +388,21 @@ def render_sweep(report: dict[str, Any]) -> str:
 def _render_best(best: dict[str, Any] | None) -> list[str]:
     """sweep.md's section: every cell and arm in tokens to the best baseline's final loss."""
     if not best:
-        return ["No baseline at the smallest batch scale trained without diverging: no best baseline to "
-                "measure the cells against.", ""]
+        return [
+            "No baseline at the smallest batch scale trained without diverging: no best baseline to "
+            "measure the cells against.",
+            "",
+        ]
     targets = spread.spread(t["target"] for t in best["targets"])
-    lines = ["## Against the best baseline", "",
-             f"The best baseline is `{best['cell']}` (final val loss {_cell(targets, '.4f')}). "
-             "Tokens ratio = tokens to reach that seed's best-baseline final loss / the best baseline's own.",
-             "", "| cell | arm | tokens ratio | reached |", "|---|---|---:|---:|"]
+    lines = [
+        "## Against the best baseline",
+        "",
+        f"The best baseline is `{best['cell']}` (final val loss {_cell(targets, '.4f')}). "
+        "Tokens ratio = tokens to reach that seed's best-baseline final loss / the best baseline's own.",
+        "",
+        "| cell | arm | tokens ratio | reached |",
+        "|---|---|---:|---:|",
+    ]
     for r in best["rows"]:
         lines.append(f"| {r['cell']} | {r['arm']} | {_cell(r['tokens_ratio'], '.2f')} | {r['reached']}/{r['seeds']} |")
     return lines + ["", "_" + BEST_DEFINITION[0].upper() + BEST_DEFINITION[1:] + "_", ""]
@@ -316,17 +412,23 @@ def _render_limits(limits: list[dict[str, Any]]) -> list[str]:
     """sweep.md's section: the largest LR each arm survives."""
     if not limits:
         return []
-    lines = ["## The largest LR each arm survives", "",
-             "| batch scale | clipping | warmup | positions | arm | largest LR, no seed diverged | smallest LR that "
-             "diverged |", "|---:|---|---|---|---|---:|---:|"]
+    lines = [
+        "## The largest LR each arm survives",
+        "",
+        "| batch scale | clipping | warmup | positions | arm | largest LR, no seed diverged | smallest LR that "
+        "diverged |",
+        "|---:|---|---|---|---|---:|---:|",
+    ]
     for r in limits:
         clip = "config" if r["clip_grad"] is None else ("off" if r["clip_grad"] == 0 else f"{r['clip_grad']:g}")
         warmup = "config" if r["lr_warmup_iters"] is None else str(r["lr_warmup_iters"])
         stable = "none" if r["largest_stable_lr"] is None else f"{r['largest_stable_lr']:g}"
-        failed = (f"none up to {max(r['lrs']):g}" if r["smallest_diverged_lr"] is None
-                  else f"{r['smallest_diverged_lr']:g}")
-        lines.append(f"| x{r['scale_batch']} | {clip} | {warmup} | {r['pos'] or 'config'} | {r['arm']} | {stable} | "
-                     f"{failed} |")
+        failed = (
+            f"none up to {max(r['lrs']):g}" if r["smallest_diverged_lr"] is None else f"{r['smallest_diverged_lr']:g}"
+        )
+        lines.append(
+            f"| x{r['scale_batch']} | {clip} | {warmup} | {r['pos'] or 'config'} | {r['arm']} | {stable} | {failed} |"
+        )
     return lines + ["", "_" + LIMITS_DEFINITION[0].upper() + LIMITS_DEFINITION[1:] + "_", ""]
 
 
@@ -336,4 +438,3 @@ def _cell(s: dict[str, Any], fmt: str) -> str:
     if s["n"] == 1:
         return format(s["median"], fmt)
     return f"{format(s['median'], fmt)} ({format(s['min'], fmt)}–{format(s['max'], fmt)})"
-

@@ -30,25 +30,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from seqwarm.util.atomic import write_json
-from seqwarm.util.errors import UserError
-from seqwarm.experiments.launch import (
-    read_raw_config,
-    total_curriculum_step_of,
-    with_total_curriculum_step,
-)
-from seqwarm.experiments.tune_search import (
-    Probe,
-    ProbeResult,
-    Runner,
-    run_sequentially,
-    search_largest_passing,
-)
 from seqwarm.curriculum.plan import make_plan
+from seqwarm.experiments.launch import read_raw_config, total_curriculum_step_of, with_total_curriculum_step
+from seqwarm.experiments.tune_search import Probe, ProbeResult, Runner, run_sequentially, search_largest_passing
 from seqwarm.run.command import command_line, train_argv
 from seqwarm.run.spec import RunSpec, resolve_config, with_changes
 from seqwarm.run.training import run_training
 from seqwarm.trainer.metrics import read_metrics
+from seqwarm.util.atomic import write_json
+from seqwarm.util.errors import UserError
 
 DEFAULT_PROBE_MULTIPLE = 4.0
 DEFAULT_FLUCTUATION_PCT = 2.0
@@ -97,6 +87,7 @@ def run_probe(spec: ProbeSpec, value: int) -> ProbeResult:
 
     if spec.threads:
         import torch
+
         torch.set_num_threads(spec.threads)
     cfg_path, run_dir, log_path = probe_paths(Path(spec.folder), value)
     if run_dir.exists():  # a probe the state file does not record (unfinished, or from an older search)
@@ -110,8 +101,14 @@ def run_probe(spec: ProbeSpec, value: int) -> ProbeResult:
             run_training(run)
         except TrainingDiverged as err:
             evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "eval"]
-            return ProbeResult(value, [r["step"] for r in evals], [r["val_ppl"] for r in evals], diverged=True,
-                               message=str(err).split(";")[0], elapsed_s=time.perf_counter() - t0)
+            return ProbeResult(
+                value,
+                [r["step"] for r in evals],
+                [r["val_ppl"] for r in evals],
+                diverged=True,
+                message=str(err).split(";")[0],
+                elapsed_s=time.perf_counter() - t0,
+            )
     result = read_probe(run_dir, value)
     if result is None:
         raise RuntimeError(f"probe T={value} finished without {run_dir}/summary.json")
@@ -180,8 +177,7 @@ class TuneSetup:
         """What a probe's verdict depends on besides T and the threshold (resume needs it unchanged)."""
         raw = with_total_curriculum_step(self.raw_config, 0)
         argv = train_argv(replace(self.probe, config=None, out=None))
-        return {"config": raw, "train_argv": argv, "probe_steps": self.probe_steps,
-                "eval_interval": self.eval_interval}
+        return {"config": raw, "train_argv": argv, "probe_steps": self.probe_steps, "eval_interval": self.eval_interval}
 
 
 @dataclass(frozen=True)
@@ -216,11 +212,16 @@ def setup_tune(base: RunSpec, args: TuneOptions) -> TuneSetup:
 
     if not args.out:
         raise UserError("--out DIR is required: the folder for the probes, tune.json and tuned_config.json")
-    for given, flag in ((base.settings.get("curriculum") is False, "--no-curriculum"), (base.resume, "--resume"),
-                        (base.allow_config_change, "--allow-config-change")):
+    for given, flag in (
+        (base.settings.get("curriculum") is False, "--no-curriculum"),
+        (base.resume, "--resume"),
+        (base.allow_config_change, "--allow-config-change"),
+    ):
         if given:
-            raise UserError(f"{flag} is not a tune flag: tune searches the curriculum's length and resumes "
-                            "a search found in --out by itself")
+            raise UserError(
+                f"{flag} is not a tune flag: tune searches the curriculum's length and resumes "
+                "a search found in --out by itself"
+            )
     if not args.probe_multiple > 0:
         raise UserError(f"--probe-multiple {args.probe_multiple}: must be > 0 (probes last this many LR warmups)")
     if not args.fluctuation > 0:
@@ -240,17 +241,23 @@ def setup_tune(base: RunSpec, args: TuneOptions) -> TuneSetup:
     elif warmup:
         probe_steps = max(2, math.ceil(args.probe_multiple * warmup))
     else:
-        raise UserError("the run has no LR warmup, and probes last --probe-multiple x the warmup steps: set "
-                        "lr_warmup_iters (or --lr-warmup-iters), or give --probe-steps N")
+        raise UserError(
+            "the run has no LR warmup, and probes last --probe-multiple x the warmup steps: set "
+            "lr_warmup_iters (or --lr-warmup-iters), or give --probe-steps N"
+        )
     if args.eval_interval is not None and not 0 < args.eval_interval < probe_steps:
-        raise UserError(f"--eval-interval {args.eval_interval}: probes need at least 2 evaluations in their "
-                        f"{probe_steps} steps (leave it out to use --probe-evals)")
+        raise UserError(
+            f"--eval-interval {args.eval_interval}: probes need at least 2 evaluations in their "
+            f"{probe_steps} steps (leave it out to use --probe-evals)"
+        )
     eval_interval = args.eval_interval if args.eval_interval is not None else max(1, probe_steps // args.probe_evals)
     lo = args.lo if args.lo is not None else max(1, warmup)
     hi = args.hi if args.hi is not None else plan.total_steps
     if not 1 <= lo <= hi:
-        raise UserError(f"the search range needs 1 <= --lo <= --hi (got lo {lo}, hi {hi}; without flags lo is "
-                        f"the warmup ({warmup} steps) and hi the run's planned steps ({plan.total_steps}))")
+        raise UserError(
+            f"the search range needs 1 <= --lo <= --hi (got lo {lo}, hi {hi}; without flags lo is "
+            f"the warmup ({warmup} steps) and hi the run's planned steps ({plan.total_steps}))"
+        )
     resolution = args.resolution or max(1, round(0.05 * hi))
     # Probes keep the full run's LR schedule: decay is pinned to what the full run resolves to, and the
     # probe stops by a step cap (train_iters) rather than by shrinking the token budget.
@@ -258,10 +265,19 @@ def setup_tune(base: RunSpec, args: TuneOptions) -> TuneSetup:
     if cfg.lr.decay_unit:
         pinned[f"lr_decay_{cfg.lr.decay_unit}"] = getattr(cfg.lr, f"decay_{cfg.lr.decay_unit}")
     pinned["lr_decay_style"] = cfg.lr.decay_style
-    probe = with_changes(base, **pinned, train_iters=probe_steps, eval_interval=eval_interval,
-                         save_interval=0, progress_bar=False, eval_wikitext=None, eval_lambada=None)
-    return TuneSetup(folder, raw, probe, probe_steps, warmup, eval_interval, lo, hi, resolution,
-                     args.fluctuation, args.jobs, current)
+    probe = with_changes(
+        base,
+        **pinned,
+        train_iters=probe_steps,
+        eval_interval=eval_interval,
+        save_interval=0,
+        progress_bar=False,
+        eval_wikitext=None,
+        eval_lambada=None,
+    )
+    return TuneSetup(
+        folder, raw, probe, probe_steps, warmup, eval_interval, lo, hi, resolution, args.fluctuation, args.jobs, current
+    )
 
 
 def load_state(setup: TuneSetup) -> dict[int, ProbeResult]:
@@ -271,8 +287,10 @@ def load_state(setup: TuneSetup) -> dict[int, ProbeResult]:
     if path.is_file():
         state = json.loads(path.read_text())
         if state.get("fingerprint") != json.loads(json.dumps(setup.fingerprint())):
-            raise UserError(f"{path} records a search with different settings (config, flags, probe length or "
-                            "evaluation interval); use another --out, or delete it to start over")
+            raise UserError(
+                f"{path} records a search with different settings (config, flags, probe length or "
+                "evaluation interval); use another --out, or delete it to start over"
+            )
         done = {int(k): ProbeResult.from_dict(v) for k, v in state.get("probes", {}).items()}
     probes = setup.folder / "probes"
     if probes.is_dir():  # probes that finished after the state was last written
@@ -285,14 +303,15 @@ def load_state(setup: TuneSetup) -> dict[int, ProbeResult]:
 
 
 def save_state(setup: TuneSetup, done: Mapping[int, ProbeResult]) -> None:
-    write_json(setup.folder / STATE_FILE, {
-        "fingerprint": setup.fingerprint(),
-        "probes": {str(v): r.to_dict() for v, r in sorted(done.items())},
-    })
+    write_json(
+        setup.folder / STATE_FILE,
+        {"fingerprint": setup.fingerprint(), "probes": {str(v): r.to_dict() for v, r in sorted(done.items())}},
+    )
 
 
-def run_tune(base: RunSpec, args: TuneOptions, *, probe: Probe | None = None, runner: Runner | None = None,
-             echo=print) -> dict[str, Any]:
+def run_tune(
+    base: RunSpec, args: TuneOptions, *, probe: Probe | None = None, runner: Runner | None = None, echo=print
+) -> dict[str, Any]:
     """Search, print each probe, write ``tune.json`` and ``tuned_config.json``; return tune.json's dict."""
     setup = setup_tune(base, args)
     setup.folder.mkdir(parents=True, exist_ok=True)
@@ -304,14 +323,19 @@ def run_tune(base: RunSpec, args: TuneOptions, *, probe: Probe | None = None, ru
         probe = lambda value: run_probe(spec, value)  # noqa: E731
         if runner is None and setup.jobs > 1:
             runner = process_runner(spec, setup.jobs)
-    length = ("--probe-steps" if args.probe_steps else
-              f"{args.probe_multiple:g} x the {setup.warmup_steps}-step LR warmup")
-    echo(f"tune: probes train {setup.probe_steps} steps ({length}) and evaluate every {setup.eval_interval} steps; "
-         f"a probe fails when a full-length val ppl is more "
-         f"than {setup.fluctuation_pct:g}% above the best earlier one, or it diverges")
-    echo(f"tune: searching total_curriculum_step in [{setup.lo}, {setup.hi}] to within {setup.resolution} "
-         f"(config has {setup.current}), {setup.jobs} probe(s) at a time"
-         + (f"; {len(done)} probe(s) already done in {setup.folder}" if done else ""))
+    length = (
+        "--probe-steps" if args.probe_steps else f"{args.probe_multiple:g} x the {setup.warmup_steps}-step LR warmup"
+    )
+    echo(
+        f"tune: probes train {setup.probe_steps} steps ({length}) and evaluate every {setup.eval_interval} steps; "
+        f"a probe fails when a full-length val ppl is more "
+        f"than {setup.fluctuation_pct:g}% above the best earlier one, or it diverges"
+    )
+    echo(
+        f"tune: searching total_curriculum_step in [{setup.lo}, {setup.hi}] to within {setup.resolution} "
+        f"(config has {setup.current}), {setup.jobs} probe(s) at a time"
+        + (f"; {len(done)} probe(s) already done in {setup.folder}" if done else "")
+    )
 
     def on_result(value: int, result: ProbeResult, reused: bool) -> None:
         done[value] = result
@@ -319,23 +343,43 @@ def run_tune(base: RunSpec, args: TuneOptions, *, probe: Probe | None = None, ru
         tag = " (done before)" if reused else f" ({result.elapsed_s:.0f}s)"
         echo(f"probe T={value:>6}: {result.verdict():<15} {result.evidence()}{tag}")
 
-    outcome = search_largest_passing(probe, setup.lo, setup.hi, fluctuation_pct=setup.fluctuation_pct,
-                                     jobs=setup.jobs, resolution=setup.resolution, done=done,
-                                     runner=runner or run_sequentially, on_result=on_result)
+    outcome = search_largest_passing(
+        probe,
+        setup.lo,
+        setup.hi,
+        fluctuation_pct=setup.fluctuation_pct,
+        jobs=setup.jobs,
+        resolution=setup.resolution,
+        done=done,
+        runner=runner or run_sequentially,
+        on_result=on_result,
+    )
     for w in outcome.warnings:
         echo(f"warning: {w}")
     report = {
-        "chosen": outcome.chosen, "lowest_failing": outcome.lowest_failing, "reason": outcome.reason,
-        "config_value": setup.current, "range": [setup.lo, setup.hi], "resolution": setup.resolution,
-        "fluctuation_pct": setup.fluctuation_pct, "probe_steps": setup.probe_steps,
-        "probe_multiple": args.probe_multiple, "warmup_steps": setup.warmup_steps,
-        "eval_interval": setup.eval_interval, "jobs": setup.jobs,
-        "definition": ("a probe trains the first probe_steps steps of the run with the candidate "
-                       "total_curriculum_step and evaluates full-length validation perplexity every "
-                       "eval_interval steps; it fails when an evaluation is more than fluctuation_pct percent "
-                       "above the lowest earlier one, or when training diverges"),
-        "probe_command": command_line(replace(setup.probe, config=setup.folder / "probes" / "T<value>.json",
-                                              out=setup.folder / "probes" / "T<value>")),
+        "chosen": outcome.chosen,
+        "lowest_failing": outcome.lowest_failing,
+        "reason": outcome.reason,
+        "config_value": setup.current,
+        "range": [setup.lo, setup.hi],
+        "resolution": setup.resolution,
+        "fluctuation_pct": setup.fluctuation_pct,
+        "probe_steps": setup.probe_steps,
+        "probe_multiple": args.probe_multiple,
+        "warmup_steps": setup.warmup_steps,
+        "eval_interval": setup.eval_interval,
+        "jobs": setup.jobs,
+        "definition": (
+            "a probe trains the first probe_steps steps of the run with the candidate "
+            "total_curriculum_step and evaluates full-length validation perplexity every "
+            "eval_interval steps; it fails when an evaluation is more than fluctuation_pct percent "
+            "above the lowest earlier one, or when training diverges"
+        ),
+        "probe_command": command_line(
+            replace(
+                setup.probe, config=setup.folder / "probes" / "T<value>.json", out=setup.folder / "probes" / "T<value>"
+            )
+        ),
         "probes": [outcome.results[v].to_dict() for v in sorted(outcome.results)],
         "warnings": outcome.warnings,
     }
@@ -343,8 +387,9 @@ def run_tune(base: RunSpec, args: TuneOptions, *, probe: Probe | None = None, ru
         echo(f"no value passes: {outcome.reason}")
         report["tuned_config"] = None
     else:
-        path = write_json(setup.folder / "tuned_config.json",
-                          with_total_curriculum_step(setup.raw_config, outcome.chosen))
+        path = write_json(
+            setup.folder / "tuned_config.json", with_total_curriculum_step(setup.raw_config, outcome.chosen)
+        )
         report["tuned_config"] = str(path)
         echo(f"chosen total_curriculum_step = {outcome.chosen} ({outcome.reason})")
         echo(f"written: {path}")

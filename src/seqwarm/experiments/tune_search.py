@@ -95,10 +95,18 @@ def interior_points(good: int, bad: int, n: int) -> list[int]:
     return sorted(p for p in pts if good < p < bad)
 
 
-def search_largest_passing(probe: Probe, lo: int, hi: int, *, fluctuation_pct: float, jobs: int = 1,
-                           resolution: int = 1, done: Mapping[int, ProbeResult] | None = None,
-                           runner: Runner = run_sequentially,
-                           on_result: Callable[[int, ProbeResult, bool], None] | None = None) -> SearchOutcome:
+def search_largest_passing(
+    probe: Probe,
+    lo: int,
+    hi: int,
+    *,
+    fluctuation_pct: float,
+    jobs: int = 1,
+    resolution: int = 1,
+    done: Mapping[int, ProbeResult] | None = None,
+    runner: Runner = run_sequentially,
+    on_result: Callable[[int, ProbeResult, bool], None] | None = None,
+) -> SearchOutcome:
     """The largest T in [lo, hi] whose probe passes, assuming small values pass and large ones fail.
 
     Rounds of up to ``jobs`` probes: first ``hi`` (with ``lo`` too when jobs > 1), then ``lo``, then
@@ -131,12 +139,21 @@ def search_largest_passing(probe: Probe, lo: int, hi: int, *, fluctuation_pct: f
 
     run([hi] if jobs == 1 or lo == hi else [lo, hi])
     if results[hi].passed:
-        return SearchOutcome(hi, None, results, f"the top of the range (hi = {hi}) passes; a larger value "
-                             "may pass too (raise --hi to look further)")
+        return SearchOutcome(
+            hi,
+            None,
+            results,
+            f"the top of the range (hi = {hi}) passes; a larger value may pass too (raise --hi to look further)",
+        )
     run([lo])
     if not results[lo].passed:
-        return SearchOutcome(None, lo, results, f"even the bottom of the range (lo = {lo}) fails: lower --lo, "
-                             "raise --fluctuation, or lower the learning rate")
+        return SearchOutcome(
+            None,
+            lo,
+            results,
+            f"even the bottom of the range (lo = {lo}) fails: lower --lo, "
+            "raise --fluctuation, or lower the learning rate",
+        )
     good, bad = lo, hi
     while bad - good > resolution:
         run(interior_points(good, bad, jobs))
@@ -146,7 +163,10 @@ def search_largest_passing(probe: Probe, lo: int, hi: int, *, fluctuation_pct: f
             else:
                 bad = v
                 break
-    warnings = [f"T = {v} passed although the smaller T = {bad} failed (fluctuation is not monotone in T: "
-                "noise, or a threshold too close to it)" for v in sorted(results) if v > bad and results[v].passed]
-    return SearchOutcome(good, bad, results, f"largest passing value; {bad} fails (resolution {resolution})",
-                         warnings)
+    warnings = [
+        f"T = {v} passed although the smaller T = {bad} failed (fluctuation is not monotone in T: "
+        "noise, or a threshold too close to it)"
+        for v in sorted(results)
+        if v > bad and results[v].passed
+    ]
+    return SearchOutcome(good, bad, results, f"largest passing value; {bad} fails (resolution {resolution})", warnings)

@@ -36,8 +36,15 @@ from seqwarm.config.settings import SETTING_KEYS, flag_for, negative_flag
 from seqwarm.util.errors import UserError
 from seqwarm.util.problems import ConfigError, Problem
 
-__all__ = ["RunSpec", "check_spec", "resolve_config", "recipe_config", "policy_problems", "spec_problems",
-           "with_changes"]
+__all__ = [
+    "RunSpec",
+    "check_spec",
+    "resolve_config",
+    "recipe_config",
+    "policy_problems",
+    "spec_problems",
+    "with_changes",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +54,9 @@ class RunSpec:
     """One ``seqwarm train`` run. Field metadata (``flag``, ``metavar``, ``group``, ``parse``) shapes its
     command-line flag; the docstring under a field is that flag's ``--help``."""
 
-    config: Path | None = field(default=None, metadata={"metavar": "FILE",
-                                                         "aliases": ("--deepspeed_config", "--deepspeed-config")})
+    config: Path | None = field(
+        default=None, metadata={"metavar": "FILE", "aliases": ("--deepspeed_config", "--deepspeed-config")}
+    )
     """DeepSpeed JSON config (curriculum_learning or data_efficiency block, batch sizes, optimizer,
     clipping, precision; optional 'seqwarm' block). Default: the built-in CPU demo recipe
     (examples/tiny_cpu.json)"""
@@ -67,8 +75,8 @@ class RunSpec:
     eod_id: int | None = field(default=None, metadata={"parse": "int", "metavar": "ID"})
     """with --data-path: the end-of-document token id (default: the tokenizer's)"""
     model: str = "tiny"
-    """model size preset: tiny (default), nano (for sweeps on CPU), gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b; or hf:PATH, a
-    Hugging Face causal LM built from a local config.json (AutoModelForCausalLM.from_config, nothing is
+    """model size preset: tiny (default), nano (for sweeps on CPU), gpt2-124m, gpt2-350m, gpt2-774m, gpt2-1.5b;
+    or hf:PATH, a Hugging Face causal LM built from a local config.json (AutoModelForCausalLM.from_config, nothing is
     downloaded)"""
     n_layer: int | None = field(default=None, metadata={"metavar": "N", "parse": "int"})
     """transformer layers (default: the --model preset's); with --n-head and --n-embd, a GPT of any size
@@ -84,12 +92,15 @@ class RunSpec:
     deepspeed: bool = field(default=False, metadata={"group": "deepspeed"})
     """train on a DeepSpeed engine (under torchrun or the deepspeed launcher); ZeRO stage, offload,
     precision and batch sizes come from --config"""
-    pipeline_stages: int = field(default=0, metadata={"group": "deepspeed", "metavar": "K",
-                                                      "aliases": ("--pipeline-model-parallel-size",)})
+    pipeline_stages: int = field(
+        default=0, metadata={"group": "deepspeed", "metavar": "K", "aliases": ("--pipeline-model-parallel-size",)}
+    )
     """with --deepspeed: a K-stage (K >= 2) DeepSpeed pipeline of the GPT (ZeRO stage 0 or 1; K must divide
     the number of processes)"""
-    local_rank: int | None = field(default=None, metadata={"group": "deepspeed", "parse": "int", "metavar": "N",
-                                                           "aliases": ("--local_rank",), "launcher": True})
+    local_rank: int | None = field(
+        default=None,
+        metadata={"group": "deepspeed", "parse": "int", "metavar": "N", "aliases": ("--local_rank",), "launcher": True},
+    )
     """set by the deepspeed launcher (--local_rank=N); checked against its LOCAL_RANK, which seqwarm uses"""
     settings: Mapping[str, Any] = field(default_factory=dict)
     """``load_config`` overrides, keyed as the settings table (``{"train_tokens": 2_000_000, "lr": 3e-4,
@@ -127,8 +138,9 @@ class RunSpec:
     wandb_project: str | None = field(default=None, metadata={"group": "run", "metavar": "NAME"})
     """log to Weights & Biases, this project (pip install 'seqwarm[wandb]'; also the config's "wandb"
     block; WANDB_MODE=offline keeps it local)"""
-    wandb_run_name: str | None = field(default=None, metadata={"group": "run", "metavar": "NAME",
-                                                               "aliases": ("--wandb-exp-name",)})
+    wandb_run_name: str | None = field(
+        default=None, metadata={"group": "run", "metavar": "NAME", "aliases": ("--wandb-exp-name",)}
+    )
     """the W&B run's name (default: the run folder's name)"""
 
     def __post_init__(self) -> None:
@@ -173,23 +185,44 @@ def policy_problems(cfg: RunConfig) -> list[Problem]:
     if cfg.rampup_batch_size:
         ramp = f"rampup_batch_size ({flag_for('rampup_batch_size')})"
         if cfg.curriculum is not None:
-            problems.append(Problem(ramp, " ".join(map(str, cfg.rampup_batch_size)),
-                                    "cannot be combined with a sequence-length curriculum: both cut the tokens per "
-                                    "batch and SLW is the more stable of the two (Li et al. 2022, §5.4)",
-                                    "keep the global batch fixed (consider a larger micro-batch) and drop the ramp"))
+            problems.append(
+                Problem(
+                    ramp,
+                    " ".join(map(str, cfg.rampup_batch_size)),
+                    "cannot be combined with a sequence-length curriculum: both cut the tokens per "
+                    "batch and SLW is the more stable of the two (Li et al. 2022, §5.4)",
+                    "keep the global batch fixed (consider a larger micro-batch) and drop the ramp",
+                )
+            )
         else:
-            problems.append(Problem(ramp, " ".join(map(str, cfg.rampup_batch_size)),
-                                    "Megatron's batch-size warmup is not implemented by seqwarm's loop",
-                                    "drop the ramp"))
+            problems.append(
+                Problem(
+                    ramp,
+                    " ".join(map(str, cfg.rampup_batch_size)),
+                    "Megatron's batch-size warmup is not implemented by seqwarm's loop",
+                    "drop the ramp",
+                )
+            )
     if cfg.curriculum is not None and cfg.curriculum.schedule_type == "custom":
-        problems.append(Problem("curriculum_learning.schedule_type", "custom",
-                                "a 'custom' schedule is a Python function: `seqwarm train` cannot run it from a "
-                                "config file", "use the library (CurriculumScheduler.set_custom_get_difficulty "
-                                "with CurriculumEngine), or a fixed_linear / fixed_root / fixed_discrete schedule"))
+        problems.append(
+            Problem(
+                "curriculum_learning.schedule_type",
+                "custom",
+                "a 'custom' schedule is a Python function: `seqwarm train` cannot run it from a config file",
+                "use the library (CurriculumScheduler.set_custom_get_difficulty "
+                "with CurriculumEngine), or a fixed_linear / fixed_root / fixed_discrete schedule",
+            )
+        )
     if cfg.train_tokens is None and cfg.train_iters is None and cfg.train_samples is None:
-        problems.append(Problem("train_tokens", None, "no budget: the run needs train_tokens, train_iters or "
-                                "train_samples", "give --train-tokens (or --train-iters / --train-samples), or "
-                                "a 'seqwarm' block with train_tokens in the config"))
+        problems.append(
+            Problem(
+                "train_tokens",
+                None,
+                "no budget: the run needs train_tokens, train_iters or train_samples",
+                "give --train-tokens (or --train-iters / --train-samples), or "
+                "a 'seqwarm' block with train_tokens in the config",
+            )
+        )
     return problems
 
 
@@ -199,28 +232,58 @@ _DEVICE = re.compile(r"^(auto|cpu|cuda(:\d+)?)$")
 def spec_problems(spec: RunSpec) -> list[Problem]:
     """The run options no loop can use, found before anything is trained (all of them at once)."""
     problems = []
-    for name, least in (("eval_iters", 1), ("eval_interval", 0), ("save_interval", 0), ("keep_checkpoints", 0),
-                        ("log_interval", 0), ("pipeline_stages", 0)):
+    for name, least in (
+        ("eval_iters", 1),
+        ("eval_interval", 0),
+        ("save_interval", 0),
+        ("keep_checkpoints", 0),
+        ("log_interval", 0),
+        ("pipeline_stages", 0),
+    ):
         value = getattr(spec, name)
         if isinstance(value, bool) or not isinstance(value, int) or value < least:
             flag = "--" + name.replace("_", "-")
-            problems.append(Problem(flag, value, f"must be a whole number >= {least}",
-                                    f"give {flag} {max(least, 1)} or more" if least else f"give {flag} 0 or more"))
+            problems.append(
+                Problem(
+                    flag,
+                    value,
+                    f"must be a whole number >= {least}",
+                    f"give {flag} {max(least, 1)} or more" if least else f"give {flag} 0 or more",
+                )
+            )
     if not isinstance(spec.device, str) or not _DEVICE.match(spec.device):
-        problems.append(Problem("--device", spec.device, "seqwarm trains on auto, cpu, cuda or cuda:N",
-                                "give --device auto (cuda when available, else cpu)"))
+        problems.append(
+            Problem(
+                "--device",
+                spec.device,
+                "seqwarm trains on auto, cpu, cuda or cuda:N",
+                "give --device auto (cuda when available, else cpu)",
+            )
+        )
     if spec.data and spec.data_path:
-        problems.append(Problem("--data-path", " ".join(map(str, spec.data_path)), "--data (a seqwarm prepared "
-                                "folder) and --data-path (Megatron indexed files) both name the training data",
-                                "give one of them"))
+        problems.append(
+            Problem(
+                "--data-path",
+                " ".join(map(str, spec.data_path)),
+                "--data (a seqwarm prepared "
+                "folder) and --data-path (Megatron indexed files) both name the training data",
+                "give one of them",
+            )
+        )
     if not spec.data_path:  # these describe Megatron indexed files; a prepared folder carries its own
         for name in ("split", "tokenizer", "vocab_size", "eod_id"):
             value = getattr(spec, name)
             if value != getattr(RunSpec, name):
                 flag = "--" + name.replace("_", "-")
-                problems.append(Problem(flag, value, "only applies with --data-path (Megatron indexed files); a "
-                                        "prepared folder (--data) carries its own tokenizer and split",
-                                        f"drop {flag}, or give --data-path PREFIX"))
+                problems.append(
+                    Problem(
+                        flag,
+                        value,
+                        "only applies with --data-path (Megatron indexed files); a "
+                        "prepared folder (--data) carries its own tokenizer and split",
+                        f"drop {flag}, or give --data-path PREFIX",
+                    )
+                )
     return problems
 
 
@@ -236,13 +299,24 @@ def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
         cfg = load_config(source, overrides={**overrides, "seq_length": seq}, world_size=world_size)
     problems = spec_problems(spec) + policy_problems(cfg)
     if spec.model.startswith("hf:") and cfg.count_tokens_by == "loss_mask":
-        problems.append(Problem("count_tokens_by", "loss_mask", "an hf: model takes HF-style batches, which carry "
-                                "no loss_mask to count", "count by shape (drop --count-tokens-by loss_mask)"))
+        problems.append(
+            Problem(
+                "count_tokens_by",
+                "loss_mask",
+                "an hf: model takes HF-style batches, which carry no loss_mask to count",
+                "count by shape (drop --count-tokens-by loss_mask)",
+            )
+        )
     if cfg.compile and (spec.deepspeed or spec.model.startswith("hf:")):
-        problems.append(Problem(f"compile ({flag_for('compile')})", True, "compiles seqwarm's own GPT on its own "
-                                "engine, not a DeepSpeed engine or an hf: model",
-                                f"drop it ({negative_flag('compile')} over a config's seqwarm.compile), or use "
-                                "DeepSpeed's config key \"compile\" (or Hugging Face's torch_compile) for those"))
+        problems.append(
+            Problem(
+                f"compile ({flag_for('compile')})",
+                True,
+                "compiles seqwarm's own GPT on its own engine, not a DeepSpeed engine or an hf: model",
+                f"drop it ({negative_flag('compile')} over a config's seqwarm.compile), or use "
+                "DeepSpeed's config key \"compile\" (or Hugging Face's torch_compile) for those",
+            )
+        )
     if problems:
         raise ConfigError(problems, str(spec.config) if spec.config else "the built-in recipe")
     for message in cfg.warnings:
@@ -253,9 +327,11 @@ def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
 def recipe_config(spec: RunSpec) -> dict[str, Any]:
     """The built-in recipe a run without ``--config`` trains (a fresh dict): it follows the user's length
     (``--seq-length``, else the model's), budget and global batch (an explicit config is checked strictly)."""
-    return default_train_config(spec.settings.get("seq_length") or _recipe_length(spec.model),
-                                train_tokens=spec.settings.get("train_tokens"),
-                                train_batch_size=spec.settings.get("train_batch_size"))
+    return default_train_config(
+        spec.settings.get("seq_length") or _recipe_length(spec.model),
+        train_tokens=spec.settings.get("train_tokens"),
+        train_batch_size=spec.settings.get("train_batch_size"),
+    )
 
 
 def _recipe_length(model: str) -> int | None:
@@ -263,6 +339,7 @@ def _recipe_length(model: str) -> int | None:
     context (None, the recipe's own length, when it names none or the model is unknown)."""
     if model.startswith("hf:"):
         from seqwarm.integrations.hf.run import hf_model_path, hf_seq_length
+
         return hf_seq_length(hf_model_path(model))
     return PRESETS[model]["seq_length"] if model in PRESETS else None
 
@@ -271,6 +348,7 @@ def _model_seq_length(model: str) -> int:
     """The full length of a model without a configured one: the preset's, or an hf: config's context."""
     if model.startswith("hf:"):
         from seqwarm.integrations.hf.run import hf_model_path, hf_seq_length
+
         seq = hf_seq_length(hf_model_path(model))
         if seq is None:
             raise UserError(f"--model {model}: its config.json has no max_position_embeddings; give --seq-length")
@@ -299,9 +377,11 @@ def size_problems(spec: RunSpec) -> None:
     bad = [f"--{k.replace('_', '-')} {v}: must be >= 1" for k, v in given.items() if v < 1]
     size = model_size(spec)
     if not bad and size["n_embd"] % size["n_head"]:
-        bad.append(f"--n-embd {size['n_embd']} is not a multiple of --n-head {size['n_head']} (each head gets "
-                   "n_embd / n_head channels); choose e.g. --n-embd "
-                   f"{size['n_head'] * max(1, round(size['n_embd'] / size['n_head']))}")
+        bad.append(
+            f"--n-embd {size['n_embd']} is not a multiple of --n-head {size['n_head']} (each head gets "
+            "n_embd / n_head channels); choose e.g. --n-embd "
+            f"{size['n_head'] * max(1, round(size['n_embd'] / size['n_head']))}"
+        )
     if bad:
         raise UserError("; ".join(bad))
 
@@ -309,29 +389,40 @@ def size_problems(spec: RunSpec) -> None:
 def check_spec(spec: RunSpec) -> None:
     """Refuse option combinations no backend runs (before any process group is set up)."""
     if spec.model.startswith("hf:"):
-        bad = [flag for flag, on in (("--rotary", spec.rotary), ("--fsdp", spec.fsdp), ("--deepspeed", spec.deepspeed))
-               if on]
+        bad = [
+            flag
+            for flag, on in (("--rotary", spec.rotary), ("--fsdp", spec.fsdp), ("--deepspeed", spec.deepspeed))
+            if on
+        ]
         bad += [f"--{k.replace('_', '-')}" for k in size_overrides(spec)]
         if bad:
-            raise UserError(f"--model {spec.model}: {', '.join(bad)} cannot be combined with a Hugging Face model "
-                            "(its config.json sets the architecture; for DeepSpeed or FSDP use "
-                            "seqwarm.integrations.hf.trainer.CurriculumTrainer)")
+            raise UserError(
+                f"--model {spec.model}: {', '.join(bad)} cannot be combined with a Hugging Face model "
+                "(its config.json sets the architecture; for DeepSpeed or FSDP use "
+                "seqwarm.integrations.hf.trainer.CurriculumTrainer)"
+            )
     elif spec.model not in PRESETS:
-        raise UserError(f"--model {spec.model!r}: choose one of {', '.join(PRESETS)}, or hf:PATH (a local "
-                        "Hugging Face config.json)")
+        raise UserError(
+            f"--model {spec.model!r}: choose one of {', '.join(PRESETS)}, or hf:PATH (a local Hugging Face config.json)"
+        )
     else:
         size_problems(spec)
     if spec.pipeline_stages and not spec.deepspeed:
         raise UserError("--pipeline-stages needs --deepspeed (the pipeline is DeepSpeed's PipelineEngine)")
     if spec.deepspeed and spec.fsdp:
-        raise UserError("--deepspeed and --fsdp both shard the model: choose one (ZeRO-3 in the DeepSpeed config "
-                        "is the DeepSpeed counterpart of --fsdp)")
+        raise UserError(
+            "--deepspeed and --fsdp both shard the model: choose one (ZeRO-3 in the DeepSpeed config "
+            "is the DeepSpeed counterpart of --fsdp)"
+        )
     env_rank = os.environ.get("LOCAL_RANK")
     if spec.local_rank is not None and env_rank is not None and int(env_rank) != spec.local_rank:
-        raise UserError(f"--local_rank={spec.local_rank} but the launcher set LOCAL_RANK={env_rank}: launch with "
-                        "deepspeed or torchrun, which set both alike")
+        raise UserError(
+            f"--local_rank={spec.local_rank} but the launcher set LOCAL_RANK={env_rank}: launch with "
+            "deepspeed or torchrun, which set both alike"
+        )
     if spec.deepspeed:
         from seqwarm.integrations.deepspeed.curriculum import require_deepspeed
+
         require_deepspeed()
 
 

@@ -50,6 +50,7 @@ def run_training(spec: RunSpec) -> TrainResult:
     try:
         if spec.deepspeed:
             from seqwarm.integrations.deepspeed.run import deepspeed_process_group
+
             with deepspeed_process_group(spec.device):
                 return _run(spec, info)
         result = _run(spec, info)
@@ -67,10 +68,14 @@ def _print_plan(cfg: RunConfig, start_step: int, train_windows: int | None = Non
         plan = make_plan(cfg)
     except UserError:
         return
-    ends = (f"; the curriculum reaches full length at step {plan.curriculum_end_step:,}"
-            if plan.curriculum_end_step else "")
-    print(f"plan:        about {plan.total_steps:,} steps{ends}" + (f" (resuming at {start_step:,})" if start_step else ""),
-          flush=True)
+    ends = (
+        f"; the curriculum reaches full length at step {plan.curriculum_end_step:,}" if plan.curriculum_end_step else ""
+    )
+    print(
+        f"plan:        about {plan.total_steps:,} steps{ends}"
+        + (f" (resuming at {start_step:,})" if start_step else ""),
+        flush=True,
+    )
     warnings = list(plan.warnings)
     if train_windows:
         line, too_many = data_use(plan, train_windows)
@@ -108,18 +113,31 @@ def _run(spec: RunSpec, info) -> TrainResult:
     cfg = resolve_config(spec, world_size=info.world_size // stages)
     if spec.eval_wikitext or spec.eval_lambada:
         from seqwarm.evaluation import check_eval_files
+
         check_eval_files(wikitext=spec.eval_wikitext, lambada=spec.eval_lambada)  # fail before training
     if info.enabled and not spec.out:
         raise UserError("under torchrun, give --out (every rank must agree on the run folder)")
     name = spec.model if not spec.model.startswith("hf:") else "hf-" + Path(spec.model[3:]).stem
     out = Path(spec.out) if spec.out else Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    opts = TrainOptions(out=out, data=Path(spec.data) if spec.data else None, model=spec.model, seed=spec.seed,
-                        device=spec.device, eval_interval=spec.eval_interval, eval_iters=spec.eval_iters,
-                        save_interval=spec.save_interval, keep_checkpoints=spec.keep_checkpoints,
-                        log_interval=max(1, spec.log_interval), resume=spec.resume,
-                        allow_config_change=spec.allow_config_change, progress_bar=spec.progress_bar,
-                        tensorboard=spec.tensorboard, tensorboard_dir=spec.tensorboard_dir,
-                        wandb_project=spec.wandb_project, wandb_run_name=spec.wandb_run_name)
+    opts = TrainOptions(
+        out=out,
+        data=Path(spec.data) if spec.data else None,
+        model=spec.model,
+        seed=spec.seed,
+        device=spec.device,
+        eval_interval=spec.eval_interval,
+        eval_iters=spec.eval_iters,
+        save_interval=spec.save_interval,
+        keep_checkpoints=spec.keep_checkpoints,
+        log_interval=max(1, spec.log_interval),
+        resume=spec.resume,
+        allow_config_change=spec.allow_config_change,
+        progress_bar=spec.progress_bar,
+        tensorboard=spec.tensorboard,
+        tensorboard_dir=spec.tensorboard_dir,
+        wandb_project=spec.wandb_project,
+        wandb_run_name=spec.wandb_run_name,
+    )
     folder = prepare_run_dir(opts, info)  # locked until the run ends; removed again if it stays empty
     try:
         return _train_in(folder, spec, cfg, opts, info, say)
@@ -132,34 +150,46 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, opts, info, say) -> TrainRe
     from seqwarm.data import open_prepared
     from seqwarm.trainer.backends import TorchEngineBuilder
     from seqwarm.trainer.loop import Run
-    from seqwarm.trainer.record import finish_lines, format_start, write_resolved_config
     from seqwarm.trainer.model import GPTConfig
+    from seqwarm.trainer.record import finish_lines, format_start, write_resolved_config
 
     stages = spec.pipeline_stages or 1
     if spec.data_path:
         from seqwarm.data.megatron import open_megatron
-        data = open_megatron(spec.data_path, split=spec.split, tokenizer=spec.tokenizer,
-                             vocab_size=spec.vocab_size, eod_id=spec.eod_id)
+
+        data = open_megatron(
+            spec.data_path, split=spec.split, tokenizer=spec.tokenizer, vocab_size=spec.vocab_size, eod_id=spec.eod_id
+        )
     else:
         data = open_prepared(_data_dir(spec, info))
     if spec.model.startswith("hf:"):
         from seqwarm.integrations.hf.run import HFEngineBuilder, HFModelConfig, hf_model_path
-        model_cfg = HFModelConfig.from_path(hf_model_path(spec.model), vocab_size=data.vocab_size,
-                                            seq_length=cfg.seq_length)
+
+        model_cfg = HFModelConfig.from_path(
+            hf_model_path(spec.model), vocab_size=data.vocab_size, seq_length=cfg.seq_length
+        )
         builder = HFEngineBuilder()
     else:
-        model_cfg = GPTConfig.preset(spec.model, vocab_size=data.vocab_size, seq_length=cfg.seq_length,
-                                     rotary=spec.rotary, **size_overrides(spec))
+        model_cfg = GPTConfig.preset(
+            spec.model,
+            vocab_size=data.vocab_size,
+            seq_length=cfg.seq_length,
+            rotary=spec.rotary,
+            **size_overrides(spec),
+        )
         if spec.deepspeed:
             from seqwarm.integrations.deepspeed.run import DeepSpeedEngineBuilder
+
             builder = DeepSpeedEngineBuilder(pipeline_stages=stages if stages > 1 else 0)
         else:
             builder = TorchEngineBuilder(fsdp=spec.fsdp, compile=cfg.compile)
     run = Run(cfg, opts, data, model_cfg, dist_info=info, builder=builder)
     resumed = run.resume() if opts.resume else False
     if opts.resume and not resumed:
-        say(f"{opts.out} has no checkpoint yet (the run stopped before its first one): starting it again "
-            "from step 0", flush=True)
+        say(
+            f"{opts.out} has no checkpoint yet (the run stopped before its first one): starting it again from step 0",
+            flush=True,
+        )
     if info.is_main:
         write_resolved_config(run)
     for line in format_start(run):
@@ -173,8 +203,14 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, opts, info, say) -> TrainRe
         say(line, flush=True)
     if (spec.eval_wikitext or spec.eval_lambada) and info.is_main:
         from seqwarm.evaluation import run_paper_evals
-        res = run_paper_evals(run.run_dir, wikitext=spec.eval_wikitext, lambada=spec.eval_lambada,
-                              device=spec.device, progress=spec.progress_bar)
+
+        res = run_paper_evals(
+            run.run_dir,
+            wikitext=spec.eval_wikitext,
+            lambada=spec.eval_lambada,
+            device=spec.device,
+            progress=spec.progress_bar,
+        )
         for line in format_results(res):
             print(line, flush=True)
     return result

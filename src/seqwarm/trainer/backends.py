@@ -87,16 +87,19 @@ class TorchEngineBuilder:
 
         model = GPT(model_cfg).to(device)  # the unwrapped model (sharded in place by FSDP2)
         if self.compile:  # in place (the state dict keeps its keys), before DDP / FSDP2 wrap it
-            for module in (model.blocks if self.fsdp else [model]):
+            for module in model.blocks if self.fsdp else [model]:
                 module.compile()
         half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
         wrapped = wrap_model(model, info, self.fsdp, device, param_dtype=half if device.type == "cuda" else None)
         optimizer = build_optimizer(model, cfg)  # after sharding: FSDP2 params are DTensors
         parallelism = "fsdp2" if self.fsdp else ("ddp" if info.enabled else "none")
-        return Built(model, optimizer, CurriculumEngine(wrapped, optimizer, cfg), parallelism,
-                     resolved={"compile": self.compile})
+        return Built(
+            model, optimizer, CurriculumEngine(wrapped, optimizer, cfg), parallelism, resolved={"compile": self.compile}
+        )
 
-    def checkpointer(self, built: Built, folder: Path, info: DistInfo, keep: int, interval: int = 0) -> TorchCheckpointer:
-        return TorchCheckpointer(folder, built.model, built.optimizer, built.engine, info=info, keep=keep,
-                                 interval=interval,
-                                 fsdp=self.fsdp)
+    def checkpointer(
+        self, built: Built, folder: Path, info: DistInfo, keep: int, interval: int = 0
+    ) -> TorchCheckpointer:
+        return TorchCheckpointer(
+            folder, built.model, built.optimizer, built.engine, info=info, keep=keep, interval=interval, fsdp=self.fsdp
+        )

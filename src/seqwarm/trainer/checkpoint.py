@@ -42,9 +42,25 @@ from seqwarm.trainer.distributed import DistInfo, barrier
 from seqwarm.util.atomic import TMP_MARK, atomic_path
 from seqwarm.util.errors import UserError
 
-__all__ = ["FORMAT", "CheckpointError", "first_nonfinite", "checkpoint_path", "list_checkpoints", "rng_state", "set_rng_state",
-           "save_checkpoint", "load_checkpoint", "require_keys", "load_newest", "load_latest_for_resume",
-           "Checkpointer", "TorchCheckpointer", "ConfigCheck", "save_due", "load_full_state_locally"]
+__all__ = [
+    "FORMAT",
+    "CheckpointError",
+    "first_nonfinite",
+    "checkpoint_path",
+    "list_checkpoints",
+    "rng_state",
+    "set_rng_state",
+    "save_checkpoint",
+    "load_checkpoint",
+    "require_keys",
+    "load_newest",
+    "load_latest_for_resume",
+    "Checkpointer",
+    "TorchCheckpointer",
+    "ConfigCheck",
+    "save_due",
+    "load_full_state_locally",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -75,9 +91,11 @@ class CheckpointError(UserError):
 def rng_state() -> dict[str, Any]:
     """The RNG states as tensors and plain values (what ``weights_only`` loading accepts)."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    state = {"torch": torch.get_rng_state(),
-             "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)],
-             "python": random.getstate()}
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(gauss)],
+        "python": random.getstate(),
+    }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -120,8 +138,14 @@ def _legacy_globals() -> list:
     from torch.torch_version import TorchVersion
 
     reconstruct = (getattr(np, "_core", None) or np.core).multiarray._reconstruct
-    return [reconstruct, (reconstruct, "numpy.core.multiarray._reconstruct"),  # numpy 1 pickles name it so
-            np.ndarray, np.dtype, type(np.dtype(np.uint32)), TorchVersion]
+    return [
+        reconstruct,
+        (reconstruct, "numpy.core.multiarray._reconstruct"),  # numpy 1 pickles name it so
+        np.ndarray,
+        np.dtype,
+        type(np.dtype(np.uint32)),
+        TorchVersion,
+    ]
 
 
 def _first_line(err: BaseException) -> str:
@@ -159,8 +183,10 @@ def require_keys(path: Path, state: dict[str, Any], keys: dict[str, type]) -> No
     program, or of a run that cannot be resumed)."""
     wrong = [k for k, kind in keys.items() if not isinstance(state.get(k), kind)]
     if wrong:
-        raise CheckpointError(f"checkpoint {path} lacks {', '.join(wrong)} (or holds the wrong kind of value "
-                              "there): not a checkpoint seqwarm wrote for this")
+        raise CheckpointError(
+            f"checkpoint {path} lacks {', '.join(wrong)} (or holds the wrong kind of value "
+            "there): not a checkpoint seqwarm wrote for this"
+        )
 
 
 def _newest_loadable(folder: Path) -> tuple[tuple[Path, dict[str, Any]] | None, list[tuple[Path, str]]]:
@@ -198,8 +224,12 @@ def load_latest_for_resume(folder: Path, move_aside: bool = True) -> tuple[Path,
     found, failures = _newest_loadable(folder)
     if found is None:
         if failures:
-            raise _none_loads(folder, failures, "--resume never starts over silently: move them away (or "
-                              "restore them from a copy) and pass --resume again to start from step 0")
+            raise _none_loads(
+                folder,
+                failures,
+                "--resume never starts over silently: move them away (or "
+                "restore them from a copy) and pass --resume again to start from step 0",
+            )
         return None
     for bad, why in failures if move_aside else ():
         aside = bad.with_name(bad.name + ".unloadable")
@@ -263,19 +293,37 @@ def load_full_state_locally(model, optimizer, model_state: dict, optim_state: di
     current = model.state_dict()
     local_model = {k: _shard_like(v, current.get(k)) for k, v in model_state.items()}
     params = dict(model.named_parameters())
-    local_optim = {"param_groups": optim_state["param_groups"],
-                   "state": {fqn: {k: _shard_like(v, params.get(fqn)) if getattr(v, "dim", lambda: 0)() else v
-                                   for k, v in entry.items()}
-                             for fqn, entry in optim_state["state"].items()}}
-    set_state_dict(model, optimizer, model_state_dict=local_model, optim_state_dict=local_optim,
-                   options=StateDictOptions(full_state_dict=False))
+    local_optim = {
+        "param_groups": optim_state["param_groups"],
+        "state": {
+            fqn: {k: _shard_like(v, params.get(fqn)) if getattr(v, "dim", lambda: 0)() else v for k, v in entry.items()}
+            for fqn, entry in optim_state["state"].items()
+        },
+    }
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=local_model,
+        optim_state_dict=local_optim,
+        options=StateDictOptions(full_state_dict=False),
+    )
 
 
 class TorchCheckpointer:
     """One ``torch.save`` file per checkpoint on rank 0, the newest ``keep`` kept (0: all)."""
 
-    def __init__(self, folder: Path, model, optimizer, engine, *, info: DistInfo, keep: int, fsdp: bool = False,
-                 interval: int = 0):
+    def __init__(
+        self,
+        folder: Path,
+        model,
+        optimizer,
+        engine,
+        *,
+        info: DistInfo,
+        keep: int,
+        fsdp: bool = False,
+        interval: int = 0,
+    ):
         self.folder, self.model, self.optimizer, self.engine = Path(folder), model, optimizer, engine
         self.info, self.keep, self.fsdp, self.interval = info, keep, fsdp, interval
 
@@ -286,8 +334,10 @@ class TorchCheckpointer:
         """Model and optimizer state as full (unsharded) tensors; a collective under FSDP2."""
         if self.fsdp:
             from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-            return get_state_dict(self.model, self.optimizer,
-                                  options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+            return get_state_dict(
+                self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
         return self.model.state_dict(), self.optimizer.state_dict()
 
     def save(self, step: int, loop_state: dict[str, Any]) -> Path | None:
@@ -323,8 +373,10 @@ class TorchCheckpointer:
                 self.model.load_state_dict(state["model"])
                 self.optimizer.load_state_dict(optim_state)
         except (RuntimeError, KeyError, ValueError) as err:  # shapes or parameter names differ
-            raise UserError(f"{path} does not fit this run's model or optimizer ({_first_line(err)}); resume with the "
-                            "settings it was written with") from None
+            raise UserError(
+                f"{path} does not fit this run's model or optimizer ({_first_line(err)}); resume with the "
+                "settings it was written with"
+            ) from None
         self.engine.load_state_dict(engine_state)
         return path, state
 
@@ -347,7 +399,7 @@ def first_nonfinite(model: torch.nn.Module, optimizer: Any) -> str | None:
         tensors.append(param.to_local() if hasattr(param, "to_local") else param)
     optim_state = optimizer.state if isinstance(optimizer, torch.optim.Optimizer) else {}
     for state in optim_state.values():
-        for key, value in (state.items() if isinstance(state, dict) else ()):
+        for key, value in state.items() if isinstance(state, dict) else ():
             local = value.to_local() if hasattr(value, "to_local") else value
             if isinstance(local, torch.Tensor):
                 names.append(f"optimizer state {key}")

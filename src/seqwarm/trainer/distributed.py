@@ -79,8 +79,9 @@ def device_for(info: DistInfo, requested: str) -> torch.device:
     return device
 
 
-def wrap_model(model: nn.Module, info: DistInfo, fsdp: bool, device: torch.device,
-               param_dtype: torch.dtype | None = None) -> nn.Module:
+def wrap_model(
+    model: nn.Module, info: DistInfo, fsdp: bool, device: torch.device, param_dtype: torch.dtype | None = None
+) -> nn.Module:
     """DDP, or FSDP2 with one ``fully_shard`` per transformer block plus the root.
 
     ``param_dtype`` (FSDP2; the run's autocast dtype): gather parameters in it and reduce gradients in
@@ -93,8 +94,11 @@ def wrap_model(model: nn.Module, info: DistInfo, fsdp: bool, device: torch.devic
             raise UserError("--fsdp needs torch >= 2.6 (torch.distributed.fsdp.fully_shard)") from None
         if not info.enabled:
             raise UserError("--fsdp shards the model across ranks: launch with torchrun --nproc_per_node N (N >= 2)")
-        policy = {} if param_dtype is None else {
-            "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)}
+        policy = (
+            {}
+            if param_dtype is None
+            else {"mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)}
+        )
         for block in getattr(model, "blocks", []):
             fully_shard(block, **policy)
         fully_shard(model, **policy)
@@ -124,4 +128,3 @@ def gather_floats(values: list[float], info: DistInfo, device: torch.device) -> 
     out = [torch.empty_like(t) for _ in range(info.world_size)]
     dist.all_gather(out, t)
     return [o.tolist() for o in out]
-

@@ -14,8 +14,15 @@ logger = logging.getLogger(__name__)
 
 
 @torch.no_grad()
-def evaluate(engine, data, seq_length: int, micro_batch_size: int, eval_iters: int | None,
-             device: torch.device, label_style: str = "megatron") -> float:
+def evaluate(
+    engine,
+    data,
+    seq_length: int,
+    micro_batch_size: int,
+    eval_iters: int | None,
+    device: torch.device,
+    label_style: str = "megatron",
+) -> float:
     """Mean validation loss per target token at full length over eval_iters batches of windows spread
     over the split (None: every window; ``label_style="hf"``: HF-style batches, whose targets are the
     labels after the first position)."""
@@ -36,16 +43,26 @@ def evaluate(engine, data, seq_length: int, micro_batch_size: int, eval_iters: i
     finally:
         engine.train(was_training)
     if count == 0:
-        raise UserError(f"the validation split has no window of {seq_length + 1} tokens: prepare more "
-                        "validation text (--val-fraction) or use a shorter --seq-length")
+        raise UserError(
+            f"the validation split has no window of {seq_length + 1} tokens: prepare more "
+            "validation text (--val-fraction) or use a shorter --seq-length"
+        )
     return total / count
 
 
 class Evaluator:
     """Validation of one run: always at the model's full length, whatever the curriculum's length."""
 
-    def __init__(self, data, seq_length: int, micro_batch_size: int, eval_iters: int, device: torch.device,
-                 label_style: str = "megatron", interval: int = 0):
+    def __init__(
+        self,
+        data,
+        seq_length: int,
+        micro_batch_size: int,
+        eval_iters: int,
+        device: torch.device,
+        label_style: str = "megatron",
+        interval: int = 0,
+    ):
         self.data, self.seq_length, self.micro_batch_size = data, seq_length, micro_batch_size
         self.eval_iters, self.device, self.label_style = eval_iters, device, label_style
         self.interval = interval
@@ -64,9 +81,22 @@ class Evaluator:
             asked = self.eval_iters * self.micro_batch_size
             total = len(self.data.windows("val", self.seq_length))
             if asked > total:
-                logger.warning("the val split has %d windows of %d tokens; every evaluation uses all of them, "
-                               "not %d (--eval-iters %d x micro-batch %d)", total, self.seq_length + 1, asked,
-                               self.eval_iters, self.micro_batch_size)
+                logger.warning(
+                    "the val split has %d windows of %d tokens; every evaluation uses all of them, "
+                    "not %d (--eval-iters %d x micro-batch %d)",
+                    total,
+                    self.seq_length + 1,
+                    asked,
+                    self.eval_iters,
+                    self.micro_batch_size,
+                )
                 self._batches = None
-        return evaluate(engine, self.data, self.seq_length, self.micro_batch_size, self._batches, self.device,
-                        label_style=self.label_style)
+        return evaluate(
+            engine,
+            self.data,
+            self.seq_length,
+            self.micro_batch_size,
+            self._batches,
+            self.device,
+            label_style=self.label_style,
+        )

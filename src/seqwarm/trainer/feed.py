@@ -66,8 +66,9 @@ class DeviceFeed:
     after the cut. ``threaded``: read one batch ahead on a background thread (default: on CUDA only).
     """
 
-    def __init__(self, batches: Any, device: torch.device | str, *, drop_trivial: bool = False,
-                 threaded: bool | None = None):
+    def __init__(
+        self, batches: Any, device: torch.device | str, *, drop_trivial: bool = False, threaded: bool | None = None
+    ):
         self.batches = batches
         self.device = torch.device(device)
         self.drop_trivial = drop_trivial

@@ -30,17 +30,28 @@ from seqwarm.trainer.backends import EngineBuilder, TorchEngineBuilder, accumula
 from seqwarm.trainer.checkpoint import first_nonfinite, list_checkpoints, rng_state, set_rng_state
 from seqwarm.trainer.distributed import DistInfo, device_for, gather_floats
 from seqwarm.trainer.evaluator import Evaluator
-from seqwarm.trainer.record import TrainResult, jsonable, versions
 from seqwarm.trainer.feed import DeviceFeed
 from seqwarm.trainer.metrics import MetricsLogger, adam_stats, truncate_metrics
 from seqwarm.trainer.plots import plot_run
+from seqwarm.trainer.record import TrainResult, jsonable, versions
 from seqwarm.trainer.trackers import forget_wandb_run, tracker_config
 from seqwarm.util.errors import SeqwarmError, UserError
 
 logger = logging.getLogger(__name__)
 
-RESUME_KEYS = ("train_batch_size", "micro_batch_size", "gradient_accumulation_steps", "seq_length", "lr",
-               "curriculum", "train_tokens", "train_iters", "train_samples", "count_tokens_by", "precision")
+RESUME_KEYS = (
+    "train_batch_size",
+    "micro_batch_size",
+    "gradient_accumulation_steps",
+    "seq_length",
+    "lr",
+    "curriculum",
+    "train_tokens",
+    "train_iters",
+    "train_samples",
+    "count_tokens_by",
+    "precision",
+)
 
 
 MAX_SKIPS_IN_A_ROW = 50
@@ -85,8 +96,16 @@ class TrainOptions:
 class Run:
     """One training run in a folder: the loop, calling its engine, checkpointer, evaluator and logger."""
 
-    def __init__(self, cfg: RunConfig, opts: TrainOptions, data, model_cfg, *,
-                 dist_info: DistInfo | None = None, builder: EngineBuilder | None = None):
+    def __init__(
+        self,
+        cfg: RunConfig,
+        opts: TrainOptions,
+        data,
+        model_cfg,
+        *,
+        dist_info: DistInfo | None = None,
+        builder: EngineBuilder | None = None,
+    ):
         self.cfg, self.opts, self.data, self.model_cfg = cfg, opts, data, model_cfg
         self.info = dist_info or DistInfo()
         self.is_main = self.info.is_main
@@ -109,22 +128,46 @@ class Run:
         if cfg.curriculum is not None and mode and cfg.curriculum.mode != mode:  # record what auto chose
             cfg = self.cfg = cfg.replace(curriculum=replace(cfg.curriculum, mode=mode))
         self._step = built.train_step or accumulate_step
-        self.checkpointer = builder.checkpointer(built, self.ckpt_dir, self.info, opts.keep_checkpoints,
-                                                 opts.save_interval)
-        self.evaluator = Evaluator(data, model_cfg.seq_length, cfg.micro_batch_size, opts.eval_iters, self.device,
-                                   label_style=built.label_style, interval=opts.eval_interval)
+        self.checkpointer = builder.checkpointer(
+            built, self.ckpt_dir, self.info, opts.keep_checkpoints, opts.save_interval
+        )
+        self.evaluator = Evaluator(
+            data,
+            model_cfg.seq_length,
+            cfg.micro_batch_size,
+            opts.eval_iters,
+            self.device,
+            label_style=built.label_style,
+            interval=opts.eval_interval,
+        )
         data.windows("val", model_cfg.seq_length)  # a val split too short for one window fails now, not at the end
         if self.is_main and not list_checkpoints(self.ckpt_dir):  # nothing to resume: a new W&B run
             forget_wandb_run(self.run_dir)
-        self.log = MetricsLogger(self.run_dir, budget_tokens=cfg.train_tokens, is_main=self.is_main,
-                                 log_interval=opts.log_interval, progress_bar=opts.progress_bar,
-                                 tensorboard=opts.tensorboard, curves=plot_run,
-                                 trackers=tracker_config(cfg.deepspeed, self.run_dir, tensorboard=opts.tensorboard,
-                                                         tensorboard_dir=opts.tensorboard_dir,
-                                                         wandb_project=opts.wandb_project,
-                                                         wandb_run_name=opts.wandb_run_name))
-        self.batches = data.train_batches(model_cfg.seq_length, cfg.micro_batch_size, seed=opts.seed,
-                                          rank=dp_rank, world_size=dp_world, label_style=built.label_style)
+        self.log = MetricsLogger(
+            self.run_dir,
+            budget_tokens=cfg.train_tokens,
+            is_main=self.is_main,
+            log_interval=opts.log_interval,
+            progress_bar=opts.progress_bar,
+            tensorboard=opts.tensorboard,
+            curves=plot_run,
+            trackers=tracker_config(
+                cfg.deepspeed,
+                self.run_dir,
+                tensorboard=opts.tensorboard,
+                tensorboard_dir=opts.tensorboard_dir,
+                wandb_project=opts.wandb_project,
+                wandb_run_name=opts.wandb_run_name,
+            ),
+        )
+        self.batches = data.train_batches(
+            model_cfg.seq_length,
+            cfg.micro_batch_size,
+            seed=opts.seed,
+            rank=dp_rank,
+            world_size=dp_world,
+            label_style=built.label_style,
+        )
         # seqwarm's GPT: a trivial loss mask / positions are its defaults, so they need not be copied
         self.feed = DeviceFeed(self.batches, self.device, drop_trivial=built.label_style == "megatron")
         """The batches on the device: cut to the step's length before the copy, read one ahead on CUDA."""
@@ -136,12 +179,19 @@ class Run:
         self.resolved = {
             "run": jsonable(cfg.to_dict()),
             "model": {"preset": opts.model, **asdict(model_cfg), "num_params": model_cfg.num_params()},
-            "data": {"folder": str(Path(data.folder).resolve()), "tokenizer": data.meta.get("tokenizer"),
-                     "vocab_size": data.vocab_size, "fingerprint": data_fingerprint(data.meta),
-                     "train_tokens": data.meta["splits"]["train"]["tokens"],
-                     "val_tokens": data.meta["splits"]["val"]["tokens"],
-                     **({"megatron": {k: data.meta[k] for k in ("sources", "split", "eod_id")}}
-                        if data.meta.get("format") == "megatron" else {})},
+            "data": {
+                "folder": str(Path(data.folder).resolve()),
+                "tokenizer": data.meta.get("tokenizer"),
+                "vocab_size": data.vocab_size,
+                "fingerprint": data_fingerprint(data.meta),
+                "train_tokens": data.meta["splits"]["train"]["tokens"],
+                "val_tokens": data.meta["splits"]["val"]["tokens"],
+                **(
+                    {"megatron": {k: data.meta[k] for k in ("sources", "split", "eod_id")}}
+                    if data.meta.get("format") == "megatron"
+                    else {}
+                ),
+            },
             "options": jsonable({k: v for k, v in asdict(opts).items() if k not in ("resume",)}),
             "world_size": cfg.world_size,
             "parallelism": built.parallelism,
@@ -183,16 +233,21 @@ class Run:
         if "vocab_multiple" in self.resolved["model"] and "vocab_multiple" not in old_model:  # before padding
             old_model = {**old_model, "vocab_multiple": 1}
         if old_model != self.resolved["model"]:
-            shape = [f"{k} {old_model.get(k)!r} -> {v!r}" for k, v in self.resolved["model"].items()
-                     if old_model.get(k) != v]
+            shape = [
+                f"{k} {old_model.get(k)!r} -> {v!r}" for k, v in self.resolved["model"].items() if old_model.get(k) != v
+            ]
             if self.opts.allow_config_change:  # the weights would not fit: no flag can make that work
-                raise UserError(f"{path} holds a different model ({', '.join(shape)}); --allow-config-change "
-                                "covers the recipe, not the model or its sequence length: resume with the "
-                                "same --model, --seq-length and data, or start a new run")
+                raise UserError(
+                    f"{path} holds a different model ({', '.join(shape)}); --allow-config-change "
+                    "covers the recipe, not the model or its sequence length: resume with the "
+                    "same --model, --seq-length and data, or start a new run"
+                )
             changed.append("model")
         if changed and not self.opts.allow_config_change:
-            raise UserError(f"{path} was written with a different {', '.join(changed)}; resume with the same "
-                            "settings, or pass --allow-config-change to continue anyway")
+            raise UserError(
+                f"{path} was written with a different {', '.join(changed)}; resume with the same "
+                "settings, or pass --allow-config-change to continue anyway"
+            )
 
     def last_good(self) -> str:
         """The divergence message's pointer to the newest finite checkpoint that exists."""
@@ -217,9 +272,15 @@ class Run:
             raise TrainingDiverged(
                 f"the {bad} became NaN or infinite by step {self.engine.global_steps} (the loss was still finite); "
                 f"not saving it: {self.last_good()}. Lower the learning rate, raise min_difficulty, or "
-                "lengthen the curriculum")
-        loop_state = {"data": self.feed.state_dict(), "rng": rng_state(), "config": self.resolved,
-                      "elapsed_s": self.elapsed(), "last_val": self.last_val}
+                "lengthen the curriculum"
+            )
+        loop_state = {
+            "data": self.feed.state_dict(),
+            "rng": rng_state(),
+            "config": self.resolved,
+            "elapsed_s": self.elapsed(),
+            "last_val": self.last_val,
+        }
         path = self.checkpointer.save(self.engine.global_steps, loop_state)
         if path is not None:
             self.last_saved = Path(path)
@@ -240,8 +301,12 @@ class Run:
         self.last_val = state.get("last_val")
         if self.is_main:
             truncate_metrics(self.run_dir / "metrics.jsonl", self.engine.global_steps)
-            logger.info("resumed from %s (step %d, %s tokens)", path, self.engine.global_steps,
-                        f"{self.engine.progress.tokens:,}")
+            logger.info(
+                "resumed from %s (step %d, %s tokens)",
+                path,
+                self.engine.global_steps,
+                f"{self.engine.progress.tokens:,}",
+            )
         return True
 
     # -- the loop ---------------------------------------------------------------------------------
@@ -249,9 +314,18 @@ class Run:
         val = self.evaluator(self.engine)
         self.last_val = val
         p = self.engine.progress
-        self.log.eval_row({"kind": "eval", "step": p.step, "tokens": p.tokens, "samples": p.samples,
-                           "val_loss": val, "val_ppl": math.exp(min(val, 50.0)),
-                           "seqlen": self.evaluator.seq_length, "elapsed_s": self.elapsed()})
+        self.log.eval_row(
+            {
+                "kind": "eval",
+                "step": p.step,
+                "tokens": p.tokens,
+                "samples": p.samples,
+                "val_loss": val,
+                "val_ppl": math.exp(min(val, 50.0)),
+                "seqlen": self.evaluator.seq_length,
+                "elapsed_s": self.elapsed(),
+            }
+        )
         return val
 
     def _probe_memory(self) -> None:
@@ -271,12 +345,17 @@ class Run:
                 f"out of GPU memory on a trial step at the full length {length} with micro-batch {micro} "
                 f"(before step {self.engine.global_steps + 1}): lower train_micro_batch_size_per_gpu (raise "
                 "gradient_accumulation_steps to keep the global batch), train in bf16 (--precision bf16), "
-                "shard with --fsdp, or choose a smaller --model") from None
+                "shard with --fsdp, or choose a smaller --model"
+            ) from None
         finally:
             set_rng_state(saved)
         if self.device.type == "cuda":
-            logger.info("trial step at length %d x %d fits: peak %.2f GiB", length, micro,
-                        torch.cuda.max_memory_allocated(self.device) / 2**30)
+            logger.info(
+                "trial step at length %d x %d fits: peak %.2f GiB",
+                length,
+                micro,
+                torch.cuda.max_memory_allocated(self.device) / 2**30,
+            )
 
     def _next_batch(self) -> dict:
         return self.feed.next_batch(self.engine.cut)
@@ -285,8 +364,11 @@ class Run:
         """Each step's loss averaged over ranks (one gather for all of them); every rank must have
         trained each step at the same curriculum length."""
         n = len(losses)
-        per_rank = gather_floats([*losses, *map(float, lengths)], self.info,
-                                 self.device if self.info.backend == "nccl" else torch.device("cpu"))
+        per_rank = gather_floats(
+            [*losses, *map(float, lengths)],
+            self.info,
+            self.device if self.info.backend == "nccl" else torch.device("cpu"),
+        )
         for i, step in enumerate(steps):
             seen = {int(r[n + i]) for r in per_rank}
             if len(seen) != 1:
@@ -307,7 +389,8 @@ class Run:
             if not math.isfinite(loss):
                 raise TrainingDiverged(
                     f"the training loss became {loss} at step {step} (length {length}); {self.last_good()}. "
-                    "Lower the learning rate, raise min_difficulty, or lengthen the curriculum")
+                    "Lower the learning rate, raise min_difficulty, or lengthen the curriculum"
+                )
         return losses
 
     def _log_pending(self, pending: list[tuple]) -> None:
@@ -340,11 +423,18 @@ class Run:
                         raise TrainingDiverged(
                             f"fp16 gradients overflowed {skips_in_a_row} steps in a row at step {p.step + 1} "
                             f"(loss scale now {getattr(engine, 'loss_scale', '?')}); {self.last_good()}. "
-                            "Use bf16, or lower the learning rate")
+                            "Use bf16, or lower the learning rate"
+                        )
                     continue
                 skips_in_a_row = 0
-                pending.append((p.step, engine.current_seqlen, step_loss,
-                                (p.tokens, p.tokens - tokens_before, time.perf_counter() - t0)))
+                pending.append(
+                    (
+                        p.step,
+                        engine.current_seqlen,
+                        step_loss,
+                        (p.tokens, p.tokens - tokens_before, time.perf_counter() - t0),
+                    )
+                )
                 reason = stop_reason(p, cfg)
                 last = reason is not None  # the run ends with this step: evaluated and saved below anyway
                 evaluate, save = self.evaluator.due(p.step, last), self.checkpointer.due(p.step, last)
@@ -353,10 +443,14 @@ class Run:
                 if evaluate:
                     self._evaluate()
                 if self.log.due(p.step, last=last):
-                    head = {"step": p.step, "tokens": p.tokens, "samples": p.samples,
-                            "seqlen": engine.current_seqlen, "lr": engine.lr}
-                    tail = {"grad_norm": engine.grad_norm, "elapsed_s": self.elapsed(),
-                            **adam_stats(self.optimizer)}
+                    head = {
+                        "step": p.step,
+                        "tokens": p.tokens,
+                        "samples": p.samples,
+                        "seqlen": engine.current_seqlen,
+                        "lr": engine.lr,
+                    }
+                    tail = {"grad_norm": engine.grad_norm, "elapsed_s": self.elapsed(), **adam_stats(self.optimizer)}
                     self.log.train_row(head, tail, self.last_val)
                 if save:
                     self.save()
@@ -374,10 +468,16 @@ class Run:
         p = self.engine.progress
         wall = self.elapsed()
         return {
-            "final_val_loss": final_val, "final_val_ppl": math.exp(min(final_val, 50.0)),
-            "steps": p.step, "tokens": p.tokens, "samples": p.samples, "wall_time_s": wall,
-            "tokens_per_s": p.tokens / wall if wall > 0 else None, "stop_reason": reason,
-            "curriculum": self.resolved["run"]["curriculum"], "skipped_steps": self.engine.skipped_steps,
+            "final_val_loss": final_val,
+            "final_val_ppl": math.exp(min(final_val, 50.0)),
+            "steps": p.step,
+            "tokens": p.tokens,
+            "samples": p.samples,
+            "wall_time_s": wall,
+            "tokens_per_s": p.tokens / wall if wall > 0 else None,
+            "stop_reason": reason,
+            "curriculum": self.resolved["run"]["curriculum"],
+            "skipped_steps": self.engine.skipped_steps,
             "num_params": self.model_cfg.num_params(),
         }
 

@@ -30,8 +30,16 @@ from seqwarm.trainer.trackers import TrackerConfig, open_trackers, tracker_confi
 from seqwarm.util.atomic import write_error, write_json, write_text
 from seqwarm.util.units import human_count
 
-__all__ = ["read_metrics", "truncate_metrics", "MetricsWriter", "format_duration", "console_line",
-           "format_results", "MetricsLogger", "adam_stats"]
+__all__ = [
+    "read_metrics",
+    "truncate_metrics",
+    "MetricsWriter",
+    "format_duration",
+    "console_line",
+    "format_results",
+    "MetricsLogger",
+    "adam_stats",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -104,14 +112,15 @@ def format_duration(seconds: float | None) -> str:
     return f"{seconds}s"
 
 
-def console_line(row: Mapping[str, Any], budget_tokens: int | None, val_loss: float | None,
-                 eta_s: float | None) -> str:
+def console_line(row: Mapping[str, Any], budget_tokens: int | None, val_loss: float | None, eta_s: float | None) -> str:
     """``step 420 | seqlen 256 | tokens 12.3M/2.0B | loss 3.91 | val 4.02 | lr 3.0e-4 | 85k tok/s | eta 41m``"""
     budget = f"/{human_count(budget_tokens)}" if budget_tokens else ""
     val = f"{val_loss:.3f}" if val_loss is not None else "-"
-    return (f"step {row['step']} | seqlen {row['seqlen']} | tokens {human_count(row['tokens'])}{budget} | "
-            f"loss {row['loss']:.3f} | val {val} | lr {row['lr']:.2e} | "
-            f"{human_count(round(row['tokens_per_s']))} tok/s | eta {format_duration(eta_s)}")
+    return (
+        f"step {row['step']} | seqlen {row['seqlen']} | tokens {human_count(row['tokens'])}{budget} | "
+        f"loss {row['loss']:.3f} | val {val} | lr {row['lr']:.2e} | "
+        f"{human_count(round(row['tokens_per_s']))} tok/s | eta {format_duration(eta_s)}"
+    )
 
 
 def format_results(result: dict) -> list[str]:
@@ -121,17 +130,23 @@ def format_results(result: dict) -> list[str]:
     lines = [f"checkpoint: {result['checkpoint']} (step {result['step']:,}{tokens})"]
     if "wikitext" in result:
         w = result["wikitext"]
-        lines.append(f"wikitext:   ppl {w['ppl']:.3f} | adjusted ppl {w['adjusted_ppl']:.3f} | loss {w['loss']:.4f} | "
-                     f"{w['num_tokenized_tokens']:,} tokens, {w['num_original_words']:,} original words | "
-                     f"{w['num_windows']:,} windows of {w['seq_length']}, stride {w['overlapping_eval']}")
+        lines.append(
+            f"wikitext:   ppl {w['ppl']:.3f} | adjusted ppl {w['adjusted_ppl']:.3f} | loss {w['loss']:.4f} | "
+            f"{w['num_tokenized_tokens']:,} tokens, {w['num_original_words']:,} original words | "
+            f"{w['num_windows']:,} windows of {w['seq_length']}, stride {w['overlapping_eval']}"
+        )
     if "lambada" in result:
         lam = result["lambada"]
-        lines.append(f"lambada:    accuracy {100 * lam['accuracy']:.2f}% ({lam['num_correct']:,}/{lam['num_examples']:,}, "
-                     f"{'strict' if lam['strict'] else 'non-strict'}) | target loss {lam['loss']:.4f}")
+        lines.append(
+            f"lambada:    accuracy {100 * lam['accuracy']:.2f}% ({lam['num_correct']:,}/{lam['num_examples']:,}, "
+            f"{'strict' if lam['strict'] else 'non-strict'}) | target loss {lam['loss']:.4f}"
+        )
     if "val" in result:
         v = result["val"]
-        lines.append(f"val:        loss {v['loss']:.4f} | ppl {v['ppl']:.3f} | {v['num_windows']:,} windows of "
-                     f"{v['seq_length']} ({v['num_tokens']:,} tokens)")
+        lines.append(
+            f"val:        loss {v['loss']:.4f} | ppl {v['ppl']:.3f} | {v['num_windows']:,} windows of "
+            f"{v['seq_length']} ({v['num_tokens']:,} tokens)"
+        )
     return lines
 
 
@@ -145,8 +160,9 @@ def adam_stats(optimizer) -> dict[str, float]:
         return {}
     plain = all(type(v) is torch.Tensor and v.device == vs[0].device for v in vs)
     if plain and hasattr(torch, "_foreach_max"):  # foreach kernels, one host transfer (not one per tensor)
-        l1, top = torch.stack([torch.stack(torch._foreach_norm(vs, 1)).sum(),
-                               torch.stack(torch._foreach_max(vs)).max()]).tolist()
+        l1, top = torch.stack(
+            [torch.stack(torch._foreach_norm(vs, 1)).sum(), torch.stack(torch._foreach_max(vs)).max()]
+        ).tolist()
     else:  # FSDP2 DTensors, mixed devices or torch < 2.6
         l1 = float(sum(v.abs().sum() for v in vs))
         top = float(max(v.max() for v in vs))
@@ -158,9 +174,18 @@ class MetricsLogger:
     ``RUN/curves.png`` at the end (the loop passes :func:`seqwarm.trainer.plots.plot_run`, which reads
     this module's rows, so this module cannot import it; None: no figure)."""
 
-    def __init__(self, run_dir: Path, *, budget_tokens: int | None, is_main: bool, log_interval: int,
-                 progress_bar: bool = True, tensorboard: bool = True, trackers: TrackerConfig | None = None,
-                 curves: Callable[[Path], Any] | None = None):
+    def __init__(
+        self,
+        run_dir: Path,
+        *,
+        budget_tokens: int | None,
+        is_main: bool,
+        log_interval: int,
+        progress_bar: bool = True,
+        tensorboard: bool = True,
+        trackers: TrackerConfig | None = None,
+        curves: Callable[[Path], Any] | None = None,
+    ):
         self.run_dir, self.budget_tokens, self.is_main = Path(run_dir), budget_tokens, is_main
         self.log_interval, self.progress_bar, self.tensorboard = max(1, log_interval), progress_bar, tensorboard
         self.trackers, self.curves = trackers, curves
@@ -191,8 +216,17 @@ class MetricsLogger:
         except ImportError:
             return None
         total = self.budget_tokens or None
-        return tqdm(total=total, unit="tok", unit_scale=True, dynamic_ncols=True, disable=None, leave=False,
-                    initial=tokens_so_far if total else 0, file=sys.stderr, desc="train")
+        return tqdm(
+            total=total,
+            unit="tok",
+            unit_scale=True,
+            dynamic_ncols=True,
+            disable=None,
+            leave=False,
+            initial=tokens_so_far if total else 0,
+            file=sys.stderr,
+            desc="train",
+        )
 
     # -- the loop's calls ---------------------------------------------------------------------------
     def step(self, tokens_after: int, step_tokens: int, loss: float, seconds: float) -> None:

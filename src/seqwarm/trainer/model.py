@@ -58,9 +58,7 @@ class GPTConfig:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"GPTConfig.{name} must be an int >= 1, got {value!r}")
         if self.n_embd % self.n_head:
-            raise ValueError(
-                f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})"
-            )
+            raise ValueError(f"GPTConfig.n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
         if self.rotary and (self.n_embd // self.n_head) % 2:
             raise ValueError(
                 f"rotary embeddings need an even head size, got n_embd/n_head = "
@@ -123,16 +121,16 @@ class CausalSelfAttention(nn.Module):
         self.dropout = cfg.dropout
         self.resid_drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
-                mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None
+    ) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.c_attn(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
         if rope is not None:  # (B, H, T, hd)
             q, k = _apply_rotary(q, *rope), _apply_rotary(k, *rope)
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None,
-            dropout_p=self.dropout if self.training else 0.0,
+            q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=self.dropout if self.training else 0.0
         )
         y = y.transpose(1, 2).contiguous().view(b, t, c)  # (B, T, C)
         return self.resid_drop(self.c_proj(y))
@@ -241,9 +239,17 @@ class GPT(nn.Module):
         """
         if curriculum_seqlen is not None:
             cut = truncate_batch(
-                {k: v for k, v in dict(input_ids=input_ids, labels=labels, loss_mask=loss_mask,
-                                       position_ids=position_ids,
-                                       attention_mask=attention_mask).items() if v is not None},
+                {
+                    k: v
+                    for k, v in dict(
+                        input_ids=input_ids,
+                        labels=labels,
+                        loss_mask=loss_mask,
+                        position_ids=position_ids,
+                        attention_mask=attention_mask,
+                    ).items()
+                    if v is not None
+                },
                 curriculum_seqlen,
             )
             input_ids = cut["input_ids"]
@@ -272,7 +278,7 @@ class GPT(nn.Module):
             x = block(x, rope, mask)
         logits = self.lm_head(self.ln_f(x))  # (B, T, V padded)
         if logits.size(-1) != self.config.vocab_size:  # padded rows: no probability, in loss or generation
-            logits = logits[..., :self.config.vocab_size]  # (B, T, V)
+            logits = logits[..., : self.config.vocab_size]  # (B, T, V)
         if labels is None:
             return logits
         flat_logits = logits.float().reshape(-1, logits.size(-1))

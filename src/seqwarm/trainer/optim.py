@@ -23,8 +23,9 @@ def build_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optim
     if opt.type == "Adam" and opt.params.get("adam_w_mode", True) is False:
         return torch.optim.Adam(groups, lr=lr, betas=opt.betas, eps=opt.eps, **_fused(decay + no_decay))
     if opt.type not in ("Adam", "AdamW"):
-        raise UserError(f"optimizer.type {opt.type!r} runs only under DeepSpeed; seqwarm's own engine builds "
-                        "Adam, AdamW or SGD")
+        raise UserError(
+            f"optimizer.type {opt.type!r} runs only under DeepSpeed; seqwarm's own engine builds Adam, AdamW or SGD"
+        )
     return torch.optim.AdamW(groups, lr=lr, betas=opt.betas, eps=opt.eps, **_fused(decay + no_decay))
 
 

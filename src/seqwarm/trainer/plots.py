@@ -38,12 +38,15 @@ def pyplot():
     """matplotlib.pyplot on the Agg backend (files only), or a UserError saying how to get it."""
     try:
         import matplotlib
+
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         # matplotlib is a base dependency (pyproject.toml), so it is missing only from a broken install.
-        raise UserError("matplotlib is not installed (needed for plots); it is a dependency of seqwarm: "
-                        "reinstall seqwarm (pip install --force-reinstall seqwarm) or pip install matplotlib") from None
+        raise UserError(
+            "matplotlib is not installed (needed for plots); it is a dependency of seqwarm: "
+            "reinstall seqwarm (pip install --force-reinstall seqwarm) or pip install matplotlib"
+        ) from None
     return plt
 
 
@@ -54,8 +57,10 @@ def _save(plt, fig, path: Path, dpi: int) -> Path:
     try:
         known = fig.canvas.get_supported_filetypes()
         if fmt not in known:
-            raise UserError(f"{path}: matplotlib cannot write .{fmt} figures; use one of "
-                            f"{', '.join('.' + k for k in sorted(known))} (e.g. plan.png)")
+            raise UserError(
+                f"{path}: matplotlib cannot write .{fmt} figures; use one of "
+                f"{', '.join('.' + k for k in sorted(known))} (e.g. plan.png)"
+            )
         with atomic_path(path) as tmp:
             fig.savefig(tmp, dpi=dpi, format=fmt)
     finally:
@@ -85,11 +90,21 @@ def plot_run(run_dir: Path, path: Path | None = None) -> Path:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     ax = axes[0]
     if train:
-        ax.plot([r["tokens"] / 1e6 for r in train], [r["loss"] for r in train], color="tab:blue", alpha=0.7,
-                label="train loss (current length)")
+        ax.plot(
+            [r["tokens"] / 1e6 for r in train],
+            [r["loss"] for r in train],
+            color="tab:blue",
+            alpha=0.7,
+            label="train loss (current length)",
+        )
     if evals:
-        ax.plot([r["tokens"] / 1e6 for r in evals], [r["val_loss"] for r in evals], "o-", color="tab:red",
-                label="val loss (full length)")
+        ax.plot(
+            [r["tokens"] / 1e6 for r in evals],
+            [r["val_loss"] for r in evals],
+            "o-",
+            color="tab:red",
+            label="val loss (full length)",
+        )
     ax.set_xlabel("tokens trained (M)")
     ax.set_ylabel("loss")
     ax.set_title("loss against tokens")
@@ -101,8 +116,7 @@ def plot_run(run_dir: Path, path: Path | None = None) -> Path:
         axes[2].plot(plan.steps, plan.lrs, color="tab:purple", label="schedule")
     if train:
         steps = [r["step"] for r in train]
-        axes[1].plot(steps, [r["seqlen"] for r in train], "o", ms=3, color="tab:green", alpha=0.6,
-                     label="logged")
+        axes[1].plot(steps, [r["seqlen"] for r in train], "o", ms=3, color="tab:green", alpha=0.6, label="logged")
         axes[2].plot(steps, [r["lr"] for r in train], "o", ms=3, color="tab:purple", alpha=0.6, label="logged")
     axes[1].set_title("sequence length")
     axes[1].set_ylabel("tokens per sequence")
@@ -155,8 +169,9 @@ def compare_label(report: Mapping[str, Any], name: str) -> str:
     return f"curriculum (T={run.get('total_curriculum_step')}{extra})"
 
 
-def plot_compare_val(report: Mapping[str, Any], path: Path,
-                     seeds: Mapping[str, Mapping[str, Any]] | None = None) -> Path:
+def plot_compare_val(
+    report: Mapping[str, Any], path: Path, seeds: Mapping[str, Mapping[str, Any]] | None = None
+) -> Path:
     """Full-length validation loss against tokens and wall-clock, the target and where each run reaches it.
 
     ``seeds[run]`` (several seeds): ``{"each": [evals, ...], "median": evals}`` (evals as in the report:
@@ -172,10 +187,11 @@ def plot_compare_val(report: Mapping[str, Any], path: Path,
         if arm and len(arm["each"]) > 1:
             for ev in arm["each"]:
                 axes[0].plot([t / 1e6 for t in ev["tokens"]], ev["val_loss"], "-", lw=0.7, alpha=0.35, color=color)
-                axes[1].plot([s / 60 for s in ev["elapsed_s"]], ev["val_loss"], "-", lw=0.7, alpha=0.35,
-                             color=color)
-            ev, style = arm["median"], {"lw": 2.2, "color": color,
-                                        "label": f"{label}: median of {len(arm['each'])} seeds"}
+                axes[1].plot([s / 60 for s in ev["elapsed_s"]], ev["val_loss"], "-", lw=0.7, alpha=0.35, color=color)
+            ev, style = (
+                arm["median"],
+                {"lw": 2.2, "color": color, "label": f"{label}: median of {len(arm['each'])} seeds"},
+            )
         else:
             ev, style = report[name]["evals"], {"marker": "o", "ms": 3, "color": color, "label": f"{label}, one seed"}
         axes[0].plot([t / 1e6 for t in ev["tokens"]], ev["val_loss"], **style)
@@ -195,9 +211,13 @@ def plot_compare_val(report: Mapping[str, Any], path: Path,
     for ax, key, what in ((axes[0], "speedup_tokens", "tokens"), (axes[1], "speedup_time", "wall-clock")):
         sp, n = agg.get(key) or {}, agg.get("n_seeds", 1)
         if n > 1:  # the median and range over the seeds; the target line is the first seed's
-            ax.set_title(f"against {what} (speedup median {sp['median']:.2f}x, {sp['min']:.2f}–{sp['max']:.2f}x, "
-                         f"{sp['n']} of {n} seeds reached)" if sp.get("n") else
-                         f"against {what} (no seed reached the target)", fontsize=10)
+            ax.set_title(
+                f"against {what} (speedup median {sp['median']:.2f}x, {sp['min']:.2f}–{sp['max']:.2f}x, "
+                f"{sp['n']} of {n} seeds reached)"
+                if sp.get("n")
+                else f"against {what} (no seed reached the target)",
+                fontsize=10,
+            )
         else:
             ax.set_title(f"against {what} (speedup {report[key]:.2f}x)" if report.get(key) else f"against {what}")
     _zoom(axes[0], [v for n in COMPARE_RUNS for v in report[n]["evals"]["val_loss"]])
@@ -221,8 +241,12 @@ def _zoom(ax, values: list[float]) -> None:
 STABILITY_PANELS = ("ratio", "loss", "seqlen", "grad_norm", "adam_v_l1", "adam_v_max")
 
 
-def plot_compare_stability(report: Mapping[str, Any], curves: Mapping[str, Mapping[str, Sequence]],
-                           path: Path, other_seeds: Sequence[Mapping[str, Mapping[str, Sequence]]] = ()) -> Path:
+def plot_compare_stability(
+    report: Mapping[str, Any],
+    curves: Mapping[str, Mapping[str, Sequence]],
+    path: Path,
+    other_seeds: Sequence[Mapping[str, Mapping[str, Sequence]]] = (),
+) -> Path:
     """Loss ratio (with the spike threshold), training loss, length, gradient norm and Adam's second moment.
 
     ``curves[run][panel]`` is that run's ``(tokens, values)`` pair for each of :data:`STABILITY_PANELS`
@@ -246,10 +270,14 @@ def plot_compare_stability(report: Mapping[str, Any], curves: Mapping[str, Mappi
             if len(xs):
                 panels[key].plot([t / 1e6 for t in xs], ys, **style)
     panels["ratio"].axhline(threshold, color="tab:red", ls="--", lw=1, label=f"spike threshold {threshold:g}")
-    titles = {"ratio": f"loss ratio (trailing mean of {window} / min so far)",
-              "loss": "training loss (current length)", "seqlen": "sequence length",
-              "grad_norm": "gradient norm (before clipping)", "adam_v_l1": "Adam second moment: l1 norm",
-              "adam_v_max": "Adam second moment: max"}
+    titles = {
+        "ratio": f"loss ratio (trailing mean of {window} / min so far)",
+        "loss": "training loss (current length)",
+        "seqlen": "sequence length",
+        "grad_norm": "gradient norm (before clipping)",
+        "adam_v_l1": "Adam second moment: l1 norm",
+        "adam_v_max": "Adam second moment: max",
+    }
     for key, ax in panels.items():
         ax.set_title(titles[key], fontsize=10)
         ax.set_xlabel("tokens trained (M)")
@@ -293,8 +321,9 @@ def plot_sweep(cells: Sequence[Mapping[str, Any]], path: Path) -> Path:
         xs = [p[0] for p in points if p[1]]
         med = [statistics.median(p[1]) for p in points if p[1]]
         ax.plot(xs, med, style, marker="o", ms=4, lw=2, color=color, label=label)
-        ax.fill_between(xs, [min(p[1]) for p in points if p[1]], [max(p[1]) for p in points if p[1]],
-                        color=color, alpha=0.15, lw=0)
+        ax.fill_between(
+            xs, [min(p[1]) for p in points if p[1]], [max(p[1]) for p in points if p[1]], color=color, alpha=0.15, lw=0
+        )
         for lr, _, bad in points:
             ax.plot([lr] * len(bad), bad, "x", color=color, ms=7)
     ax.set_xscale("log")

@@ -33,8 +33,12 @@ class TrainResult:
 
 
 def versions() -> dict[str, str]:
-    out = {"seqwarm": __version__, "torch": str(torch.__version__), "numpy": np.__version__,
-           "python": platform.python_version()}
+    out = {
+        "seqwarm": __version__,
+        "torch": str(torch.__version__),
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
     try:  # the installed version, without importing deepspeed (its import prints and is slow)
         out["deepspeed"] = version("deepspeed")
     except PackageNotFoundError:
@@ -48,7 +52,8 @@ def jsonable(obj: Any) -> Any:
 
 
 def write_resolved_config(run: Any) -> Path:
-    """``RUN/config.json`` of a :class:`seqwarm.trainer.loop.Run`: everything the run was resolved to (written atomically)."""
+    """``RUN/config.json`` of a :class:`seqwarm.trainer.loop.Run`: everything the run was resolved to
+    (written atomically)."""
     return write_json(run.run_dir / "config.json", run.resolved)
 
 
@@ -56,17 +61,23 @@ def format_start(run: Any) -> list[str]:
     """The lines a run prints before its first step (a :class:`seqwarm.trainer.loop.Run`)."""
     m = run.resolved["model"]
     d = run.resolved["data"]
-    lines = [f"run:         {run.run_dir}",
-             f"model:       {m['preset']} {m.get('architecture', 'GPT')}, {m['num_params'] / 1e6:.1f}M parameters, "
-             f"{m['n_layer']} layers, "
-             f"d {m['n_embd']}, {m['n_head']} heads, length {m['seq_length']}, vocab {m['vocab_size']}",
-             f"data:        {d['folder']} ({d['train_tokens']:,} train / {d['val_tokens']:,} val tokens, "
-             f"{d['tokenizer'] if isinstance(d['tokenizer'], str) else json.dumps(d['tokenizer'])})",
-             f"device:      {run.device}, {torch.get_num_threads()} threads, world size {run.info.world_size}"
-             + (f" ({run.resolved['parallelism']})" if run.resolved["parallelism"] != "none" else "")]
+    lines = [
+        f"run:         {run.run_dir}",
+        f"model:       {m['preset']} {m.get('architecture', 'GPT')}, {m['num_params'] / 1e6:.1f}M parameters, "
+        f"{m['n_layer']} layers, "
+        f"d {m['n_embd']}, {m['n_head']} heads, length {m['seq_length']}, vocab {m['vocab_size']}",
+        f"data:        {d['folder']} ({d['train_tokens']:,} train / {d['val_tokens']:,} val tokens, "
+        f"{d['tokenizer'] if isinstance(d['tokenizer'], str) else json.dumps(d['tokenizer'])})",
+        f"device:      {run.device}, {torch.get_num_threads()} threads, world size {run.info.world_size}"
+        + (f" ({run.resolved['parallelism']})" if run.resolved["parallelism"] != "none" else ""),
+    ]
     p = run.precision_info  # the precision line says where the precision came from
-    lines += [f"{line} ({p['source']}{', TF32 matmuls' if p['tf32_matmul'] else ''})"
-              if line.startswith("precision:") else line for line in describe(run.cfg)]
+    lines += [
+        f"{line} ({p['source']}{', TF32 matmuls' if p['tf32_matmul'] else ''})"
+        if line.startswith("precision:")
+        else line
+        for line in describe(run.cfg)
+    ]
     lines.append(f"resolved config: {run.run_dir / 'config.json'}")
     return lines
 
@@ -74,8 +85,10 @@ def format_start(run: Any) -> list[str]:
 def finish_lines(result: TrainResult) -> list[str]:
     """The lines a run prints when it is done."""
     s = result.summary
-    return [f"done: {result.stop_reason}",
-            f"final full-length val loss {s['final_val_loss']:.4f} (ppl {s['final_val_ppl']:.1f}) after "
-            f"{s['steps']:,} steps, {s['tokens']:,} tokens, {format_duration(s['wall_time_s'])} "
-            f"({s['tokens_per_s'] or 0:,.0f} tok/s)",
-            f"results: {result.run_dir}/summary.json, metrics.jsonl, curves.png"]
+    return [
+        f"done: {result.stop_reason}",
+        f"final full-length val loss {s['final_val_loss']:.4f} (ppl {s['final_val_ppl']:.1f}) after "
+        f"{s['steps']:,} steps, {s['tokens']:,} tokens, {format_duration(s['wall_time_s'])} "
+        f"({s['tokens_per_s'] or 0:,.0f} tok/s)",
+        f"results: {result.run_dir}/summary.json, metrics.jsonl, curves.png",
+    ]

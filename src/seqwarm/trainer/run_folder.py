@@ -83,8 +83,10 @@ class RunLock:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 os.close(fd)
-                raise RunLocked(f"{self.folder} is in use by another seqwarm run (pid {_holder(self.path)}); "
-                                "wait for it to finish, stop it, or choose another --out") from None
+                raise RunLocked(
+                    f"{self.folder} is in use by another seqwarm run (pid {_holder(self.path)}); "
+                    "wait for it to finish, stop it, or choose another --out"
+                ) from None
             except BaseException:
                 os.close(fd)
                 raise
@@ -168,8 +170,10 @@ def _folder_problem(run_dir: Path, resume: bool, stale_lock: bool) -> str | None
     entries = [p.name for p in run_dir.iterdir() if p.name != LOCK_FILE] if run_dir.is_dir() else []
     if resume:
         if not has_ckpt and not stale_lock and not any(name in entries for name in RUN_MARKERS):
-            return (f"--resume: {run_dir} has no checkpoint to resume from and holds no run "
-                    "(drop --resume to start a new run there)")
+            return (
+                f"--resume: {run_dir} has no checkpoint to resume from and holds no run "
+                "(drop --resume to start a new run there)"
+            )
     elif entries:
         return f"{run_dir} already holds a run; pass --resume to continue it or choose another --out"
     return None

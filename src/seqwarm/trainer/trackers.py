@@ -30,18 +30,38 @@ from seqwarm.util.atomic import write_text
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["SEQWARM_TAGS", "MEGATRON_TAGS", "TrackerConfig", "tracker_config", "scalars", "open_trackers",
-           "TRACKER_BLOCKS"]
+__all__ = [
+    "SEQWARM_TAGS",
+    "MEGATRON_TAGS",
+    "TrackerConfig",
+    "tracker_config",
+    "scalars",
+    "open_trackers",
+    "TRACKER_BLOCKS",
+]
 
-SEQWARM_TAGS = {"loss": "train/loss", "lr": "train/lr", "grad_norm": "train/grad_norm", "seqlen": "curriculum/seqlen",
-                "tokens_per_s": "perf/tokens_per_s", "tokens": "progress/tokens", "val_loss": "val/loss",
-                "val_ppl": "val/ppl", "adam_v_l1": "stability/adam_v_l1", "adam_v_max": "stability/adam_v_max",
-                "loss_ratio": "stability/loss_ratio"}
+SEQWARM_TAGS = {
+    "loss": "train/loss",
+    "lr": "train/lr",
+    "grad_norm": "train/grad_norm",
+    "seqlen": "curriculum/seqlen",
+    "tokens_per_s": "perf/tokens_per_s",
+    "tokens": "progress/tokens",
+    "val_loss": "val/loss",
+    "val_ppl": "val/ppl",
+    "adam_v_l1": "stability/adam_v_l1",
+    "adam_v_max": "stability/adam_v_max",
+    "loss_ratio": "stability/loss_ratio",
+}
 """metrics.jsonl key -> seqwarm's tag (x axis: optimizer steps)."""
-MEGATRON_TAGS = {"loss": "lm-loss-training/lm loss", "lr": "learning-rate/learning-rate",
-                 "grad_norm": "grad-norm/grad-norm", "seqlen": "seqlen/curriculum_seqlen",
-                 "val_loss": "lm-loss-validation/lm loss validation",
-                 "val_ppl": "lm-loss-validation/lm loss validation ppl"}
+MEGATRON_TAGS = {
+    "loss": "lm-loss-training/lm loss",
+    "lr": "learning-rate/learning-rate",
+    "grad_norm": "grad-norm/grad-norm",
+    "seqlen": "seqlen/curriculum_seqlen",
+    "val_loss": "lm-loss-validation/lm loss validation",
+    "val_ppl": "lm-loss-validation/lm loss validation ppl",
+}
 """metrics.jsonl key -> Megatron-DeepSpeed's tag (also logged as ``TAG vs samples`` / ``TAG vs tokens``)."""
 TRACKER_BLOCKS = TRACKER_DS_KEYS
 """The DeepSpeed config blocks seqwarm's trackers take over."""
@@ -96,25 +116,45 @@ def _monitor_dir(block: Mapping[str, Any], default: Path) -> Path:
     return base / str(block["job_name"]) if block.get("job_name") else base
 
 
-def tracker_config(ds: Mapping[str, Any], run_dir: Path, *, tensorboard: bool = True,
-                   tensorboard_dir: Path | None = None, wandb_project: str | None = None,
-                   wandb_run_name: str | None = None) -> TrackerConfig:
+def tracker_config(
+    ds: Mapping[str, Any],
+    run_dir: Path,
+    *,
+    tensorboard: bool = True,
+    tensorboard_dir: Path | None = None,
+    wandb_project: str | None = None,
+    wandb_run_name: str | None = None,
+) -> TrackerConfig:
     """The trackers a run's DeepSpeed config blocks and flags ask for (flags win over blocks)."""
     run_dir = Path(run_dir)
     tb_block = _block(ds, "tensorboard")
     tb_dir = None
     if tensorboard:
-        tb_dir = (Path(tensorboard_dir) if tensorboard_dir else
-                  _monitor_dir(tb_block, run_dir / "tensorboard") if tb_block else run_dir / "tensorboard")
+        tb_dir = (
+            Path(tensorboard_dir)
+            if tensorboard_dir
+            else _monitor_dir(tb_block, run_dir / "tensorboard")
+            if tb_block
+            else run_dir / "tensorboard"
+        )
     wb_block = _block(ds, "wandb")
     wandb = None
     if wb_block or wandb_project or wandb_run_name:
         wb = wb_block or {}
-        wandb = {"project": wandb_project or wb.get("project") or "seqwarm", "name": wandb_run_name or run_dir.name,
-                 "group": wb.get("group"), "entity": wb.get("team"), "dir": str(run_dir)}
+        wandb = {
+            "project": wandb_project or wb.get("project") or "seqwarm",
+            "name": wandb_run_name or run_dir.name,
+            "group": wb.get("group"),
+            "entity": wb.get("team"),
+            "dir": str(run_dir),
+        }
     csv_block = _block(ds, "csv_monitor")
-    return TrackerConfig(tensorboard_dir=tb_dir, tensorboard_asked=bool(tensorboard_dir or tb_block),
-                         wandb=wandb, csv_dir=_monitor_dir(csv_block, run_dir / "csv") if csv_block else None)
+    return TrackerConfig(
+        tensorboard_dir=tb_dir,
+        tensorboard_asked=bool(tensorboard_dir or tb_block),
+        wandb=wandb,
+        csv_dir=_monitor_dir(csv_block, run_dir / "csv") if csv_block else None,
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -226,14 +266,18 @@ def open_trackers(cfg: TrackerConfig) -> list[Any]:
             out.append(_TensorBoard(cfg.tensorboard_dir))
         except ImportError:
             log = logger.warning if cfg.tensorboard_asked else logger.debug
-            log("warning: TensorBoard was asked for but tensorboard is not installed, so no event files are "
-                "written: pip install 'seqwarm[tensorboard]'")
+            log(
+                "warning: TensorBoard was asked for but tensorboard is not installed, so no event files are "
+                "written: pip install 'seqwarm[tensorboard]'"
+            )
     if cfg.wandb is not None:
         try:
             out.append(_Wandb(cfg.wandb))
         except ImportError:
-            logger.warning("warning: Weights & Biases was asked for (wandb block or --wandb-project) but wandb is "
-                           "not installed, so nothing is sent: pip install 'seqwarm[wandb]'")
+            logger.warning(
+                "warning: Weights & Biases was asked for (wandb block or --wandb-project) but wandb is "
+                "not installed, so nothing is sent: pip install 'seqwarm[wandb]'"
+            )
     if cfg.csv_dir is not None:
         out.append(_CSV(cfg.csv_dir))
     return out

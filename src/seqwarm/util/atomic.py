@@ -48,8 +48,9 @@ def write_error(path: str | os.PathLike, err: BaseException, what: str = "") -> 
     reason = getattr(cause, "strerror", None) or str(cause)
     final = Path(path)
     kept = f"the previous {final.name} is untouched" if final.exists() else f"{final.name} was not written"
-    return WriteError(f"cannot write {what or final} ({reason}); {kept}. Free some space, or make "
-                      f"{final.parent} writable")
+    return WriteError(
+        f"cannot write {what or final} ({reason}); {kept}. Free some space, or make {final.parent} writable"
+    )
 
 
 def _fsync_dir(folder: Path) -> None:

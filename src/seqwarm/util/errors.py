@@ -24,6 +24,4 @@ class MissingDependencyError(UserError):
         self.package = package
         self.extra = extra
         why = f" (needed for {purpose})" if purpose else ""
-        super().__init__(
-            f"{package} is not installed{why}. Install it with: pip install 'seqwarm[{extra}]'"
-        )
+        super().__init__(f"{package} is not installed{why}. Install it with: pip install 'seqwarm[{extra}]'")

@@ -104,8 +104,7 @@ class Checker:
             return None
         value = parent[key]
         if not isinstance(value, Mapping):
-            self.add(path, value, f"must be an object, got a {type_name(value)}",
-                     f'write "{key}": {{...}}')
+            self.add(path, value, f"must be an object, got a {type_name(value)}", f'write "{key}": {{...}}')
             return None
         return value
 
@@ -116,8 +115,9 @@ class Checker:
                 continue
             guess = suggest(str(key), known)
             hint = f'did you mean "{guess}"?' if guess else "known keys: " + ", ".join(known)
-            self.add(f"{path}.{key}" if path else str(key), block[key],
-                     "unknown key", f"remove it or rename it ({hint})")
+            self.add(
+                f"{path}.{key}" if path else str(key), block[key], "unknown key", f"remove it or rename it ({hint})"
+            )
 
     # -- scalars -------------------------------------------------------------------------------
     def require(self, block: Mapping[str, Any], key: str, path: str, why: str, fix: str) -> Any:
@@ -130,13 +130,11 @@ class Checker:
         """An int (not a bool, not a float — even 8.0) >= ``minimum``; None after recording a problem."""
         if isinstance(value, bool) or not isinstance(value, int):
             if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-                self.add(path, value, "must be an integer, not a decimal number",
-                         f"write {int(value)}")
+                self.add(path, value, "must be an integer, not a decimal number", f"write {int(value)}")
             elif isinstance(value, str) and value.strip().lstrip("-").isdigit():
                 self.add(path, value, "must be a number, not a string", f"write {value.strip()} without quotes")
             else:
-                self.add(path, value, f"must be an integer, got a {type_name(value)}",
-                         fix or "write a whole number")
+                self.add(path, value, f"must be an integer, got a {type_name(value)}", fix or "write a whole number")
             return None
         if minimum is not None and value < minimum:
             rule = "must be positive" if minimum == 1 else f"must be >= {minimum}"
@@ -144,8 +142,9 @@ class Checker:
             return None
         return value
 
-    def number(self, value: Any, path: str, *, minimum: float | None = 0.0, strict: bool = False,
-               fix: str = "") -> float | None:
+    def number(
+        self, value: Any, path: str, *, minimum: float | None = 0.0, strict: bool = False, fix: str = ""
+    ) -> float | None:
         """A finite int/float (not a bool) >= ``minimum`` (> when ``strict``)."""
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             if isinstance(value, str):
@@ -155,8 +154,7 @@ class Checker:
                     return None
                 except ValueError:
                     pass
-            self.add(path, value, f"must be a finite number, got a {type_name(value)}",
-                     fix or "write a number")
+            self.add(path, value, f"must be a finite number, got a {type_name(value)}", fix or "write a number")
             return None
         if minimum is not None and (value < minimum or (strict and value == minimum)):
             rel = ">" if strict else ">="
@@ -166,8 +164,11 @@ class Checker:
 
     def boolean(self, value: Any, path: str) -> bool | None:
         if not isinstance(value, bool):
-            fix = f"write {str(value).lower()} (a JSON boolean)" if str(value).lower() in ("true", "false") \
+            fix = (
+                f"write {str(value).lower()} (a JSON boolean)"
+                if str(value).lower() in ("true", "false")
                 else "write true or false"
+            )
             self.add(path, value, f"must be true or false, got a {type_name(value)}", fix)
             return None
         return value

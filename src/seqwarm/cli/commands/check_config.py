@@ -13,9 +13,12 @@ from seqwarm.run.spec import policy_problems
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("check-config", help="check a DeepSpeed/seqwarm config and summarise it",
-                       description="Check a DeepSpeed JSON config (legacy curriculum_learning or "
-                       "data_efficiency form). Exit 0 with a summary, or 2 listing every problem.")
+    p = sub.add_parser(
+        "check-config",
+        help="check a DeepSpeed/seqwarm config and summarise it",
+        description="Check a DeepSpeed JSON config (legacy curriculum_learning or "
+        "data_efficiency form). Exit 0 with a summary, or 2 listing every problem.",
+    )
     p.add_argument("config", metavar="FILE")
     p.add_argument("--world-size", type=positive_int, default=1, help="data-parallel ranks, for the batch-size rule")
     p.add_argument("--json", action="store_true", help="print the resolved config as JSON")

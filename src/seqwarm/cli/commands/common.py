@@ -66,8 +66,13 @@ def add_setting_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ..
             kwargs: dict[str, Any] = {"dest": _dest(s), "help": s.help}
             if s.kind == "on":  # None when neither flag is given: the config decides
                 target.add_argument(s.flag, *s.aliases, action="store_const", const=True, **kwargs)
-                target.add_argument(negative_flag(s.key), dest=_dest(s), action="store_const", const=False,
-                                    help=f"not {s.flag}, whatever the config says")
+                target.add_argument(
+                    negative_flag(s.key),
+                    dest=_dest(s),
+                    action="store_const",
+                    const=False,
+                    help=f"not {s.flag}, whatever the config says",
+                )
                 continue
             if s.kind == "off":
                 kwargs["action"] = "store_true"
@@ -79,8 +84,9 @@ def add_setting_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ..
                 kwargs.update(type=types[s.kind], metavar=s.metavar)
             target.add_argument(s.flag, *s.aliases, **kwargs)
             for flag, value in s.switches:
-                target.add_argument(flag, dest=_dest(s), action="store_const", const=value,
-                                    help=f"the same as {s.flag} {value}")
+                target.add_argument(
+                    flag, dest=_dest(s), action="store_const", const=value, help=f"the same as {s.flag} {value}"
+                )
 
 
 def overrides_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -131,8 +137,10 @@ class _TrainingStdout:
             os.close(devnull)
         except (OSError, ValueError, AttributeError):  # not a real file (e.g. captured by a test)
             pass
-        logger.warning("stdout was closed (its reader went away): training goes on without console lines; "
-                       "metrics.jsonl in the run folder has every logged step")
+        logger.warning(
+            "stdout was closed (its reader went away): training goes on without console lines; "
+            "metrics.jsonl in the run folder has every logged step"
+        )
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)

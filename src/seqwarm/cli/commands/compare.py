@@ -24,42 +24,80 @@ from seqwarm.util.units import human_count
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_parser_with_train_flags(
-        sub, "compare", help="run the baseline and the curriculum on the same budget and report the speedup",
+        sub,
+        "compare",
+        help="run the baseline and the curriculum on the same budget and report the speedup",
         description="Train the baseline (--no-curriculum) and the curriculum run on the same data, seed, model "
         "and token budget, one after the other, in DIR/baseline and DIR/curriculum (a finished run is reused, "
         "one with checkpoints resumed), then write DIR/report.json, DIR/report.md and figures: full-length "
         "validation loss against tokens and wall-clock, tokens-to-target and time-to-target speedups (target: "
         "the baseline's final validation loss), loss-ratio spikes, gradient and Adam second-moment norms. "
-        "All `seqwarm train` flags apply to both runs.")
+        "All `seqwarm train` flags apply to both runs.",
+    )
     g = p.add_argument_group("compare")
     g.add_argument("--out", metavar="DIR", help="folder for the two runs and the report (required)")
-    g.add_argument("--quick", action="store_true",
-                   help=f"a short comparison (minutes on CPU for the default recipe; measured in docs/RESULTS.md): "
-                   f"{QUICK_FRACTION:g}x the token budget with the curriculum and LR schedule shrunk alike, "
-                   "fewer validation batches")
-    g.add_argument("--scale-batch", type=int, default=1, metavar="K",
-                   help="run the curriculum at K x the global batch (more accumulation steps; the paper: 8)")
-    g.add_argument("--scale-lr", type=float, default=1.0, metavar="M",
-                   help="run the curriculum at M x the learning rate (the paper: 4)")
-    g.add_argument("--seeds", type=int, default=1, metavar="N",
-                   help="N seeds per arm (--seed S, then S+1, ...; the first pair in DIR/baseline and "
-                   "DIR/curriculum, the others in DIR/seed-S/): the report gives every seed, the median and "
-                   "min-max, and whether the difference exceeds the seed spread (default 1: no spread measured)")
-    g.add_argument("--spike-threshold", type=float, default=DEFAULT_SPIKE_THRESHOLD, metavar="R",
-                   help="a spike is an excursion of the smoothed loss ratio (loss / minimum so far) above R "
-                   f"(default {DEFAULT_SPIKE_THRESHOLD})")
-    g.add_argument("--smooth-steps", type=int, default=DEFAULT_SMOOTH_STEPS, metavar="N",
-                   help=f"trailing-mean window of the loss ratio, in logged steps (default {DEFAULT_SMOOTH_STEPS}; "
-                   "1 = raw)")
+    g.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a short comparison (minutes on CPU for the default recipe; measured in docs/RESULTS.md): "
+        f"{QUICK_FRACTION:g}x the token budget with the curriculum and LR schedule shrunk alike, "
+        "fewer validation batches",
+    )
+    g.add_argument(
+        "--scale-batch",
+        type=int,
+        default=1,
+        metavar="K",
+        help="run the curriculum at K x the global batch (more accumulation steps; the paper: 8)",
+    )
+    g.add_argument(
+        "--scale-lr",
+        type=float,
+        default=1.0,
+        metavar="M",
+        help="run the curriculum at M x the learning rate (the paper: 4)",
+    )
+    g.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N seeds per arm (--seed S, then S+1, ...; the first pair in DIR/baseline and "
+        "DIR/curriculum, the others in DIR/seed-S/): the report gives every seed, the median and "
+        "min-max, and whether the difference exceeds the seed spread (default 1: no spread measured)",
+    )
+    g.add_argument(
+        "--spike-threshold",
+        type=float,
+        default=DEFAULT_SPIKE_THRESHOLD,
+        metavar="R",
+        help="a spike is an excursion of the smoothed loss ratio (loss / minimum so far) above R "
+        f"(default {DEFAULT_SPIKE_THRESHOLD})",
+    )
+    g.add_argument(
+        "--smooth-steps",
+        type=int,
+        default=DEFAULT_SMOOTH_STEPS,
+        metavar="N",
+        help=f"trailing-mean window of the loss ratio, in logged steps (default {DEFAULT_SMOOTH_STEPS}; 1 = raw)",
+    )
     p.set_defaults(func=run)
 
 
 def compare_inputs(args: argparse.Namespace) -> tuple[RunSpec, CompareOptions]:
     """The two runs' shared spec and the comparison's options from the parsed ``seqwarm compare`` flags."""
-    options = CompareOptions(out=args.out, quick=args.quick, scale_batch=args.scale_batch, scale_lr=args.scale_lr,
-                             spike_threshold=args.spike_threshold, smooth_steps=args.smooth_steps,
-                             eval_interval=args.eval_interval, eval_iters=args.eval_iters,
-                             log_interval=args.log_interval, seeds=args.seeds)
+    options = CompareOptions(
+        out=args.out,
+        quick=args.quick,
+        scale_batch=args.scale_batch,
+        scale_lr=args.scale_lr,
+        spike_threshold=args.spike_threshold,
+        smooth_steps=args.smooth_steps,
+        eval_interval=args.eval_interval,
+        eval_iters=args.eval_iters,
+        log_interval=args.log_interval,
+        seeds=args.seeds,
+    )
     return spec_from_args(args, out=None), options
 
 
@@ -74,18 +112,23 @@ def run(args: argparse.Namespace) -> int:
     if report.get("target") is None:
         print(report.get("target_note", ""))
     elif report["reached"]:
-        print(f"speedup to the baseline's final val loss {report['target']:.4f}: "
-              f"{report['speedup_tokens']:.2f}x in tokens, {report['speedup_time']:.2f}x in wall-clock")
+        print(
+            f"speedup to the baseline's final val loss {report['target']:.4f}: "
+            f"{report['speedup_tokens']:.2f}x in tokens, {report['speedup_time']:.2f}x in wall-clock"
+        )
     else:
-        print(f"the curriculum never reached the baseline's final val loss {report['target']:.4f} "
-              "(speedup: null)")
+        print(f"the curriculum never reached the baseline's final val loss {report['target']:.4f} (speedup: null)")
     s = report["stability"]
-    print(f"loss-ratio spikes > {s['threshold']:g}: baseline {s['baseline']['spikes']}, "
-          f"curriculum {s['curriculum']['spikes']}")
+    print(
+        f"loss-ratio spikes > {s['threshold']:g}: baseline {s['baseline']['spikes']}, "
+        f"curriculum {s['curriculum']['spikes']}"
+    )
     agg = report.get("aggregate")
     if agg and agg["n_seeds"] > 1:
-        print(f"over {agg['n_seeds']} seeds {report['settings']['seeds']} (the lines above: seed "
-              f"{report['settings']['seeds'][0]}):")
+        print(
+            f"over {agg['n_seeds']} seeds {report['settings']['seeds']} (the lines above: seed "
+            f"{report['settings']['seeds'][0]}):"
+        )
     for line in (agg or {}).get("verdict", {}).get("text", []):
         print(line)
     print(f"report: {report['out']}/report.md (report.json, compare_val.png, compare_stability.png)")

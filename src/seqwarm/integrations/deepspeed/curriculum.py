@@ -39,8 +39,15 @@ from seqwarm.trainer.optim import build_optimizer
 from seqwarm.trainer.trackers import TRACKER_BLOCKS
 from seqwarm.util.errors import MissingDependencyError, UserError
 
-__all__ = ["DeepSpeedCurriculum", "DeepSpeedEngineAdapter", "deepspeed_config", "require_deepspeed",
-           "build_deepspeed_optimizer", "is_pipeline_engine", "DEEPSPEED_VERSION"]
+__all__ = [
+    "DeepSpeedCurriculum",
+    "DeepSpeedEngineAdapter",
+    "deepspeed_config",
+    "require_deepspeed",
+    "build_deepspeed_optimizer",
+    "is_pipeline_engine",
+    "DEEPSPEED_VERSION",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -59,8 +66,10 @@ def require_deepspeed(purpose: str = "seqwarm train --deepspeed"):
     except ImportError as err:
         if err.name in (None, "deepspeed"):
             raise MissingDependencyError("deepspeed", "deepspeed", purpose) from None
-        raise UserError(f"deepspeed is installed but does not import ({err}); reinstall it with "
-                        f"DS_BUILD_OPS=0 pip install 'seqwarm[deepspeed]'") from err
+        raise UserError(
+            f"deepspeed is installed but does not import ({err}); reinstall it with "
+            f"DS_BUILD_OPS=0 pip install 'seqwarm[deepspeed]'"
+        ) from err
     return deepspeed
 
 
@@ -112,13 +121,20 @@ def deepspeed_config(cfg: RunConfig, *, pipeline: bool = False) -> dict[str, Any
             ds[name] = block
     if cfg.precision == "fp16":  # seqwarm's view of the fp16 block (loss scaling) is the checked one
         f = cfg.fp16
-        ds["fp16"].update(loss_scale=f.loss_scale, initial_scale_power=f.initial_scale_power,
-                          loss_scale_window=f.loss_scale_window, hysteresis=f.hysteresis,
-                          consecutive_hysteresis=f.consecutive_hysteresis, min_loss_scale=f.min_loss_scale)
+        ds["fp16"].update(
+            loss_scale=f.loss_scale,
+            initial_scale_power=f.initial_scale_power,
+            loss_scale_window=f.loss_scale_window,
+            hysteresis=f.hysteresis,
+            consecutive_hysteresis=f.consecutive_hysteresis,
+            min_loss_scale=f.min_loss_scale,
+        )
     stage = _zero_stage(ds)
     if pipeline and stage > 1:
-        raise UserError(f"zero_optimization.stage = {stage}: DeepSpeed's pipeline engine supports ZeRO "
-                        "stage 0 or 1 only; use stage 1 with --pipeline-stages, or drop --pipeline-stages")
+        raise UserError(
+            f"zero_optimization.stage = {stage}: DeepSpeed's pipeline engine supports ZeRO "
+            "stage 0 or 1 only; use stage 1 with --pipeline-stages, or drop --pipeline-stages"
+        )
     if stage > 0 and cfg.optimizer.type == "SGD":
         ds.setdefault("zero_allow_untested_optimizer", True)  # torch SGD is not on ZeRO's list
     return ds
@@ -132,13 +148,20 @@ def build_deepspeed_optimizer(model: torch.nn.Module, cfg: RunConfig, ds_config:
     if not _offloads_optimizer(ds_config) or ds_config.get("zero_force_ds_cpu_optimizer") is False:
         return opt
     if not isinstance(opt, (torch.optim.Adam, torch.optim.AdamW)):
-        raise UserError("ZeRO-Offload of the optimizer needs Adam/AdamW (DeepSpeedCPUAdam); for another optimizer "
-                        'add "zero_force_ds_cpu_optimizer": false to the config (slower)')
+        raise UserError(
+            "ZeRO-Offload of the optimizer needs Adam/AdamW (DeepSpeedCPUAdam); for another optimizer "
+            'add "zero_force_ds_cpu_optimizer": false to the config (slower)'
+        )
     from deepspeed.ops.adam import DeepSpeedCPUAdam
 
     groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in opt.param_groups]
-    return DeepSpeedCPUAdam(groups, lr=cfg.lr.lr, betas=cfg.optimizer.betas, eps=cfg.optimizer.eps,
-                            adamw_mode=isinstance(opt, torch.optim.AdamW))
+    return DeepSpeedCPUAdam(
+        groups,
+        lr=cfg.lr.lr,
+        betas=cfg.optimizer.betas,
+        eps=cfg.optimizer.eps,
+        adamw_mode=isinstance(opt, torch.optim.AdamW),
+    )
 
 
 def skip_cpu_shm_comm(deepspeed_module) -> None:
@@ -179,26 +202,37 @@ class DeepSpeedCurriculum:
         self.dp_world_size = int(getattr(engine, "dp_world_size", 1) or 1)
         self.config = cfg = as_run_config(config, self.dp_world_size)
         if cfg.world_size != self.dp_world_size:
-            raise ValueError(f"the config was checked for {cfg.world_size} data-parallel ranks but the engine "
-                             f"has {self.dp_world_size}: load it with world_size={self.dp_world_size}")
+            raise ValueError(
+                f"the config was checked for {cfg.world_size} data-parallel ranks but the engine "
+                f"has {self.dp_world_size}: load it with world_size={self.dp_world_size}"
+            )
         self._check_batch_sizes()
         forward = None if self.pipeline else getattr(engine, "module", engine).forward
         self.slw = SequenceLengthWarmup.from_config(
-            cfg, forward, mode=mode, pipeline=self.pipeline,
-            process_group=getattr(engine, "data_parallel_group", None), inject_via_kwargs=inject_via_kwargs)
+            cfg,
+            forward,
+            mode=mode,
+            pipeline=self.pipeline,
+            process_group=getattr(engine, "data_parallel_group", None),
+            inject_via_kwargs=inject_via_kwargs,
+        )
         self.scheduler = self.slw.scheduler
         self.mode = self.slw.mode
         if getattr(engine, "lr_scheduler", None) is not None:
-            logger.warning("the DeepSpeed engine has an LR scheduler: seqwarm sets the learning rate before "
-                           "every step, so drop the config's scheduler block")
+            logger.warning(
+                "the DeepSpeed engine has an LR scheduler: seqwarm sets the learning rate before "
+                "every step, so drop the config's scheduler block"
+            )
         self._pipe_shape: tuple[int, int] | None = None
 
     # -- setup ------------------------------------------------------------------------------------
     def _check_batch_sizes(self) -> None:
         cfg, eng = self.config, self.engine
         theirs = {}
-        for name, ours in (("train_micro_batch_size_per_gpu", cfg.micro_batch_size),
-                           ("gradient_accumulation_steps", cfg.gradient_accumulation_steps)):
+        for name, ours in (
+            ("train_micro_batch_size_per_gpu", cfg.micro_batch_size),
+            ("gradient_accumulation_steps", cfg.gradient_accumulation_steps),
+        ):
             fn = getattr(eng, name, None)
             if callable(fn):
                 value = fn()
@@ -206,8 +240,10 @@ class DeepSpeedCurriculum:
                     theirs[name] = (value, ours)
         if theirs:
             diff = "; ".join(f"{k}: engine {a}, seqwarm {b}" for k, (a, b) in theirs.items())
-            raise ValueError(f"the engine's batch sizes differ from the seqwarm config's ({diff}): build the "
-                             "engine with deepspeed_config(run_config)")
+            raise ValueError(
+                f"the engine's batch sizes differ from the seqwarm config's ({diff}): build the "
+                "engine with deepspeed_config(run_config)"
+            )
 
     # -- per micro-batch --------------------------------------------------------------------------
     def cut(self, batch: Mapping[str, Any], *, trim: bool = False) -> dict[str, Any]:

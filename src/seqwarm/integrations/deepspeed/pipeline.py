@@ -27,8 +27,15 @@ import torch.nn.functional as F
 from seqwarm.integrations.deepspeed.curriculum import DeepSpeedEngineAdapter, require_deepspeed
 from seqwarm.util.errors import UserError
 
-__all__ = ["GPTEmbeddingPipe", "GPTBlockPipe", "gpt_pipeline_module", "gpt_pipeline_loss", "to_pipe_batch",
-           "PipelineEngineAdapter", "pipeline_param_prefixes"]
+__all__ = [
+    "GPTEmbeddingPipe",
+    "GPTBlockPipe",
+    "gpt_pipeline_module",
+    "gpt_pipeline_loss",
+    "to_pipe_batch",
+    "PipelineEngineAdapter",
+    "pipeline_param_prefixes",
+]
 
 
 class GPTEmbeddingPipe(nn.Module):
@@ -47,7 +54,7 @@ class GPTEmbeddingPipe(nn.Module):
 
 def _lm_head(embedding: GPTEmbeddingPipe, x: torch.Tensor) -> torch.Tensor:
     """Last stage: logits (B, T, V) with the tied token-embedding matrix."""
-    return F.linear(x, embedding.wte.weight)[..., :embedding.vocab_size]
+    return F.linear(x, embedding.wte.weight)[..., : embedding.vocab_size]
 
 
 class GPTBlockPipe(nn.Module):
@@ -82,8 +89,10 @@ def gpt_pipeline_module(gpt: nn.Module, num_stages: int, **pipeline_kwargs: Any)
     if cfg.rotary or gpt.wpe is None:
         raise UserError("--pipeline-stages supports learned position embeddings only: drop --rotary")
     if num_stages < 1 or cfg.n_layer < num_stages:
-        raise UserError(f"--pipeline-stages {num_stages}: the model has {cfg.n_layer} blocks; use between 1 "
-                        f"and {cfg.n_layer} stages")
+        raise UserError(
+            f"--pipeline-stages {num_stages}: the model has {cfg.n_layer} blocks; use between 1 "
+            f"and {cfg.n_layer} stages"
+        )
     embed = ("embed", GPTEmbeddingPipe, gpt.wte, gpt.wpe, gpt.drop, cfg.vocab_size)
     layers = [TiedLayerSpec(*embed, tied_weight_attr=["wte.weight"])]
     layers += [GPTBlockPipe(block) for block in gpt.blocks]

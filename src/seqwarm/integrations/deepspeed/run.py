@@ -23,9 +23,6 @@ from typing import Any
 
 import torch
 
-from seqwarm.trainer.checkpoint import list_checkpoints, save_checkpoint, save_due
-from seqwarm.trainer.distributed import DistInfo, barrier
-from seqwarm.util.errors import UserError
 from seqwarm.integrations.deepspeed.curriculum import (
     DeepSpeedEngineAdapter,
     build_deepspeed_optimizer,
@@ -34,10 +31,12 @@ from seqwarm.integrations.deepspeed.curriculum import (
     skip_cpu_shm_comm,
 )
 from seqwarm.trainer.backends import Built
+from seqwarm.trainer.checkpoint import list_checkpoints, save_checkpoint, save_due
+from seqwarm.trainer.distributed import DistInfo, barrier
 from seqwarm.trainer.record import jsonable
+from seqwarm.util.errors import UserError
 
-__all__ = ["DeepSpeedEngineBuilder", "DeepSpeedCheckpointer", "deepspeed_process_group", "pipeline_step",
-           "DS_SUBDIR"]
+__all__ = ["DeepSpeedEngineBuilder", "DeepSpeedCheckpointer", "deepspeed_process_group", "pipeline_step", "DS_SUBDIR"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,8 +108,10 @@ class DeepSpeedEngineBuilder:
 
         accel = get_accelerator().device_name()
         if accel != device.type:
-            raise UserError(f"DeepSpeed runs on its {accel} accelerator but --device is {device}: drop --device, "
-                            f"or choose DeepSpeed's accelerator with DS_ACCELERATOR={device.type}")
+            raise UserError(
+                f"DeepSpeed runs on its {accel} accelerator but --device is {device}: drop --device, "
+                f"or choose DeepSpeed's accelerator with DS_ACCELERATOR={device.type}"
+            )
         pipeline = self.pipeline_stages > 0
         ds_config = deepspeed_config(cfg, pipeline=pipeline)
         # deepspeed.comm wraps the torch.distributed group already set up (the PipelineModule needs it)
@@ -127,15 +128,28 @@ class DeepSpeedEngineBuilder:
         optimizer = build_deepspeed_optimizer(net, cfg, ds_config)
         ds, *_ = self.deepspeed.initialize(model=net, optimizer=optimizer, config=ds_config)
         stage = int(ds.zero_optimization_stage())
-        parallelism = (f"deepspeed-pipeline{self.pipeline_stages}-zero{stage}" if pipeline
-                       else f"deepspeed-zero{stage}")
-        return Built(model, optimizer, adapter(ds, cfg), parallelism, resolved={"deepspeed": jsonable(ds_config)},
-                     train_step=pipeline_step if pipeline else None)
+        parallelism = f"deepspeed-pipeline{self.pipeline_stages}-zero{stage}" if pipeline else f"deepspeed-zero{stage}"
+        return Built(
+            model,
+            optimizer,
+            adapter(ds, cfg),
+            parallelism,
+            resolved={"deepspeed": jsonable(ds_config)},
+            train_step=pipeline_step if pipeline else None,
+        )
 
-    def checkpointer(self, built: Built, folder: Path, info: DistInfo, keep: int,
-                     interval: int = 0) -> DeepSpeedCheckpointer:
-        return DeepSpeedCheckpointer(folder, built, info=info, keep=keep, interval=interval, deepspeed=self.deepspeed,
-                                     pipeline_stages=self.pipeline_stages)
+    def checkpointer(
+        self, built: Built, folder: Path, info: DistInfo, keep: int, interval: int = 0
+    ) -> DeepSpeedCheckpointer:
+        return DeepSpeedCheckpointer(
+            folder,
+            built,
+            info=info,
+            keep=keep,
+            interval=interval,
+            deepspeed=self.deepspeed,
+            pipeline_stages=self.pipeline_stages,
+        )
 
 
 def pipeline_step(engine, next_batch, micro_batches: int) -> float:
@@ -149,8 +163,17 @@ class DeepSpeedCheckpointer:
     part; seqwarm's loop state in ``client_state["seqwarm"]``), the newest ``keep`` kept; at the end of the
     run the whole model as ``RUN/checkpoints/step_XXXXXXXX.pt`` for ``seqwarm eval``."""
 
-    def __init__(self, folder: Path, built: Built, *, info: DistInfo, keep: int, deepspeed, pipeline_stages: int,
-                 interval: int = 0):
+    def __init__(
+        self,
+        folder: Path,
+        built: Built,
+        *,
+        info: DistInfo,
+        keep: int,
+        deepspeed,
+        pipeline_stages: int,
+        interval: int = 0,
+    ):
         self.folder, self.ds_dir = Path(folder), Path(folder) / DS_SUBDIR
         self.model, self.engine, self.ds = built.model, built.engine, built.engine.module
         self.info, self.keep, self.deepspeed, self.pipeline_stages = info, keep, deepspeed, pipeline_stages
@@ -170,7 +193,7 @@ class DeepSpeedCheckpointer:
         state = {"format": STATE_FORMAT, "engine": self.engine.state_dict(), **loop_state}
         self.ds.save_checkpoint(str(self.ds_dir), tag=tag, client_state={"seqwarm": state})
         if self.info.is_main and self.keep > 0:
-            for old in self._tags()[:-self.keep]:
+            for old in self._tags()[: -self.keep]:
                 if old != tag:
                     shutil.rmtree(self.ds_dir / old, ignore_errors=True)
         barrier(self.info)
@@ -179,14 +202,15 @@ class DeepSpeedCheckpointer:
     def load(self, check) -> tuple[Any, dict[str, Any]] | None:
         if not (self.ds_dir / "latest").is_file():
             if list_checkpoints(self.folder):
-                raise UserError(f"{self.folder.parent} was trained without --deepspeed; resume it without "
-                                "--deepspeed")
+                raise UserError(f"{self.folder.parent} was trained without --deepspeed; resume it without --deepspeed")
             return None
         try:
             path, client = self.ds.load_checkpoint(str(self.ds_dir))
         except (RuntimeError, KeyError, ValueError) as err:
-            raise UserError(f"the DeepSpeed checkpoint in {self.ds_dir} does not load into this run ({err}); "
-                            "resume with the same model, ZeRO stage and number of processes") from None
+            raise UserError(
+                f"the DeepSpeed checkpoint in {self.ds_dir} does not load into this run ({err}); "
+                "resume with the same model, ZeRO stage and number of processes"
+            ) from None
         if path is None or not isinstance(client, dict) or "seqwarm" not in client:
             raise UserError(f"{self.ds_dir} holds no seqwarm DeepSpeed checkpoint to resume from")
         state = client["seqwarm"]
@@ -200,6 +224,7 @@ class DeepSpeedCheckpointer:
     # -- the model for `seqwarm eval` ---------------------------------------------------------------
     def _gathered_model_state(self) -> dict[str, torch.Tensor] | None:
         """The whole GPT's weights (fp32, CPU) on rank 0, None elsewhere; a collective."""
+
         def plain(sd: dict[str, Any], keep=lambda name: True) -> dict[str, torch.Tensor]:
             return {k: v.detach().float().cpu().clone() for k, v in sd.items() if keep(k)}
 
@@ -209,7 +234,7 @@ class DeepSpeedCheckpointer:
 
             module = self.ds.module
             parts, stage = module.parts, module.stage_id
-            prefixes = pipeline_param_prefixes(self.model.config.n_layer)[parts[stage]:parts[stage + 1]]
+            prefixes = pipeline_param_prefixes(self.model.config.n_layer)[parts[stage] : parts[stage + 1]]
             owned = tuple(p for group in prefixes for p in group)
             mine = plain(self.model.state_dict(), lambda name: name.startswith(owned))
             everyone: list[Any] = [None] * self.info.world_size
@@ -231,8 +256,13 @@ class DeepSpeedCheckpointer:
         state = self._gathered_model_state()
         path = None
         if self.info.is_main:
-            payload = {"model": state, "engine": {"progress": progress.to_dict()}, "config": config,
-                       "deepspeed": True, "last_val": last_val}
+            payload = {
+                "model": state,
+                "engine": {"progress": progress.to_dict()},
+                "config": config,
+                "deepspeed": True,
+                "last_val": last_val,
+            }
             path = save_checkpoint(self.folder, progress.step, payload, keep=self.keep)
         barrier(self.info)
         return path

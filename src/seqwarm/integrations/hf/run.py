@@ -41,7 +41,7 @@ _POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx")
 
 def hf_model_path(model: str) -> Path | None:
     """The config path of ``--model hf:PATH`` (None for a GPT preset name)."""
-    return Path(model[len(HF_PREFIX):]) if model.startswith(HF_PREFIX) else None
+    return Path(model[len(HF_PREFIX) :]) if model.startswith(HF_PREFIX) else None
 
 
 def _read(path: Path) -> dict[str, Any]:
@@ -51,8 +51,10 @@ def _read(path: Path) -> dict[str, Any]:
     except (OSError, json.JSONDecodeError) as err:
         raise UserError(f"--model hf:{path}: cannot read a Hugging Face config.json ({err})") from None
     if not isinstance(raw, dict) or "model_type" not in raw:
-        raise UserError(f"--model hf:{path}: {file} has no \"model_type\"; give a Transformers config.json "
-                        "(e.g. GPT2Config(...).save_pretrained(folder))")
+        raise UserError(
+            f'--model hf:{path}: {file} has no "model_type"; give a Transformers config.json '
+            "(e.g. GPT2Config(...).save_pretrained(folder))"
+        )
     return raw
 
 
@@ -94,18 +96,29 @@ class HFModelConfig:
         raw = _read(path)
         config = _hf_config(raw)
         if config.vocab_size < vocab_size:
-            raise UserError(f"--model hf:{path}: vocab_size {config.vocab_size} is smaller than the data's "
-                            f"vocabulary ({vocab_size}); set \"vocab_size\" to at least {vocab_size} in config.json")
+            raise UserError(
+                f"--model hf:{path}: vocab_size {config.vocab_size} is smaller than the data's "
+                f'vocabulary ({vocab_size}); set "vocab_size" to at least {vocab_size} in config.json'
+            )
         positions = getattr(config, "max_position_embeddings", None)
         if isinstance(positions, int) and positions < seq_length:
-            raise UserError(f"--model hf:{path}: max_position_embeddings {positions} < the run's sequence length "
-                            f"{seq_length}; lower --seq-length / max_difficulty or raise it in config.json")
+            raise UserError(
+                f"--model hf:{path}: max_position_embeddings {positions} < the run's sequence length "
+                f"{seq_length}; lower --seq-length / max_difficulty or raise it in config.json"
+            )
         transformers = require_transformers("--model hf:PATH")
         with torch.device("meta"):  # shapes only: the parameter count and class without allocating
             meta = transformers.AutoModelForCausalLM.from_config(config)
-        return cls(path=str(path), architecture=type(meta).__name__, seq_length=seq_length,
-                   vocab_size=config.vocab_size, n_layer=config.num_hidden_layers, n_embd=config.hidden_size,
-                   n_head=config.num_attention_heads, total_params=sum(p.numel() for p in meta.parameters()))
+        return cls(
+            path=str(path),
+            architecture=type(meta).__name__,
+            seq_length=seq_length,
+            vocab_size=config.vocab_size,
+            n_layer=config.num_hidden_layers,
+            n_embd=config.hidden_size,
+            n_head=config.num_attention_heads,
+            total_params=sum(p.numel() for p in meta.parameters()),
+        )
 
     def num_params(self) -> int:
         return self.total_params
@@ -122,8 +135,13 @@ class CausalLMLoss(nn.Module):
         super().__init__()
         self.lm = lm
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None):
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ):
         out = self.lm(input_ids=input_ids, labels=labels, position_ids=position_ids, attention_mask=attention_mask)
         return out.logits if labels is None else out.loss
 
@@ -135,14 +153,23 @@ class HFEngineBuilder(TorchEngineBuilder):
         from seqwarm.curriculum.engine import CurriculumEngine
 
         if self.fsdp:
-            raise UserError("--fsdp shards seqwarm's GPT blocks; an hf: model trains under DDP (torchrun without "
-                            "--fsdp), or with CurriculumTrainer and FSDP/DeepSpeed")
+            raise UserError(
+                "--fsdp shards seqwarm's GPT blocks; an hf: model trains under DDP (torchrun without "
+                "--fsdp), or with CurriculumTrainer and FSDP/DeepSpeed"
+            )
         if cfg.curriculum is not None and cfg.curriculum.mode == "inject":
-            raise UserError(f"curriculum mode 'inject': {model_cfg.architecture} takes **kwargs and ignores "
-                            "curriculum_seqlen (it would train at full length); use curriculum_mode 'truncate' or "
-                            "'reshape'")
+            raise UserError(
+                f"curriculum mode 'inject': {model_cfg.architecture} takes **kwargs and ignores "
+                "curriculum_seqlen (it would train at full length); use curriculum_mode 'truncate' or "
+                "'reshape'"
+            )
         lm = model_cfg.build().to(device)
         wrapped = wrap_model(CausalLMLoss(lm), info, False, device)
         optimizer = build_optimizer(lm, cfg)
-        return Built(lm, optimizer, CurriculumEngine(wrapped, optimizer, cfg), "ddp" if info.enabled else "none",
-                     label_style="hf")
+        return Built(
+            lm,
+            optimizer,
+            CurriculumEngine(wrapped, optimizer, cfg),
+            "ddp" if info.enabled else "none",
+            label_style="hf",
+        )

@@ -44,8 +44,14 @@ from seqwarm.curriculum.warmup import SequenceLengthWarmup, as_run_config
 from seqwarm.data.dataset import TokenWindows
 from seqwarm.util.errors import MissingDependencyError, UserError
 
-__all__ = ["CurriculumLRScheduler", "CurriculumTrainer", "label_style_for", "require_transformers",
-           "trainer_deepspeed_config", "curriculum_config_for"]
+__all__ = [
+    "CurriculumLRScheduler",
+    "CurriculumTrainer",
+    "label_style_for",
+    "require_transformers",
+    "trainer_deepspeed_config",
+    "curriculum_config_for",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +82,7 @@ def label_style_for(model: Any) -> str:
 
 
 # -- the LR scheduler -------------------------------------------------------------------------------
+
 
 class CurriculumLRScheduler(torch.optim.lr_scheduler.LRScheduler):
     """Every param group's LR is ``lr_at(progress, lr_config) * group.get("lr_scale", 1.0)``.
@@ -117,9 +124,13 @@ class CurriculumLRScheduler(torch.optim.lr_scheduler.LRScheduler):
 
     def state_dict(self) -> dict[str, Any]:
         """The clock, the last LRs and, over a SequenceLengthWarmup, its state (plain types: ``weights_only`` loads)."""
-        return {"format": STATE_FORMAT, "last_epoch": self.last_epoch, "last_lr": list(self._last_lr),
-                "progress": self.progress.to_dict(),
-                "core": self.slw.state_dict() if self.slw is not None else None}
+        return {
+            "format": STATE_FORMAT,
+            "last_epoch": self.last_epoch,
+            "last_lr": list(self._last_lr),
+            "progress": self.progress.to_dict(),
+            "core": self.slw.state_dict() if self.slw is not None else None,
+        }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("format") != STATE_FORMAT:
@@ -132,6 +143,7 @@ class CurriculumLRScheduler(torch.optim.lr_scheduler.LRScheduler):
 
 
 # -- configs ----------------------------------------------------------------------------------------
+
 
 def _read(source: Any) -> dict[str, Any]:
     if not isinstance(source, (Mapping, str, os.PathLike)):
@@ -156,18 +168,23 @@ def curriculum_config_for(source: Any, args: Any) -> RunConfig:
         cfg = source
     else:
         raw = _read(source)
-        fill = {"train_micro_batch_size_per_gpu": args.per_device_train_batch_size,
-                "gradient_accumulation_steps": args.gradient_accumulation_steps,
-                "train_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps
-                * args.world_size}
+        fill = {
+            "train_micro_batch_size_per_gpu": args.per_device_train_batch_size,
+            "gradient_accumulation_steps": args.gradient_accumulation_steps,
+            "train_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
+        }
         for key, value in fill.items():  # a missing train_batch_size follows from the other two
             if raw.get(key, "auto" if key != "train_batch_size" else None) == "auto":
                 raw[key] = value
         if raw.get("gradient_clipping") == "auto":
             raw["gradient_clipping"] = args.max_grad_norm
         params = raw.get("optimizer", {}).get("params", {}) if isinstance(raw.get("optimizer"), dict) else {}
-        hf = {"lr": args.learning_rate, "betas": [args.adam_beta1, args.adam_beta2], "eps": args.adam_epsilon,
-              "weight_decay": args.weight_decay}
+        hf = {
+            "lr": args.learning_rate,
+            "betas": [args.adam_beta1, args.adam_beta2],
+            "eps": args.adam_epsilon,
+            "weight_decay": args.weight_decay,
+        }
         for key, value in hf.items():
             if params.get(key) == "auto":
                 params[key] = value
@@ -175,13 +192,18 @@ def curriculum_config_for(source: Any, args: Any) -> RunConfig:
             if isinstance(raw.get(name), dict) and raw[name].get("enabled") == "auto":
                 raw[name]["enabled"] = bool(getattr(args, name, False))
         cfg = load_config(raw, world_size=args.world_size)
-    ours = {"per_device_train_batch_size": (cfg.micro_batch_size, args.per_device_train_batch_size),
-            "gradient_accumulation_steps": (cfg.gradient_accumulation_steps, args.gradient_accumulation_steps),
-            "world_size": (cfg.world_size, args.world_size)}
+    ours = {
+        "per_device_train_batch_size": (cfg.micro_batch_size, args.per_device_train_batch_size),
+        "gradient_accumulation_steps": (cfg.gradient_accumulation_steps, args.gradient_accumulation_steps),
+        "world_size": (cfg.world_size, args.world_size),
+    }
     diff = [f"{k}: curriculum config {a}, TrainingArguments {b}" for k, (a, b) in ours.items() if a != b]
     if diff:
-        raise UserError("the curriculum config's batch sizes differ from the Trainer's (" + "; ".join(diff)
-                        + "): set them to 'auto' or leave them out of the config, or make them equal")
+        raise UserError(
+            "the curriculum config's batch sizes differ from the Trainer's ("
+            + "; ".join(diff)
+            + "): set them to 'auto' or leave them out of the config, or make them equal"
+        )
     return cfg
 
 
@@ -204,6 +226,7 @@ def _hand_deepspeed_config(args: Any) -> None:
 
 
 # -- the Trainer ------------------------------------------------------------------------------------
+
 
 def _build_trainer_class() -> type:
     transformers = require_transformers("CurriculumTrainer")
@@ -246,20 +269,25 @@ def _build_trainer_class() -> type:
                     raise UserError("CurriculumTrainer needs curriculum= (a DeepSpeed JSON path or dict)")
             optimizers = kwargs.get("optimizers", (None, None))
             if optimizers[1] is not None and not isinstance(optimizers[1], CurriculumLRScheduler):
-                raise UserError("CurriculumTrainer sets the learning rate from seqwarm's token clock: pass "
-                                "optimizers=(optimizer, None), not an LR scheduler")
+                raise UserError(
+                    "CurriculumTrainer sets the learning rate from seqwarm's token clock: pass "
+                    "optimizers=(optimizer, None), not an LR scheduler"
+                )
             if label_style_for(model) == "hf":  # HF causal LMs shift labels: give them labels = input_ids
                 for key in ("train_dataset", "eval_dataset"):
                     if isinstance(kwargs.get(key), TokenWindows):
                         kwargs[key] = kwargs[key].with_label_style("hf")
                     elif isinstance(kwargs.get(key), dict):
-                        kwargs[key] = {k: v.with_label_style("hf") if isinstance(v, TokenWindows) else v
-                                       for k, v in kwargs[key].items()}
+                        kwargs[key] = {
+                            k: v.with_label_style("hf") if isinstance(v, TokenWindows) else v
+                            for k, v in kwargs[key].items()
+                        }
             self.curriculum_config = curriculum_config_for(curriculum, targs)
             _hand_deepspeed_config(targs)
             super().__init__(*args, **kwargs)
-            self.curriculum = SequenceLengthWarmup.from_config(self.curriculum_config, self.model.forward,
-                                                               inject_via_kwargs=inject_via_kwargs)
+            self.curriculum = SequenceLengthWarmup.from_config(
+                self.curriculum_config, self.model.forward, inject_via_kwargs=inject_via_kwargs
+            )
             self.add_callback(_CurriculumCallback(self))
             # Trainer normalises by labels[..., 1:] only for models whose class name maps to the causal
             # LM loss; GPT2LMHeadModel does not, so it divides by labels that have no target: the loss
@@ -267,9 +295,11 @@ def _build_trainer_class() -> type:
             # shifts its labels: count them the same way.
             from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
-            if (getattr(self, "_loss_shifts_labels", None) is False
-                    and type(self.model).__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
-                    and not getattr(getattr(self.model, "config", None), "is_encoder_decoder", False)):
+            if (
+                getattr(self, "_loss_shifts_labels", None) is False
+                and type(self.model).__name__ in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values()
+                and not getattr(getattr(self.model, "config", None), "is_encoder_decoder", False)
+            ):
                 self._loss_shifts_labels = True
 
         def create_scheduler(self, num_training_steps: int, optimizer: Any = None):
@@ -296,11 +326,13 @@ def _build_trainer_class() -> type:
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             if self.curriculum.mode != "inject" or not model.training:
-                return super().compute_loss(model, inputs, return_outputs=return_outputs,
-                                            num_items_in_batch=num_items_in_batch)
+                return super().compute_loss(
+                    model, inputs, return_outputs=return_outputs, num_items_in_batch=num_items_in_batch
+                )
             length, tokens = inputs.get("curriculum_seqlen"), inputs.get("input_ids")
-            loss, outputs = super().compute_loss(model, inputs, return_outputs=True,
-                                                 num_items_in_batch=num_items_in_batch)
+            loss, outputs = super().compute_loss(
+                model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch
+            )
             if length is not None and isinstance(tokens, torch.Tensor):  # the model ran at that length
                 self.curriculum.check_output(outputs, (tokens.shape[0], min(length, tokens.shape[1])))
             return (loss, outputs) if return_outputs else loss
