@@ -15,9 +15,10 @@ from seqwarm.config import load_config
 from seqwarm.curriculum.batch import reshape_batch, truncate_batch
 from seqwarm.curriculum.clock import Progress, micro_batch_shape, tokens_per_step
 from seqwarm.curriculum.engine import CurriculumEngine
+from seqwarm.curriculum.inputs import set_lr
 from seqwarm.curriculum.modes import resolve_mode
 from seqwarm.curriculum.schedule import difficulty_at
-from seqwarm.curriculum.warmup import SequenceLengthWarmup, set_lr
+from seqwarm.curriculum.warmup import SequenceLengthWarmup
 from seqwarm.integrations.deepspeed.curriculum import DeepSpeedCurriculum
 from seqwarm.util.problems import ConfigError
 

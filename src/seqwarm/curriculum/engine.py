@@ -32,7 +32,8 @@ import torch
 import torch.nn as nn
 
 from seqwarm.config import FP16Config, resolve_precision
-from seqwarm.curriculum.warmup import SequenceLengthWarmup, as_run_config, check_state_format, set_lr
+from seqwarm.curriculum.inputs import as_run_config, check_state_format, set_lr
+from seqwarm.curriculum.warmup import SequenceLengthWarmup
 
 __all__ = ["CurriculumEngine", "LossScaler", "bf16_supported"]
 

@@ -21,6 +21,7 @@ from seqwarm.config.defaults import PRESETS
 from seqwarm.config.reader import read_config_dict
 from seqwarm.run.spec import RunSpec, model_size, recipe_config, resolve_config
 from seqwarm.run.training import run_training
+from seqwarm.trainer.resume import RESUME_KEYS
 from seqwarm.trainer.run_folder import LOCK_FILE, run_lock
 from seqwarm.util.errors import UserError
 
@@ -138,8 +139,6 @@ def clear_stale(run_dir: Path) -> None:
 
 def check_same_run(run_dir: Path, spec: RunSpec) -> None:
     """Refuse to reuse a run folder whose recorded settings differ from what this experiment asks for."""
-    from seqwarm.trainer.loop import RESUME_KEYS
-
     path = Path(run_dir) / "config.json"
     if not path.is_file():
         return

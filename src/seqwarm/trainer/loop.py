@@ -13,7 +13,6 @@ sets a run up from a :class:`~seqwarm.run.spec.RunSpec`.
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import time
@@ -34,25 +33,11 @@ from seqwarm.trainer.feed import DeviceFeed
 from seqwarm.trainer.metrics import MetricsLogger, adam_stats, truncate_metrics
 from seqwarm.trainer.plots import plot_run
 from seqwarm.trainer.record import TrainResult, jsonable, versions
+from seqwarm.trainer.resume import check_resume_config, saved_section
 from seqwarm.trainer.trackers import forget_wandb_run, tracker_config
 from seqwarm.util.errors import SeqwarmError, UserError
 
 logger = logging.getLogger(__name__)
-
-RESUME_KEYS = (
-    "train_batch_size",
-    "micro_batch_size",
-    "gradient_accumulation_steps",
-    "seq_length",
-    "lr",
-    "curriculum",
-    "train_tokens",
-    "train_iters",
-    "train_samples",
-    "count_tokens_by",
-    "precision",
-)
-
 
 MAX_SKIPS_IN_A_ROW = 50
 """fp16 overflow-skipped steps in a row that end a run (dynamic scaling reaches the minimum scale from
@@ -117,7 +102,7 @@ class Run:
         self.run_dir = Path(opts.out)
         self.ckpt_dir = self.run_dir / "checkpoints"
         cfg = self.cfg = self._resolve_precision(cfg)
-        saved_model = _saved(self.run_dir, "model") if opts.resume else {}
+        saved_model = saved_section(self.run_dir, "model") if opts.resume else {}
         if saved_model and hasattr(model_cfg, "vocab_multiple") and "vocab_multiple" not in saved_model:
             # written before the vocabulary was padded: the resumed run keeps its (unpadded) shapes
             model_cfg = self.model_cfg = model_cfg.replace(vocab_multiple=1)
@@ -207,7 +192,7 @@ class Run:
         from seqwarm.curriculum.engine import bf16_supported
 
         kind = self.device.type
-        saved = _saved(self.run_dir, "run").get("precision") if self.opts.resume else None
+        saved = saved_section(self.run_dir, "run").get("precision") if self.opts.resume else None
         source = "config" if cfg.precision_named else "resumed run" if saved is not None else f"default on {kind}"
         cfg = resolve_precision(cfg, kind, bf16_supported(kind), resumed=saved)
         tf32 = self.device.type == "cuda" and cfg.precision == "fp32"
@@ -223,31 +208,7 @@ class Run:
 
     # -- checkpoints ------------------------------------------------------------------------------
     def _check_resume_config(self, path, saved: dict) -> None:
-        """UserError when the checkpoint's recipe or model differs (unless --allow-config-change)."""
-        old, new = saved["run"], self.resolved["run"]
-        if (old.get("curriculum") or {}).get("mode", "") is None and new.get("curriculum"):
-            # written before the resolved mode was recorded: the same config resolves to the same mode
-            old = {**old, "curriculum": {**old["curriculum"], "mode": new["curriculum"]["mode"]}}
-        changed = [k for k in RESUME_KEYS if old.get(k) != new.get(k)]
-        old_model = saved["model"]
-        if "vocab_multiple" in self.resolved["model"] and "vocab_multiple" not in old_model:  # before padding
-            old_model = {**old_model, "vocab_multiple": 1}
-        if old_model != self.resolved["model"]:
-            shape = [
-                f"{k} {old_model.get(k)!r} -> {v!r}" for k, v in self.resolved["model"].items() if old_model.get(k) != v
-            ]
-            if self.opts.allow_config_change:  # the weights would not fit: no flag can make that work
-                raise UserError(
-                    f"{path} holds a different model ({', '.join(shape)}); --allow-config-change "
-                    "covers the recipe, not the model or its sequence length: resume with the "
-                    "same --model, --seq-length and data, or start a new run"
-                )
-            changed.append("model")
-        if changed and not self.opts.allow_config_change:
-            raise UserError(
-                f"{path} was written with a different {', '.join(changed)}; resume with the same "
-                "settings, or pass --allow-config-change to continue anyway"
-            )
+        check_resume_config(path, saved, self.resolved, allow_config_change=self.opts.allow_config_change)
 
     def last_good(self) -> str:
         """The divergence message's pointer to the newest finite checkpoint that exists."""
@@ -480,12 +441,3 @@ class Run:
             "skipped_steps": self.engine.skipped_steps,
             "num_params": self.model_cfg.num_params(),
         }
-
-
-def _saved(run_dir: Path, section: str) -> dict[str, Any]:
-    """One section (``run``, ``model``) of a run folder's config.json ({} when there is none to read)."""
-    try:
-        out = json.loads((run_dir / "config.json").read_text())[section]
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-    return out if isinstance(out, dict) else {}

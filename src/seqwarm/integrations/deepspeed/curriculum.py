@@ -34,7 +34,8 @@ from typing import Any
 import torch
 
 from seqwarm.config import RunConfig
-from seqwarm.curriculum.warmup import SequenceLengthWarmup, as_run_config, check_state_format, set_lr
+from seqwarm.curriculum.inputs import as_run_config, check_state_format, set_lr
+from seqwarm.curriculum.warmup import SequenceLengthWarmup
 from seqwarm.trainer.optim import build_optimizer
 from seqwarm.trainer.trackers import TRACKER_BLOCKS
 from seqwarm.util.errors import MissingDependencyError, UserError

@@ -39,8 +39,9 @@ import torch
 from seqwarm.config import LRConfig, RunConfig, load_config
 from seqwarm.config.reader import read_config_dict, without_seqwarm_blocks
 from seqwarm.curriculum.clock import Progress
+from seqwarm.curriculum.inputs import as_run_config
 from seqwarm.curriculum.lr import lr_at
-from seqwarm.curriculum.warmup import SequenceLengthWarmup, as_run_config
+from seqwarm.curriculum.warmup import SequenceLengthWarmup
 from seqwarm.data.dataset import TokenWindows
 from seqwarm.util.errors import MissingDependencyError, UserError
 
