@@ -52,3 +52,27 @@ def wandb_summary(run_dir) -> dict:
             return summary
         time.sleep(0.1)
     raise AssertionError(f"{path} has no exit record")
+
+
+# --------------------------------------------------------------------------------------------------
+# a training run of the tiny GPT in-process, as run_training sets one up (tests reach into its parts)
+
+
+def tiny_run(folder, data_dir, config, *, builder=None, model=None, dropout=0.1, memory_probe=None, **options):
+    """A :class:`seqwarm.trainer.loop.Run` of the tiny GPT (length 64) in ``folder`` on the prepared data in
+    ``data_dir`` with the config file ``config``; quiet, CPU, no evaluations or checkpoints unless
+    ``options`` (RunSpec fields) say otherwise; the run folder created unless resuming."""
+    from seqwarm import load_config
+    from seqwarm.data import open_prepared
+    from seqwarm.run.spec import RunSpec
+    from seqwarm.trainer.loop import Run
+    from seqwarm.trainer.model import GPTConfig
+    from seqwarm.trainer.run_folder import prepare_run_dir
+
+    data = open_prepared(data_dir)
+    model_cfg = GPTConfig.preset("tiny", vocab_size=data.vocab_size, seq_length=64, dropout=dropout, **(model or {}))
+    spec = RunSpec(**{"out": folder, "eval_interval": 0, "eval_iters": 1, "save_interval": 0, "log_interval": 1,
+                      "progress_bar": False, "tensorboard": False, "device": "cpu", **options})  # fmt: skip
+    if not spec.resume:
+        prepare_run_dir(spec)
+    return Run(load_config(config), spec, data, model_cfg, builder=builder, memory_probe=memory_probe)

@@ -118,27 +118,12 @@ def test_a_length_bucket_is_refused_where_it_cannot_work(tmp_path):
 
 
 def test_a_run_with_length_buckets_trains_the_numbers_of_the_plain_cut(tmp_path, byte_data, one_thread):
-    from seqwarm.data import open_prepared
-    from seqwarm.trainer.loop import Run, TrainOptions
-    from seqwarm.trainer.run_folder import prepare_run_dir
+    from helpers import tiny_run
 
-    data = open_prepared(byte_data)
     rows = {}
     for name, extra in (("cut", {"curriculum_mode": "truncate"}), ("bucket", {"length_bucket": 16})):
-        cfg = load_config(small_config(tmp_path / f"{name}.json", train_tokens=4000, total_step=7, **extra))
-        options = TrainOptions(
-            out=tmp_path / name,
-            eval_interval=0,
-            eval_iters=1,
-            save_interval=0,
-            log_interval=1,
-            progress_bar=False,
-            tensorboard=False,
-            device="cpu",
-        )
-        prepare_run_dir(options)
-        torch.manual_seed(0)
-        run = Run(cfg, options, data, GPTConfig.preset("tiny", vocab_size=data.vocab_size, seq_length=64, dropout=0.0))
+        config = small_config(tmp_path / f"{name}.json", train_tokens=4000, total_step=7, **extra)
+        run = tiny_run(tmp_path / name, byte_data, config, dropout=0.0)
         result = run.train()
         rows[name] = (
             [r for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == "train"],

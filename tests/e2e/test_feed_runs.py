@@ -11,10 +11,8 @@ import pytest
 import torch
 
 from conftest import small_config
-from seqwarm.config import load_config
 from seqwarm.trainer.feed import DeviceFeed
 from seqwarm.trainer.metrics import read_metrics
-from seqwarm.trainer.model import GPTConfig
 
 
 def _threads() -> list[threading.Thread]:
@@ -25,33 +23,12 @@ def _threads() -> list[threading.Thread]:
 
 
 def _run(tmp_path, byte_data, name, mode, *, feed="whole", **opts):
-    from seqwarm.data import open_prepared
-    from seqwarm.trainer.loop import Run, TrainOptions
-    from seqwarm.trainer.run_folder import prepare_run_dir
+    from helpers import tiny_run
 
-    cfg = load_config(
-        small_config(
-            tmp_path / f"{name}.json", train_tokens=4000, total_step=7, **({"curriculum_mode": mode} if mode else {})
-        )
+    config = small_config(
+        tmp_path / f"{name}.json", train_tokens=4000, total_step=7, **({"curriculum_mode": mode} if mode else {})
     )
-    data = open_prepared(byte_data)
-    model_cfg = GPTConfig.preset("tiny", vocab_size=data.vocab_size, seq_length=64, dropout=0.1)
-    options = TrainOptions(
-        **{
-            "out": tmp_path / name,
-            "eval_interval": 0,
-            "eval_iters": 1,
-            "save_interval": 0,
-            "log_interval": 1,
-            "progress_bar": False,
-            "tensorboard": False,
-            "device": "cpu",
-            **opts,
-        }
-    )
-    if not options.resume:
-        prepare_run_dir(options)
-    run = Run(cfg, options, data, model_cfg)
+    run = tiny_run(tmp_path / name, byte_data, config, **opts)
     if feed == "whole":  # every key of the cut batch moved, trivial or not
         run.feed.drop_trivial = False
     run.feed.threaded = feed == "threaded"

@@ -321,36 +321,10 @@ def test_endless_fp16_overflow_stops_the_run(tmp_path, byte_data, capsys, monkey
 
 
 def _tiny_run(tmp_path, byte_data, name, builder=None, config=None, model=None, **opts):
-    from seqwarm.data import open_prepared
-    from seqwarm.trainer.loop import Run, TrainOptions
-    from seqwarm.trainer.model import GPTConfig
-    from seqwarm.trainer.run_folder import prepare_run_dir
+    from helpers import tiny_run
 
-    cfg = load_config(config or small_config(tmp_path / "c.json", train_tokens=3000))
-    data = open_prepared(byte_data)
-    model_cfg = GPTConfig.preset(
-        "tiny",
-        vocab_size=data.vocab_size,
-        seq_length=64,
-        dropout=0.1,  # uses the RNG
-        **(model or {}),
-    )
-    options = TrainOptions(
-        **{
-            "out": tmp_path / name,
-            "eval_interval": 0,
-            "eval_iters": 1,
-            "save_interval": 0,
-            "log_interval": 1,
-            "progress_bar": False,
-            "tensorboard": False,
-            "device": "cpu",
-            **opts,
-        }
-    )
-    if not options.resume:
-        prepare_run_dir(options)
-    return Run(cfg, options, data, model_cfg, builder=builder)
+    config = config or small_config(tmp_path / "c.json", train_tokens=3000)
+    return tiny_run(tmp_path / name, byte_data, config, builder=builder, model=model, **opts)
 
 
 @pytest.mark.slow

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -103,7 +104,6 @@ def _data_dir(spec: RunSpec, info) -> Path:
 
 
 def _run(spec: RunSpec, info) -> TrainResult:
-    from seqwarm.trainer.loop import TrainOptions
     from seqwarm.trainer.run_folder import prepare_run_dir
 
     say = print if info.is_main else (lambda *a, **k: None)
@@ -119,33 +119,15 @@ def _run(spec: RunSpec, info) -> TrainResult:
         raise UserError("under torchrun, give --out (every rank must agree on the run folder)")
     name = spec.model if not spec.model.startswith("hf:") else "hf-" + Path(spec.model[3:]).stem
     out = Path(spec.out) if spec.out else Path("runs") / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    opts = TrainOptions(
-        out=out,
-        data=Path(spec.data) if spec.data else None,
-        model=spec.model,
-        seed=spec.seed,
-        device=spec.device,
-        eval_interval=spec.eval_interval,
-        eval_iters=spec.eval_iters,
-        save_interval=spec.save_interval,
-        keep_checkpoints=spec.keep_checkpoints,
-        log_interval=max(1, spec.log_interval),
-        resume=spec.resume,
-        allow_config_change=spec.allow_config_change,
-        progress_bar=spec.progress_bar,
-        tensorboard=spec.tensorboard,
-        tensorboard_dir=spec.tensorboard_dir,
-        wandb_project=spec.wandb_project,
-        wandb_run_name=spec.wandb_run_name,
-    )
-    folder = prepare_run_dir(opts, info)  # locked until the run ends; removed again if it stays empty
+    spec = replace(spec, out=out)  # the run folder, named
+    folder = prepare_run_dir(spec, info)  # locked until the run ends; removed again if it stays empty
     try:
-        return _train_in(folder, spec, cfg, opts, info, say)
+        return _train_in(folder, spec, cfg, info, say)
     finally:
         folder.close()
 
 
-def _train_in(folder, spec: RunSpec, cfg: RunConfig, opts, info, say) -> TrainResult:
+def _train_in(folder, spec: RunSpec, cfg: RunConfig, info, say) -> TrainResult:
     """The run in its locked folder (see :func:`_run`)."""
     from seqwarm.data import open_prepared
     from seqwarm.trainer.backends import TorchEngineBuilder
@@ -183,11 +165,11 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, opts, info, say) -> TrainRe
             builder = DeepSpeedEngineBuilder(pipeline_stages=stages if stages > 1 else 0)
         else:
             builder = TorchEngineBuilder(fsdp=spec.fsdp, compile=cfg.compile)
-    run = Run(cfg, opts, data, model_cfg, dist_info=info, builder=builder)
-    resumed = run.resume() if opts.resume else False
-    if opts.resume and not resumed:
+    run = Run(cfg, spec, data, model_cfg, dist_info=info, builder=builder)
+    resumed = run.resume() if spec.resume else False
+    if spec.resume and not resumed:
         say(
-            f"{opts.out} has no checkpoint yet (the run stopped before its first one): starting it again from step 0",
+            f"{spec.out} has no checkpoint yet (the run stopped before its first one): starting it again from step 0",
             flush=True,
         )
     if info.is_main:

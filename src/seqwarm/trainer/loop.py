@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -50,48 +50,40 @@ class TrainingDiverged(SeqwarmError):
     exit_code = 3
 
 
-@dataclass
-class TrainOptions:
-    """Everything about a run that is not the training recipe (RunConfig)."""
-
-    out: Path
-    data: Path | None = None
-    model: str = "tiny"
-    seed: int = 1234
-    device: str = "auto"
-    eval_interval: int = 50
-    eval_iters: int = 8
-    """Validation micro-batches per evaluation (each ``micro_batch_size`` full-length windows)."""
-    save_interval: int = 100
-    keep_checkpoints: int = 3
-    log_interval: int = 10
-    resume: bool = False
-    allow_config_change: bool = False
-    progress_bar: bool = True
-    tensorboard: bool = True
-    tensorboard_dir: Path | None = None
-    """TensorBoard here instead of RUN/tensorboard (see :func:`seqwarm.trainer.trackers.tracker_config`)."""
-    wandb_project: str | None = None
-    wandb_run_name: str | None = None
-    memory_probe: bool | None = None
-    """One forward + backward at the full length and micro-batch before the first step, so an OOM
-    comes in the first minute (None: on CUDA only). The run's numbers are the same with or without it."""
+RECORDED_OPTIONS = (
+    "out", "data", "model", "seed", "device", "eval_interval", "eval_iters", "save_interval", "keep_checkpoints",
+    "log_interval", "allow_config_change", "progress_bar", "tensorboard", "tensorboard_dir", "wandb_project",
+    "wandb_run_name",
+)  # fmt: skip
+"""The run spec's fields recorded under ``options`` in ``RUN/config.json`` (the run's options, not its recipe)."""
 
 
 class Run:
-    """One training run in a folder: the loop, calling its engine, checkpointer, evaluator and logger."""
+    """One training run in a folder: the loop, calling its engine, checkpointer, evaluator and logger.
+
+    ``cfg``: the checked recipe. ``spec``: the run's :class:`~seqwarm.run.spec.RunSpec` (its options: the
+    folder ``out``, which must be set, the seed, device, intervals, trackers, resume; read as they are,
+    not copied). ``memory_probe``: one forward + backward at the full length and micro-batch before the
+    first step, so an OOM comes in the first minute (None: on CUDA only); the numbers are the same
+    with or without it.
+    """
 
     def __init__(
         self,
         cfg: RunConfig,
-        opts: TrainOptions,
+        spec: Any,
         data,
         model_cfg,
         *,
         dist_info: DistInfo | None = None,
         builder: EngineBuilder | None = None,
+        memory_probe: bool | None = None,
     ):
-        self.cfg, self.opts, self.data, self.model_cfg = cfg, opts, data, model_cfg
+        if spec.out is None:
+            raise ValueError("Run needs spec.out, the run folder")
+        opts = spec
+        self.cfg, self.opts, self.data, self.model_cfg = cfg, spec, data, model_cfg
+        self.memory_probe = memory_probe
         self.info = dist_info or DistInfo()
         self.is_main = self.info.is_main
         builder = builder or TorchEngineBuilder()
@@ -132,7 +124,7 @@ class Run:
             self.run_dir,
             budget_tokens=cfg.train_tokens,
             is_main=self.is_main,
-            log_interval=opts.log_interval,
+            log_interval=max(1, opts.log_interval),
             progress_bar=opts.progress_bar,
             tensorboard=opts.tensorboard,
             curves=plot_run,
@@ -177,7 +169,7 @@ class Run:
                     else {}
                 ),
             },
-            "options": jsonable({k: v for k, v in asdict(opts).items() if k not in ("resume",)}),
+            "options": jsonable({**{k: getattr(opts, k) for k in RECORDED_OPTIONS}, "memory_probe": memory_probe}),
             "world_size": cfg.world_size,
             "parallelism": built.parallelism,
             "device": str(self.device),
@@ -293,7 +285,7 @@ class Run:
         """The engine's :meth:`~seqwarm.curriculum.engine.CurriculumEngine.probe_memory` on random tokens at the
         full length; RNG restored, no data drawn, so the run is bit-identical with or without it."""
         probe = getattr(self.engine, "probe_memory", None)
-        wanted = self.opts.memory_probe
+        wanted = self.memory_probe
         if not callable(probe) or not (self.device.type == "cuda" if wanted is None else wanted):
             return
         length, micro = self.model_cfg.seq_length, self.cfg.micro_batch_size
