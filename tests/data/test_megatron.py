@@ -19,16 +19,9 @@ import pytest
 
 from seqwarm.cli import main
 from seqwarm.data import open_prepared
+from seqwarm.data.blend import BlendedBatches, parse_data_path, split_documents
 from seqwarm.data.dataset import TokenWindows
-from seqwarm.data.megatron import (
-    MEGATRON_DTYPES,
-    MEGATRON_MAGIC,
-    BlendedBatches,
-    MegatronData,
-    MegatronIndexed,
-    parse_data_path,
-    split_documents,
-)
+from seqwarm.data.megatron import MEGATRON_DTYPES, MEGATRON_MAGIC, MegatronData, MegatronIndexed
 from seqwarm.util.errors import UserError
 
 FAST = ["--no-progress", "--device", "cpu", "--no-tensorboard"]
@@ -417,7 +410,7 @@ def test_megatron_data_fingerprint_follows_its_sources():
 
 
 def test_blend_weights_are_relative():
-    from seqwarm.data.megatron import blend_choices
+    from seqwarm.data.blend import blend_choices
 
     counts = []
     for weights in ([1, 2], [1 / 3, 2 / 3]):
