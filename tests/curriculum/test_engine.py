@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from seqwarm.config import FP16Config, load_config
 from seqwarm.curriculum.batch import truncate_batch
 from seqwarm.curriculum.clock import Progress
-from seqwarm.curriculum.engine import CurriculumEngine, LossScaler
+from seqwarm.curriculum.engine import CurriculumEngine
+from seqwarm.curriculum.loss_scale import LossScaler
 from seqwarm.curriculum.lr import lr_at
 from seqwarm.trainer.model import GPT, GPTConfig
 

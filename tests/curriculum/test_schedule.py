@@ -9,7 +9,8 @@ from hypothesis import strategies as st
 
 from seqwarm import CurriculumScheduler, difficulty_at, load_config
 from seqwarm.config import ConfigError
-from seqwarm.curriculum.schedule import CurriculumConfig, aligned_min
+from seqwarm.curriculum.checks import aligned_min
+from seqwarm.curriculum.schedule import CurriculumConfig
 
 
 def block(lo, hi, step, total, kind="fixed_linear", **extra):
@@ -253,11 +254,11 @@ def test_difficulty_at_rejects_a_non_integer_step(step):
 
 
 def test_a_block_is_checked_once(monkeypatch):
-    import seqwarm.curriculum.schedule as curriculum
+    import seqwarm.curriculum.checks as checks
 
     calls = []
-    real = curriculum._check_schedule  # every check of a block checks its schedule_config
-    monkeypatch.setattr(curriculum, "_check_schedule", lambda *a: calls.append(1) or real(*a))
+    real = checks._check_schedule  # every check of a block checks its schedule_config
+    monkeypatch.setattr(checks, "_check_schedule", lambda *a: calls.append(1) or real(*a))
 
     cfg = load_config({"train_batch_size": 8, "curriculum_learning": block(2, 10, 2, 8)})
     assert len(calls) == 1

@@ -17,7 +17,7 @@ of the individual blocks: curriculum, batch sizes, optimizer, precision, schedul
 :mod:`~seqwarm.config.settings` (the one table of seqwarm settings and their flags) and
 :mod:`~seqwarm.config.describe` (the human summary). The
 curriculum's and the LR schedule's configs and checks live with their owners
-(:mod:`seqwarm.curriculum.schedule`, :mod:`seqwarm.curriculum.lr`).
+(:mod:`seqwarm.curriculum.schedule` and :mod:`seqwarm.curriculum.checks`, :mod:`seqwarm.curriculum.lr`).
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ and/or the merged seqwarm settings (:data:`Settings`), and returns the block's c
 
 - where the curriculum is: the legacy ``curriculum_learning`` block or ``data_efficiency``'s
   ``seqlen_truncate`` / ``seqlen_reshape`` metric (the fields of either are checked by
-  :func:`seqwarm.curriculum.schedule.check_curriculum_block`);
+  :func:`seqwarm.curriculum.checks.check_curriculum_block`);
 - DeepSpeed's own rules: the batch sizes (``train_batch_size`` = micro batch x accumulation x world size),
   ``optimizer`` (and the ``--adam-*`` overrides), ``fp16`` / ``bf16``, and the ``scheduler`` block mapped
   onto seqwarm's LR settings;
@@ -23,8 +23,9 @@ from typing import Any, NamedTuple
 
 from seqwarm.config.run import PRECISIONS, FP16Config, OptimizerConfig
 from seqwarm.config.settings import flag_for, keys_in_group
+from seqwarm.curriculum.checks import LEGACY_KEYS, check_curriculum_block
 from seqwarm.curriculum.lr import LRConfig, lr_config_from
-from seqwarm.curriculum.schedule import LEGACY_KEYS, CurriculumConfig, check_curriculum_block
+from seqwarm.curriculum.schedule import CurriculumConfig
 from seqwarm.util.problems import Checker, suggest
 
 OPTIMIZERS_BUILT_HERE = ("Adam", "AdamW", "SGD")
@@ -58,7 +59,7 @@ Settings = dict[str, Given]
 
 
 # --------------------------------------------------------------------------------------------------
-# the curriculum blocks (their fields are checked by seqwarm.curriculum.schedule)
+# the curriculum blocks (their fields are checked by seqwarm.curriculum.checks)
 
 
 def read_legacy_curriculum(chk: Checker, raw: Mapping[str, Any]) -> CurriculumConfig | None:

@@ -12,7 +12,7 @@ block with the overrides (saying where each setting came from), hands each block
 :mod:`seqwarm.config.blocks` (curriculum, batch sizes, optimizer, precision, scheduler mapping, LR), applies
 the rules that span blocks (one curriculum, its length against ``seq_length``, the length bucket, clipping
 from ``max_grad_norm``) and builds the RunConfig. The curriculum block's field checks belong to
-:mod:`seqwarm.curriculum.schedule`, the LR settings' to :mod:`seqwarm.curriculum.lr`.
+:mod:`seqwarm.curriculum.checks`, the LR settings' to :mod:`seqwarm.curriculum.lr`.
 """
 
 from __future__ import annotations

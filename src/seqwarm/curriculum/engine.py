@@ -3,7 +3,8 @@
 DeepSpeed's engine advanced the sequence-length curriculum and passed ``curriculum_seqlen=L`` to the
 model on every training forward; DeepSpeed 0.19 removed that. This engine restores it around a plain
 ``nn.Module`` and optimizer, and also runs the rest of an optimizer step the way DeepSpeed did:
-gradient accumulation, clipping, the learning rate (a pure function of the clock), fp16 loss scaling.
+gradient accumulation, clipping, the learning rate (a pure function of the clock), fp16 loss scaling
+(:class:`~seqwarm.curriculum.loss_scale.LossScaler`).
 
     loss = engine(batch)          # or engine(**batch), or engine(input_ids, labels, ...) in inject mode
     engine.backward(loss)         # scales by 1/gradient_accumulation_steps (x loss scale for fp16)
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import logging
 import warnings
 from collections.abc import Mapping
 from typing import Any
@@ -31,74 +31,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from seqwarm.config import FP16Config, resolve_precision
+from seqwarm.config import resolve_precision
 from seqwarm.curriculum.inputs import as_run_config, check_state_format, set_lr
+from seqwarm.curriculum.loss_scale import LossScaler
 from seqwarm.curriculum.warmup import SequenceLengthWarmup
 
-__all__ = ["CurriculumEngine", "LossScaler", "bf16_supported"]
-
-logger = logging.getLogger(__name__)
+__all__ = ["CurriculumEngine", "bf16_supported"]
 
 STATE_FORMAT = "seqwarm.engine/1"
-
-
-class LossScaler:
-    """fp16 loss scaling with DeepSpeed's semantics (``loss_scale`` 0 = dynamic).
-
-    Dynamic: start at ``2**initial_scale_power``. On an overflow, use up one unit of hysteresis; when
-    none is left, halve the scale (never below ``min_loss_scale``). After ``loss_scale_window``
-    overflow-free steps since the last overflow, double it and refill the hysteresis (with
-    ``consecutive_hysteresis`` the hysteresis is refilled after every overflow-free step instead).
-    Static: the scale never changes, but overflowing steps are still skipped.
-    """
-
-    def __init__(self, cfg: FP16Config):
-        self.dynamic = not cfg.loss_scale
-        self.scale = float(2**cfg.initial_scale_power) if self.dynamic else float(cfg.loss_scale)
-        self.window = int(cfg.loss_scale_window)
-        self.hysteresis = int(cfg.hysteresis)
-        self.consecutive_hysteresis = bool(cfg.consecutive_hysteresis)
-        self.min_scale = float(cfg.min_loss_scale)
-        self.hysteresis_left = self.hysteresis
-        self.iteration = 0
-        self.last_overflow_iteration = -1
-
-    def update(self, overflow: bool) -> None:
-        """Record one optimizer step's outcome and adjust the scale."""
-        if self.dynamic:
-            if overflow:
-                if self.hysteresis_left <= 1:
-                    if self.scale <= self.min_scale:
-                        logger.warning(
-                            "fp16 gradient overflow at the minimum loss scale %g: the step is "
-                            "skipped again; the run is likely diverging",
-                            self.min_scale,
-                        )
-                    self.scale = max(self.scale / 2.0, self.min_scale)
-                else:
-                    self.hysteresis_left -= 1
-                self.last_overflow_iteration = self.iteration
-            else:
-                if self.consecutive_hysteresis:
-                    self.hysteresis_left = self.hysteresis
-                if (self.iteration - self.last_overflow_iteration) % self.window == 0:
-                    self.hysteresis_left = self.hysteresis
-                    self.scale *= 2.0
-        self.iteration += 1
-
-    def state_dict(self) -> dict[str, Any]:
-        return {
-            "scale": self.scale,
-            "hysteresis_left": self.hysteresis_left,
-            "iteration": self.iteration,
-            "last_overflow_iteration": self.last_overflow_iteration,
-        }
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.scale = float(state["scale"])
-        self.hysteresis_left = int(state["hysteresis_left"])
-        self.iteration = int(state["iteration"])
-        self.last_overflow_iteration = int(state["last_overflow_iteration"])
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

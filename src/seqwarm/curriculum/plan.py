@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from seqwarm.config import RunConfig
+from seqwarm.curriculum.checks import CUSTOM
 from seqwarm.curriculum.clock import Progress, advance, stop_reason, tokens_per_step
 from seqwarm.curriculum.lr import (
     decay_tokens_from_iters,
@@ -19,7 +20,7 @@ from seqwarm.curriculum.lr import (
     warmup_iters_from_tokens,
     warmup_samples_from_tokens,
 )
-from seqwarm.curriculum.schedule import CUSTOM, difficulty_at
+from seqwarm.curriculum.schedule import difficulty_at
 from seqwarm.util.errors import UserError
 from seqwarm.util.units import human_count
 
