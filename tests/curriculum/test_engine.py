@@ -433,6 +433,27 @@ def test_state_dict_round_trip_continues_identically():
         engine_b.load_state_dict({"progress": {}})
 
 
+def test_a_resume_with_other_accumulation_steps_starts_on_a_step_boundary():
+    """--allow-config-change may change gradient_accumulation_steps: the saved micro-step count (3 steps x 2)
+    must not leave the new engine mid-accumulation, where the loop's next begin_step would be the second."""
+    model_a = Recorder()
+    engine_a = make(model_a, config(LINEAR, gas=2))
+    train(engine_a, 3)
+    saved = copy.deepcopy(engine_a.state_dict())
+    assert saved["micro_steps"] == 6
+    engine_b = make(Recorder(), config(LINEAR, gas=4))
+    engine_b.load_state_dict(saved)
+    assert engine_b.progress.step == 3 and not engine_b.slw.step_open
+    for i in range(2):  # two whole optimizer steps of 4 micro-batches, each begun by the loop
+        engine_b.begin_step()
+        results = []
+        for j in range(4):
+            engine_b.backward(engine_b(data(10 + 4 * i + j)))
+            results.append(engine_b.step())
+        assert results == [False, False, False, True]
+    assert engine_b.progress.step == 5
+
+
 def test_engine_doc_examples_run():
     """Every python block in docs/ENGINE.md runs (each block in a fresh namespace)."""
     doc = Path(__file__).resolve().parents[2] / "docs" / "ENGINE.md"

@@ -219,6 +219,24 @@ def test_loss_mask_counts_are_summed_over_the_given_group(monkeypatch):
     assert core.end_step().tokens == 2 * 2 * 2 and len(world.groups) == 2  # shapes: no all-reduce
 
 
+def test_a_mid_step_sum_leaves_the_rank_count_alone(monkeypatch):
+    """all_reduce works in place: asking for the LR after one micro-batch must not turn the rank's own
+    count into the sum, or the next cut (and a checkpoint's pending tokens) count the other ranks twice."""
+    FakeWorld(monkeypatch)
+    b = batch()
+    per_rank = int(b["loss_mask"][:, :2].sum())
+    cfg = config(gas=2, world_size=2, count_tokens_by="loss_mask")
+    asked, quiet = core_of(cfg, plain), core_of(cfg, plain)
+    for core in (asked, quiet):
+        core.begin_step()
+        core.cut(b)
+    asked.step_lr()  # mid-step: the sum of the first micro-batch
+    assert int(asked.state_dict()["pending_tokens"]) == per_rank
+    for core in (asked, quiet):
+        core.cut(b)
+    assert asked.end_step().tokens == quiet.end_step().tokens == 2 * 2 * per_rank
+
+
 def test_both_engines_hand_their_group_to_the_core(monkeypatch):
     world = FakeWorld(monkeypatch)
     group = object()

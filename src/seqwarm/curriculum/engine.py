@@ -380,6 +380,8 @@ class CurriculumEngine:
         check_state_format(state, STATE_FORMAT, "CurriculumEngine")
         self.slw.load_state_dict(state)
         self.micro_steps = int(state["micro_steps"])
+        if not self.slw.step_open:  # saved between steps: a resume may change the accumulation steps
+            self.micro_steps -= self.micro_steps % self.gradient_accumulation_steps
         if self.loss_scaler is not None and state.get("loss_scaler") is not None:
             self.loss_scaler.load_state_dict(state["loss_scaler"])
         if "optimizer" in state:

@@ -338,6 +338,8 @@ class SequenceLengthWarmup:
                 if world > 1 and live:
                     if tokens.device.type == "cpu" and _nccl(self.process_group):  # counted on the host
                         tokens = tokens.to(torch.device("cuda", torch.cuda.current_device()))
+                    else:  # all_reduce works in place: the rank's own count must survive more cuts
+                        tokens = tokens.clone()
                     dist.all_reduce(tokens, group=self.process_group)
                     self._totals = (samples * world, int(tokens.item()))
                     return self._totals
