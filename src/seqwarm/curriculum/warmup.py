@@ -48,6 +48,14 @@ from seqwarm.config.run import COUNT_TOKENS_BY
 from seqwarm.curriculum.batch import batch_shape, bucket_batch, bucket_length, reshape_batch, truncate_batch
 from seqwarm.curriculum.clock import Progress, advance, micro_batch_shape, stop_reason
 from seqwarm.curriculum.inputs import as_run_config, keyword_curriculum
+from seqwarm.curriculum.layouts import (
+    LAYOUTS,
+    cut_to_layout,
+    longest_sequence,
+    read_layout,
+    real_tokens,
+    trained_targets,
+)
 from seqwarm.curriculum.lr import LRConfig, lr_at
 from seqwarm.curriculum.modes import forward_name, output_length, resolve_mode
 from seqwarm.curriculum.schedule import CurriculumConfig, CurriculumScheduler
@@ -77,18 +85,19 @@ def _nccl(group: Any) -> bool:
 class SequenceLengthWarmup:
     """The curriculum length per optimizer step, the one cut per micro-batch, the token clock and its state.
 
-    Keyword schedule: the length rises from ``min_length`` to ``max_length`` over ``steps`` optimizer
-    steps, every length a multiple of ``multiple_of`` (``schedule="linear"``; ``"root"`` with
-    ``root_degree``; ``"discrete"`` with ``lengths=[...]`` used up to ``until_steps=[...]``), with the
-    rounding and checks of DeepSpeed's blocks (every problem listed in one
-    :class:`~seqwarm.util.problems.ConfigError`). ``mode``: truncate (default) | reshape | inject | None
-    (auto, from ``forward``'s signature). ``length_bucket``: cut to the length rounded up to a multiple
-    of it, the loss masked past the length (truncate only). ``count_tokens_by``: ``shape`` (rows x
-    length) or ``loss_mask`` (its sum). ``lr``: an :class:`~seqwarm.curriculum.lr.LRConfig` for the
-    token-clock LR (None: the LR is not this object's). ``train_tokens`` / ``train_iters`` /
-    ``train_samples``: when :attr:`done` turns true. ``world_size``: data-parallel ranks the counts
-    are summed over (None: the size of ``process_group``, the default group, or 1 without
-    torch.distributed). ``process_group``: where loss-mask counts are summed.
+    Keyword schedule: the length rises from ``min_length`` to ``max_length`` over ``steps`` optimizer steps,
+    every length a multiple of ``multiple_of`` (``schedule="linear"``; ``"root"`` with ``root_degree``;
+    ``"discrete"`` with ``lengths=[...]`` used up to ``until_steps=[...]``), with the rounding and checks of
+    DeepSpeed's blocks (every problem listed in one :class:`~seqwarm.util.problems.ConfigError`). ``mode``:
+    truncate (default) | reshape | inject | None (auto, from ``forward``'s signature). ``length_bucket``: cut to
+    the length rounded up to a multiple of it, the loss masked past the length (truncate only).
+    ``count_tokens_by``: ``shape`` (the tokens the model is given: rows x length, padding left out) or
+    ``loss_mask`` (its sum, or the labels that are not -100). ``layout``: how batches hold their sequences
+    (:mod:`~seqwarm.curriculum.layouts`: ``auto`` reads each batch; ``dense``, ``padded``, ``padding_free``).
+    ``lr``: an :class:`~seqwarm.curriculum.lr.LRConfig` for the token-clock LR (None: the LR is not this
+    object's). ``train_tokens`` / ``train_iters`` / ``train_samples``: when :attr:`done` turns true.
+    ``world_size``: data-parallel ranks the counts are summed over (None: the size of ``process_group``, the
+    default group, or 1 without torch.distributed). ``process_group``: where loss-mask counts are summed.
 
     ``curriculum``: instead of the schedule keywords, a checked
     :class:`~seqwarm.curriculum.schedule.CurriculumConfig` (None: no curriculum — every batch passes at full
@@ -113,6 +122,7 @@ class SequenceLengthWarmup:
         pipeline: bool = False,
         length_bucket: int | None = None,
         count_tokens_by: str = "shape",
+        layout: str = "auto",
         lr: LRConfig | None = None,
         train_tokens: int | None = None,
         train_iters: int | None = None,
@@ -129,6 +139,9 @@ class SequenceLengthWarmup:
             )
         if count_tokens_by not in COUNT_TOKENS_BY:
             raise ValueError(f"count_tokens_by must be 'shape' or 'loss_mask', got {count_tokens_by!r}")
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        self.layout = layout
         self.curriculum = curriculum if curriculum is not None and curriculum.enabled else None
         self.scheduler = CurriculumScheduler(self.curriculum) if self.curriculum is not None else None
         self.bucket: int | None = length_bucket if self.scheduler else None
@@ -159,6 +172,9 @@ class SequenceLengthWarmup:
         """The length of the step in flight (or the last one); the batch's own without a curriculum."""
         self.micro_shape: tuple[int, int] | None = None
         """(rows, length) of the last micro-batch as the model sees it (a pipeline resets on a change)."""
+        self.trained_length: int | None = None
+        """The longest sequence the model was given in the step in flight (or the last one): the length, or
+        less when the batches held shorter sequences (padded to their longest)."""
         self._open = False
         self._step_length: int | None = None
         self._samples = 0
@@ -214,6 +230,7 @@ class SequenceLengthWarmup:
             )
         self._open = True
         self._totals = None
+        self.trained_length = None
         if self.scheduler is not None:  # DeepSpeed's engine called update_difficulty(global_steps + 1)
             self._step_length = self.scheduler.update_difficulty(self.progress.step + 1)
             self.current_seqlen = self._step_length
@@ -227,30 +244,53 @@ class SequenceLengthWarmup:
         """One micro-batch of the step in flight, cut to its length (a new dict; the input is not changed):
         truncate / reshape (into buckets with a ``length_bucket``: :func:`~seqwarm.curriculum.batch.bucket_batch`), or
         with ``curriculum_seqlen`` added (inject); as it is without a curriculum. Its tokens are counted.
+        Padded and padding-free batches (:mod:`~seqwarm.curriculum.layouts`) keep each sequence's first
+        L real tokens, and only real tokens are counted.
 
         ``trim``: in inject mode, also leave out the columns past the length, which the model drops
         itself — what a loop does that copies batches to a device after the cut (only trained columns
         travel); the model still gets ``curriculum_seqlen``."""
         self._need_open("cut()")
         _, rows, seq = batch_shape(batch)
-        mask = batch.get("loss_mask")
-        mask = mask if isinstance(mask, torch.Tensor) else None
-        if self.mode not in ("truncate", "reshape"):
-            seqlen = self.record(rows, seq, mask)
-            if seqlen is None:
-                return dict(batch)
-            if not trim:
-                return {**batch, "curriculum_seqlen": seqlen}
-            self._injected = None  # cut to the length here: the model cannot train at another one
-            return {**truncate_batch(batch, seqlen), "curriculum_seqlen": seqlen}
         length = self._step_length
-        self._check_top(seq)
+        layout = read_layout(batch, self.layout, strict=length is not None)
+        if length is None:  # no curriculum: the batch as it is, counted
+            self._add(rows, batch, layout)
+            self.current_seqlen = seq
+            return dict(batch)
+        self._check_top(seq, layout)
+        if self.mode not in ("truncate", "reshape"):
+            if layout in ("left_padded", "padding_free"):
+                raise ValueError(
+                    f"curriculum mode inject: {self.model_name} cuts its inputs to their first L columns "
+                    f"itself, which in a {layout.replace('_', '-')} batch are not each sequence's first L "
+                    "tokens; use curriculum mode 'truncate' (seqwarm cuts each sequence)"
+                )
+            out = truncate_batch(batch, length)  # what the model trains on: its first L columns
+            self._add(rows, out, layout)
+            self._injected = (rows, min(length, seq))
+            if not trim:
+                return {**batch, "curriculum_seqlen": length}
+            self._injected = None  # cut to the length here: the model cannot train at another one
+            return {**out, "curriculum_seqlen": length}
+        if layout != "dense":
+            if self.mode == "reshape" or self.bucket is not None:
+                what = "curriculum mode reshape" if self.mode == "reshape" else "a length bucket"
+                raise ValueError(
+                    f"{what} works on dense rows; this batch is {layout.replace('_', '-')} (rows of one "
+                    "sequence each, or sequences back to back): re-chunking it would make rows of padding and "
+                    "join sequences across it. Use curriculum mode 'truncate', which keeps each sequence's "
+                    "first L real tokens"
+                )
+            out = cut_to_layout(batch, length, layout)
+            self._add(rows, out, layout)
+            return out
         if self.bucket is not None:
             out = bucket_batch(batch, length, self.bucket)
         else:
             out = (truncate_batch if self.mode == "truncate" else reshape_batch)(batch, length)
         new_rows, new_len = micro_batch_shape(rows, seq, length, self.mode)
-        self._count(rows, new_rows, new_len, out.get("loss_mask") if mask is not None else None)
+        self._add(rows, out, layout, (new_rows, new_len))
         if self.bucket is not None:  # counted at the length; the model sees the bucket's columns
             self.micro_shape = (new_rows, bucket_length(length, self.bucket, seq))
         return out
@@ -262,7 +302,7 @@ class SequenceLengthWarmup:
         self._need_open("record()")
         seqlen = self._step_length
         if seqlen is not None:
-            self._check_top(seq)
+            self._check_top(seq, "dense")
         length = seq if seqlen is None else min(seqlen, seq)
         self._count(rows, rows, length, None if loss_mask is None else loss_mask[:, :length])
         if seqlen is None:
@@ -270,11 +310,11 @@ class SequenceLengthWarmup:
         self._injected = None if seqlen is None else (rows, length)
         return seqlen
 
-    def _check_top(self, full: int) -> None:
-        if self._checked_top:
-            return
-        self._checked_top = True
+    def _check_top(self, full: int, layout: str) -> None:
         top = self.curriculum.max_difficulty
+        if self._checked_top or layout == "padding_free" or layout != "dense" and full <= top:
+            return  # padded batches are as long as their longest sequence: shorter than the top is fine
+        self._checked_top = True
         if top != full:
             warnings.warn(
                 f"curriculum max_difficulty {top} != the batch's sequence length {full}: the "
@@ -282,6 +322,22 @@ class SequenceLengthWarmup:
                 "length; set max_difficulty to the model's sequence length",
                 stacklevel=4,
             )
+
+    def _add(self, samples: int, out: Mapping[str, Any], layout: str, shape: tuple[int, int] | None = None) -> None:
+        """Count a cut micro-batch ``out`` (``samples`` rows drawn): its real tokens (or loss terms).
+        ``shape``: (rows, length) to count dense rows at, when not the shape of ``out``."""
+        rows, width = shape if shape is not None else batch_shape(out)[1:]
+        if self.count_tokens_by == "loss_mask":
+            self._tokens = self._tokens + trained_targets(out)
+        elif layout == "dense":
+            self._tokens = self._tokens + rows * width
+        else:
+            self._tokens = self._tokens + real_tokens(out, layout)
+        self._samples += samples
+        self._totals = None
+        self.micro_shape = (rows, width)
+        longest = longest_sequence(out, layout) if layout == "padding_free" else width
+        self.trained_length = max(self.trained_length or 0, longest)
 
     def _count(self, samples: int, rows: int, length: int, loss_mask: torch.Tensor | None) -> None:
         if self.count_tokens_by == "loss_mask":
@@ -293,6 +349,7 @@ class SequenceLengthWarmup:
         self._samples += samples
         self._totals = None
         self.micro_shape = (rows, length)
+        self.trained_length = max(self.trained_length or 0, length)
 
     def check_output(self, output: Any, shape: tuple[int, int] | None = None) -> None:
         """After an injected training forward: raise ValueError when the model's output is not at the
