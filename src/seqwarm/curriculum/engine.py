@@ -91,7 +91,8 @@ class CurriculumEngine:
     default group also spans model-parallel ranks). ``inject_via_kwargs``: inject ``curriculum_seqlen`` into a
     forward that reads it from ``**kwargs`` (DeepSpeed's legacy test models); without it only a
     forward with a parameter named ``curriculum_seqlen`` is injected into. In inject mode every
-    training output is checked against the length (a model that ignores it is an error).
+    training output is checked against the length (a model that ignores it is an error). ``layout``: how
+    the batches hold their sequences (:mod:`~seqwarm.curriculum.layouts`; default: read from each batch).
     """
 
     def __init__(
@@ -102,6 +103,7 @@ class CurriculumEngine:
         *,
         process_group: Any = None,
         inject_via_kwargs: bool = False,
+        layout: str = "auto",
     ):
         self.module = model
         self.optimizer = optimizer
@@ -115,7 +117,7 @@ class CurriculumEngine:
         self._signature = inspect.signature(forward)
         self._input_places: dict[tuple, dict[str, int | str]] = {}  # call shape -> where the tokens are
         self.slw = SequenceLengthWarmup.from_config(
-            cfg, forward, process_group=process_group, inject_via_kwargs=inject_via_kwargs
+            cfg, forward, process_group=process_group, inject_via_kwargs=inject_via_kwargs, layout=layout
         )
         self.scheduler = self.slw.scheduler
         self.mode = self.slw.mode

@@ -93,9 +93,8 @@ class TorchEngineBuilder:
         wrapped = wrap_model(model, info, self.fsdp, device, param_dtype=half if device.type == "cuda" else None)
         optimizer = build_optimizer(model, cfg)  # after sharding: FSDP2 params are DTensors
         parallelism = "fsdp2" if self.fsdp else ("ddp" if info.enabled else "none")
-        return Built(
-            model, optimizer, CurriculumEngine(wrapped, optimizer, cfg), parallelism, resolved={"compile": self.compile}
-        )
+        engine = CurriculumEngine(wrapped, optimizer, cfg, layout="dense")  # seqwarm's windows: dense rows
+        return Built(model, optimizer, engine, parallelism, resolved={"compile": self.compile})
 
     def checkpointer(
         self, built: Built, folder: Path, info: DistInfo, keep: int, interval: int = 0

@@ -191,13 +191,23 @@ class DeepSpeedCurriculum:
     must be the engine's. ``mode``: truncate | reshape | inject (default: the config's, else inject
     when the model's forward has a parameter named ``curriculum_seqlen``, else truncate; pipelines
     cannot inject). ``inject_via_kwargs``: inject into a forward that reads the length from ``**kwargs``.
+    ``layout``: how the batches hold their sequences (:mod:`~seqwarm.curriculum.layouts`; default: read
+    from each batch).
 
     Per micro-batch call :meth:`cut` (on every rank, every pipeline stage included), then :meth:`step`
     instead of ``engine.step()``; a pipeline engine: :meth:`cut` every micro-batch of the step, then
     :meth:`train_batch`. The clock, length and LR are ``curriculum.slw``'s.
     """
 
-    def __init__(self, engine: Any, config: Any, *, mode: str | None = None, inject_via_kwargs: bool = False):
+    def __init__(
+        self,
+        engine: Any,
+        config: Any,
+        *,
+        mode: str | None = None,
+        inject_via_kwargs: bool = False,
+        layout: str = "auto",
+    ):
         self.engine = engine
         self.pipeline = is_pipeline_engine(engine)
         self.dp_world_size = int(getattr(engine, "dp_world_size", 1) or 1)
@@ -216,6 +226,7 @@ class DeepSpeedCurriculum:
             pipeline=self.pipeline,
             process_group=getattr(engine, "data_parallel_group", None),
             inject_via_kwargs=inject_via_kwargs,
+            layout=layout,
         )
         self.scheduler = self.slw.scheduler
         self.mode = self.slw.mode
@@ -318,7 +329,7 @@ class DeepSpeedEngineAdapter:
 
     def __init__(self, ds_engine: Any, config: RunConfig, *, mode: str | None = None):
         self.module = ds_engine
-        self.curriculum = DeepSpeedCurriculum(ds_engine, config, mode=mode)
+        self.curriculum = DeepSpeedCurriculum(ds_engine, config, mode=mode, layout="dense")
         self.slw = self.curriculum.slw
         self.config = self.curriculum.config
         self.mode = self.slw.mode

@@ -169,7 +169,7 @@ class HFEngineBuilder(TorchEngineBuilder):
         return Built(
             lm,
             optimizer,
-            CurriculumEngine(wrapped, optimizer, cfg),
+            CurriculumEngine(wrapped, optimizer, cfg, layout="dense"),
             "ddp" if info.enabled else "none",
             label_style="hf",
         )
