@@ -13,12 +13,14 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "curriculum_config_for": "trainer",
+    "curriculum_config_for": "arguments",
+    "lr_settings_for": "arguments",
+    "with_curriculum": "trainer",
     "CurriculumLRScheduler": "trainer",
     "CurriculumTrainer": "trainer",
     "label_style_for": "trainer",
     "require_transformers": "trainer",
-    "trainer_deepspeed_config": "trainer",
+    "trainer_deepspeed_config": "arguments",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -29,20 +29,25 @@ a seqwarm :class:`~seqwarm.data.dataset.TokenWindows` dataset to that style for 
 from __future__ import annotations
 
 import logging
-import os
 import weakref
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from seqwarm.config import LRConfig, RunConfig, load_config
-from seqwarm.config.reader import read_config_dict, without_seqwarm_blocks
-from seqwarm.curriculum.clock import Progress
+from seqwarm.config import LRConfig, RunConfig
+from seqwarm.curriculum.clock import Progress, advance, tokens_per_step
 from seqwarm.curriculum.inputs import as_run_config
 from seqwarm.curriculum.lr import lr_at
+from seqwarm.curriculum.schedule import difficulty_at
 from seqwarm.curriculum.warmup import SequenceLengthWarmup
 from seqwarm.data.dataset import TokenWindows
+from seqwarm.integrations.hf.arguments import (
+    curriculum_config_for,
+    lr_settings_for,
+    raw_config,
+    trainer_deepspeed_config,
+)
 from seqwarm.util.errors import MissingDependencyError, UserError
 
 __all__ = [
@@ -52,6 +57,7 @@ __all__ = [
     "require_transformers",
     "trainer_deepspeed_config",
     "curriculum_config_for",
+    "with_curriculum",
 ]
 
 logger = logging.getLogger(__name__)
@@ -114,10 +120,12 @@ class CurriculumLRScheduler(torch.optim.lr_scheduler.LRScheduler):
         return [lr * group.get("lr_scale", 1.0) for group in self.optimizer.param_groups]
 
     def step(self, progress: Progress | None = None) -> None:  # type: ignore[override]
-        """Set every group's LR for the clock ``progress`` (None: the last clock given)."""
+        """Set every group's LR for the clock ``progress`` (None: the last clock given, again: the step
+        count does not move, so a caller that also steps it after the optimizer counts each step once)."""
         if progress is not None:
             self.progress = progress
-        self.last_epoch += 1
+        if progress is not None or self.last_epoch < 0:  # (the constructor's own first call counts)
+            self.last_epoch += 1
         values = self.get_lr()
         for group, lr in zip(self.optimizer.param_groups, values):
             group["lr"] = lr
@@ -143,69 +151,7 @@ class CurriculumLRScheduler(torch.optim.lr_scheduler.LRScheduler):
             self.slw.load_state_dict(state["core"])
 
 
-# -- configs ----------------------------------------------------------------------------------------
-
-
-def _read(source: Any) -> dict[str, Any]:
-    if not isinstance(source, (Mapping, str, os.PathLike)):
-        raise TypeError(f"config must be a RunConfig, a dict or a JSON path, got {type(source).__name__}")
-    return read_config_dict(source)[0]
-
-
-def trainer_deepspeed_config(source: Any) -> dict[str, Any]:
-    """The DeepSpeed config for ``TrainingArguments(deepspeed=...)``: the user's (dict or JSON path)
-    without the keys seqwarm handles (``curriculum_learning``, the ``seqwarm`` block, the curriculum
-    of ``data_efficiency``, the ``scheduler``); ``"auto"`` values stay, for the Trainer to fill."""
-    ds = without_seqwarm_blocks(_read(source))
-    ds.pop("scheduler", None)  # seqwarm's clock sets the LR; a DeepSpeed scheduler would fight it
-    return ds
-
-
-def curriculum_config_for(source: Any, args: Any) -> RunConfig:
-    """The checked :class:`RunConfig` of ``source`` (dict / JSON path / RunConfig) for the Trainer's
-    ``args``: batch keys, clipping and optimizer values missing or ``"auto"`` are the Trainer's; batch
-    sizes that are set must be the Trainer's (a :class:`UserError` says which differ)."""
-    if isinstance(source, RunConfig):
-        cfg = source
-    else:
-        raw = _read(source)
-        fill = {
-            "train_micro_batch_size_per_gpu": args.per_device_train_batch_size,
-            "gradient_accumulation_steps": args.gradient_accumulation_steps,
-            "train_batch_size": args.per_device_train_batch_size * args.gradient_accumulation_steps * args.world_size,
-        }
-        for key, value in fill.items():  # a missing train_batch_size follows from the other two
-            if raw.get(key, "auto" if key != "train_batch_size" else None) == "auto":
-                raw[key] = value
-        if raw.get("gradient_clipping") == "auto":
-            raw["gradient_clipping"] = args.max_grad_norm
-        params = raw.get("optimizer", {}).get("params", {}) if isinstance(raw.get("optimizer"), dict) else {}
-        hf = {
-            "lr": args.learning_rate,
-            "betas": [args.adam_beta1, args.adam_beta2],
-            "eps": args.adam_epsilon,
-            "weight_decay": args.weight_decay,
-        }
-        for key, value in hf.items():
-            if params.get(key) == "auto":
-                params[key] = value
-        for name in ("fp16", "bf16"):
-            if isinstance(raw.get(name), dict) and raw[name].get("enabled") == "auto":
-                raw[name]["enabled"] = bool(getattr(args, name, False))
-        cfg = load_config(raw, world_size=args.world_size)
-    ours = {
-        "per_device_train_batch_size": (cfg.micro_batch_size, args.per_device_train_batch_size),
-        "gradient_accumulation_steps": (cfg.gradient_accumulation_steps, args.gradient_accumulation_steps),
-        "world_size": (cfg.world_size, args.world_size),
-    }
-    diff = [f"{k}: curriculum config {a}, TrainingArguments {b}" for k, (a, b) in ours.items() if a != b]
-    if diff:
-        raise UserError(
-            "the curriculum config's batch sizes differ from the Trainer's ("
-            + "; ".join(diff)
-            + "): set them to 'auto' or leave them out of the config, or make them equal"
-        )
-    return cfg
+# -- the DeepSpeed config ---------------------------------------------------------------------------
 
 
 def _hand_deepspeed_config(args: Any) -> None:
@@ -213,7 +159,7 @@ def _hand_deepspeed_config(args: Any) -> None:
     ``Trainer`` rebuilds it between hyper-parameter trials)."""
     if not getattr(args, "deepspeed", None):
         return
-    raw = _read(args.deepspeed)
+    raw = raw_config(args.deepspeed)
     ds = trainer_deepspeed_config(raw)
     if ds == raw:
         return
@@ -229,7 +175,57 @@ def _hand_deepspeed_config(args: Any) -> None:
 # -- the Trainer ------------------------------------------------------------------------------------
 
 
-def _build_trainer_class() -> type:
+def _budget_note(cfg: RunConfig, steps: int) -> str | None:
+    """When the Trainer's ``steps`` and the config's token budget do not end the run together: which ends
+    it, and the LR then (tokens as planned at full batches: padding makes the real count smaller)."""
+    budget, cur = cfg.train_tokens, cfg.curriculum
+    if budget is None or cfg.full_length is None or steps <= 0 or steps > 10_000_000:
+        return None
+    progress, length = Progress(), cur.min_difficulty if cur is not None else cfg.full_length
+    for step in range(1, steps + 1):
+        if cur is not None and length < cur.max_difficulty:  # the scheduler's rule, as make_plan follows it
+            length = difficulty_at(step, cur)
+        progress = advance(progress, cfg.train_batch_size, tokens_per_step(cfg, length), cfg.lr)
+        if progress.tokens >= budget:
+            if step == steps:
+                return None
+            lr = lr_at(progress, cfg.lr)
+            return (
+                f"train_tokens = {budget:,} ends the run at step {step} (at most: padding takes longer), before "
+                f"the Trainer's {steps} steps: the LR is then {lr:.3g} ({lr / cfg.lr.lr:.0%} of its peak)"
+            )
+    lr = lr_at(progress, cfg.lr)
+    return (
+        f"the Trainer stops after {steps} steps (max_steps / num_train_epochs), before train_tokens = "
+        f"{budget:,} (about {progress.tokens:,} tokens by then): the LR is then {lr:.3g} "
+        f"({lr / cfg.lr.lr:.0%} of its peak)"
+    )
+
+
+def _clock_scheduler(scheduler: Any) -> Any:
+    """The :class:`CurriculumLRScheduler` inside Accelerate's and DeepSpeed's scheduler wrappers."""
+    while not isinstance(scheduler, CurriculumLRScheduler) and hasattr(scheduler, "scheduler"):
+        scheduler = scheduler.scheduler
+    return scheduler
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def with_curriculum(trainer_class: type) -> type:
+    """A subclass of ``trainer_class`` (``transformers.Trainer`` or any subclass of it, e.g. TRL's
+    ``SFTTrainer``) with the curriculum of :class:`CurriculumTrainer`: its constructor takes the same
+    ``curriculum=`` and ``inject_via_kwargs=`` keywords. ``CurriculumTrainer`` is
+    ``with_curriculum(transformers.Trainer)``."""
+    transformers = require_transformers("with_curriculum")
+    if not (isinstance(trainer_class, type) and issubclass(trainer_class, transformers.Trainer)):
+        raise TypeError(f"with_curriculum needs a transformers.Trainer subclass, got {trainer_class!r}")
+    if trainer_class not in _CLASSES:
+        _CLASSES[trainer_class] = _build_trainer_class(trainer_class)
+    return _CLASSES[trainer_class]
+
+
+def _build_trainer_class(base: type) -> type:
     transformers = require_transformers("CurriculumTrainer")
 
     class _CurriculumCallback(transformers.TrainerCallback):
@@ -248,15 +244,19 @@ def _build_trainer_class() -> type:
                     control.should_save = True
             return control
 
-    class CurriculumTrainer(transformers.Trainer):
+    class CurriculumTrainer(base):
         """``transformers.Trainer`` with seqwarm's sequence-length curriculum, token clock and LR.
 
         ``curriculum``: a DeepSpeed JSON path or dict (read with :func:`~seqwarm.config.load_config`;
-        batch keys missing or ``"auto"`` are the Trainer's) or a :class:`RunConfig`; default: the
-        ``deepspeed=`` config of the ``TrainingArguments``. The LR is seqwarm's (peak, warmup, decay
-        from that config; ``learning_rate`` / ``lr_scheduler_type`` / ``warmup_*`` are not used);
-        the optimizer is the Trainer's. Every other argument is ``Trainer``'s.
-        ``self.curriculum`` is the :class:`~seqwarm.curriculum.warmup.SequenceLengthWarmup` (clock, length, mode).
+        batch keys and optimizer values missing or ``"auto"`` are the Trainer's, values set in both must
+        agree) or a :class:`RunConfig` (used as it is); default: the ``deepspeed=`` config of the
+        ``TrainingArguments``. The LR runs on seqwarm's token clock: the config's schedule, or where it
+        sets none the Trainer's ``learning_rate`` / ``warmup_steps`` / ``lr_scheduler_type``
+        (:mod:`seqwarm.integrations.hf.arguments`). The optimizer is the Trainer's (DeepSpeed's with an
+        ``optimizer`` block). Batches may be dense, padded on either side, or padding-free
+        (:mod:`~seqwarm.curriculum.layouts`): every sequence keeps its first L real tokens, and only real
+        tokens are counted. Every other argument is ``Trainer``'s. ``self.curriculum`` is the
+        :class:`~seqwarm.curriculum.warmup.SequenceLengthWarmup` (clock, length, mode).
         """
 
         def __init__(self, *args: Any, curriculum: Any = None, inject_via_kwargs: bool = False, **kwargs: Any):
@@ -283,12 +283,16 @@ def _build_trainer_class() -> type:
                             k: v.with_label_style("hf") if isinstance(v, TokenWindows) else v
                             for k, v in kwargs[key].items()
                         }
+            self._curriculum_source = curriculum
             self.curriculum_config = curriculum_config_for(curriculum, targs)
             _hand_deepspeed_config(targs)
+            # seqwarm's windows are packed rows (their EOD position resets are not padding-free sequences)
+            layout = "dense" if isinstance(kwargs.get("train_dataset"), TokenWindows) else "auto"
             super().__init__(*args, **kwargs)
             self.curriculum = SequenceLengthWarmup.from_config(
-                self.curriculum_config, self.model.forward, inject_via_kwargs=inject_via_kwargs
+                self.curriculum_config, self.model.forward, inject_via_kwargs=inject_via_kwargs, layout=layout
             )
+            self._lr_said = False
             self.add_callback(_CurriculumCallback(self))
             # Trainer normalises by labels[..., 1:] only for models whose class name maps to the causal
             # LM loss; GPT2LMHeadModel does not, so it divides by labels that have no target: the loss
@@ -305,16 +309,35 @@ def _build_trainer_class() -> type:
 
         def create_scheduler(self, num_training_steps: int, optimizer: Any = None):
             if self.lr_scheduler is None:
+                self._schedule_for(num_training_steps)
                 self.lr_scheduler = CurriculumLRScheduler(optimizer or self.optimizer, self.curriculum)
                 self._created_lr_scheduler = True
             return self.lr_scheduler
+
+        def _schedule_for(self, num_training_steps: int) -> None:
+            """The LR schedule for a run of ``num_training_steps`` (the Trainer's where the config sets
+            none), said once at the start with what ends the run when steps and token budget differ."""
+            source, slw = self._curriculum_source, self.curriculum
+            if not isinstance(source, RunConfig):
+                cfg = curriculum_config_for(source, self.args, num_training_steps)
+                slw.lr_config, self.curriculum_config = cfg.lr, cfg
+                slw.lr = lr_at(slw.progress, cfg.lr)
+                note = lr_settings_for(raw_config(source), self.args, num_training_steps)[1]
+            else:
+                note = None
+            budget = _budget_note(self.curriculum_config, num_training_steps)
+            if not self._lr_said and self.args.process_index == 0:
+                self._lr_said = True
+                for line in (note, budget):
+                    if line:
+                        logger.warning("seqwarm: %s", line)
 
         def get_batch_samples(self, epoch_iterator, num_batches, device):
             """All micro-batches of one optimizer step, cut to its length (before the Trainer counts
             their label tokens); the step's LR is set from them."""
             batches, num_items = super().get_batch_samples(self._cut_step(epoch_iterator), num_batches, device)
             if batches:
-                self.lr_scheduler.step(self.curriculum.step_progress())
+                _clock_scheduler(self.lr_scheduler).step(self.curriculum.step_progress())
             return batches, num_items
 
         def _cut_step(self, batches):
@@ -341,8 +364,9 @@ def _build_trainer_class() -> type:
         def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
             """Every log (so every reporting callback) also gets ``curriculum/seqlen`` and ``progress/tokens``."""
             core = self.curriculum
-            if core.current_seqlen is not None:
-                logs = {**logs, "curriculum/seqlen": core.current_seqlen, "progress/tokens": core.progress.tokens}
+            summary = "train_runtime" in logs  # the end-of-training summary: about the run, not a step
+            if core.trained_length is not None and not summary:
+                logs = {**logs, "curriculum/seqlen": core.trained_length, "progress/tokens": core.progress.tokens}
             super().log(logs, start_time)
 
     CurriculumTrainer.__module__ = __name__
@@ -351,7 +375,7 @@ def _build_trainer_class() -> type:
 
 def __getattr__(name: str) -> Any:
     if name == "CurriculumTrainer":  # transformers is imported here, on first use, not with the module
-        cls = _build_trainer_class()
+        cls = with_curriculum(require_transformers("CurriculumTrainer").Trainer)
         globals()[name] = cls
         return cls
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
