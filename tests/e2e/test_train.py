@@ -235,20 +235,29 @@ def test_train_runs_paper_evals_at_the_end(tmp_path, byte_data, capsys):
 def test_nan_loss_stops_with_the_step_and_keeps_the_last_checkpoint(tmp_path, byte_data, capsys, monkeypatch):
     import torch
 
+    from seqwarm.curriculum.engine import CurriculumEngine
     from seqwarm.trainer.model import GPT
 
-    real_forward = GPT.forward
-    calls = {"n": 0}
+    real_forward, real_probe = GPT.forward, CurriculumEngine.probe_memory
+    calls = {"n": 0, "probing": False}
+
+    def probe(self, batch):  # the memory probe's forwards before step 1 are not training steps
+        calls["probing"] = True
+        try:
+            return real_probe(self, batch)
+        finally:
+            calls["probing"] = False
 
     def poisoned(self, *args, **kwargs):
         loss = real_forward(self, *args, **kwargs)
-        if self.training:
+        if self.training and not calls["probing"]:
             calls["n"] += 1
             if calls["n"] > 8:  # micro-batches 9+ = optimizer step 5 (accumulation 2)
                 return loss * torch.tensor(float("nan"))
         return loss
 
     monkeypatch.setattr(GPT, "forward", poisoned)
+    monkeypatch.setattr(CurriculumEngine, "probe_memory", probe)
     cfg = small_config(tmp_path / "c.json")
     out = tmp_path / "run"
     code = train(["--config", str(cfg), "--data", str(byte_data), "--out", str(out), "--save-interval", "2"])
@@ -340,7 +349,7 @@ def test_the_memory_probe_leaves_the_run_bit_identical(tmp_path, byte_data):
             real(batch),
         )
         run.train()
-        assert calls == ([(4, 64)] if probe else [])  # the largest micro-batch at the full length
+        assert calls == ([(4, 64)] * 2 if probe else [])  # the largest micro-batch at the full length (+ timed)
         losses[probe] = [r["loss"] for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == "train"]
     assert losses[True] == losses[False] and len(losses[True]) > 3
 

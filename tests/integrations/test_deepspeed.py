@@ -247,3 +247,67 @@ def test_gpu_benchmark_says_why_it_cannot_run_without_cuda():
     )
     assert proc.returncode == 2
     assert "needs a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
+
+
+class LengthModel(torch.nn.Module):
+    """A GPT-like forward that names curriculum_seqlen (Megatron's GPTModel does) and records it."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(50, 4)
+        self.seen = []
+
+    def forward(self, input_ids, labels=None, loss_mask=None, curriculum_seqlen=None):
+        self.seen.append(curriculum_seqlen)
+        return self.emb(input_ids).mean()
+
+
+class Float16Module(torch.nn.Module):
+    """Megatron's wrapper shape: forward(*inputs, **kwargs) handing everything to self.module."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *inputs, **kwargs):
+        return self.module(*inputs, **kwargs)
+
+
+class OwnWrapper(torch.nn.Module):
+    """A user's wrapper that keeps the model under another name (its only child)."""
+
+    def __init__(self, module):
+        super().__init__()
+        self.net = module
+
+    def forward(self, *inputs, **kwargs):
+        return self.net(*inputs, **kwargs)
+
+
+@pytest.mark.parametrize("wrap", [Float16Module, OwnWrapper, lambda m: OwnWrapper(Float16Module(m))])
+def test_a_wrapped_curriculum_seqlen_model_still_gets_the_length(tmp_path, wrap):
+    engine, cfg = FakeEngine(dp=1), fake_config(tmp_path, dp=1)
+    model = LengthModel()
+    engine.module = wrap(model)
+    cur = DeepSpeedCurriculum(engine, cfg)
+    assert cur.mode == "inject"  # seen through the wrapper, as DeepSpeed passed the keyword through it
+    for _ in range(2):
+        shaped = cur.cut(full_batch())
+        engine.module(**shaped)
+        cur.step()
+    assert model.seen == [16, 16]  # the model cuts its inputs itself
+
+
+def test_a_wrapper_hiding_its_model_says_what_to_set(tmp_path, caplog):
+    class TwoChildren(Float16Module):
+        def __init__(self, module):
+            super().__init__(torch.nn.Identity())
+            self.module, self.net, self.other = None, module, torch.nn.Linear(1, 1)
+
+    engine, cfg = FakeEngine(dp=1), fake_config(tmp_path, dp=1)
+    engine.module = TwoChildren(LengthModel())
+    with caplog.at_level("WARNING"):
+        cur = DeepSpeedCurriculum(engine, cfg)
+    assert cur.mode == "truncate"
+    assert "inject_via_kwargs=True" in caplog.text and "TwoChildren.forward" in caplog.text
+    assert DeepSpeedCurriculum(engine, cfg, inject_via_kwargs=True).mode == "inject"

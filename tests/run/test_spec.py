@@ -39,6 +39,8 @@ TRAIN_FLAGS = [
     ("--train-tokens", None, "budget"),
     ("--train-iters", None, "budget"),
     ("--train-samples", None, "budget"),
+    ("--megatron", False, "learning rate"),  # issue #24
+    ("--no-megatron", False, "learning rate"),
     ("--lr", None, "learning rate"),
     ("--min-lr", None, "learning rate"),
     ("--lr-decay-style", None, "learning rate"),
@@ -68,7 +70,8 @@ TRAIN_FLAGS = [
     ("--no-compile", False, "performance"),  # a config key too since #14
     ("--length-bucket", None, "performance"),
     ("--out", None, "run"),
-    ("--resume", False, "run"),
+    ("--resume", False, "run"),  # or --resume auto (issue #29)
+    ("--start-over", False, "run"),  # issue #28
     ("--allow-config-change", False, "run"),
     ("--seed", 1234, "run"),
     ("--device", "auto", "run"),
@@ -76,6 +79,7 @@ TRAIN_FLAGS = [
     ("--eval-iters", 8, "run"),
     ("--save-interval", 100, "run"),
     ("--keep-checkpoints", 3, "run"),
+    ("--exit-duration-in-mins", None, "run"),  # issue #26
     ("--log-interval", 10, "run"),
     ("--no-progress", False, "run"),
     ("--eval-wikitext", None, "run"),

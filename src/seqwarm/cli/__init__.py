@@ -14,6 +14,7 @@ import os
 import sys
 
 from seqwarm.util.errors import SeqwarmError, UserError
+from seqwarm.util.problems import suggest
 from seqwarm.util.version import __version__
 
 # The modules that provide the commands, in --help order.
@@ -30,12 +31,44 @@ COMMAND_MODULES = (
 )
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """``--help`` shows every option's default: "(default: X)" after a help that does not say it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        shown = action.option_strings and action.nargs != 0 and "default" not in text.lower()
+        if not shown or default in (None, False, argparse.SUPPRESS) or (isinstance(default, tuple) and not default):
+            return action.help
+        if isinstance(default, tuple):
+            if all(v is None for v in default):
+                return action.help
+            default = ",".join(map(str, default))
+        elif isinstance(default, float):
+            default = f"{default:g}"
+        return f"{text} (default: {str(default).replace('%', '%%')})"
+
+
 class _Parser(argparse.ArgumentParser):
-    """argparse exits with 2 on a bad flag already; keep that, but print a hint to --help."""
+    """argparse exits with 2 on a bad flag already; keep that, but print a hint to --help. No
+    abbreviations (``--train-token`` is not ``--train-tokens``) and every default in ``--help``."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # noqa: D401 - argparse API
         self.print_usage(sys.stderr)
         self.exit(2, f"{self.prog}: error: {message}\n(see '{self.prog} --help')\n")
+
+    def unknown(self, extras: list[str]):
+        """Exit 2 on arguments this (sub-)command does not take, with the closest flag it does take."""
+        flags = [f for a in self._actions if a.help != argparse.SUPPRESS for f in a.option_strings]
+        first = next((e for e in extras if e.startswith("--")), extras[0])
+        guess = suggest(first.split("=", 1)[0], flags) if first.startswith("-") else None
+        hint = f"; did you mean {guess}?" if guess else ""
+        self.error(f"unrecognized arguments: {' '.join(extras)}{hint}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -61,9 +94,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """``parser.parse_args``, but an unknown argument is reported by the command it follows (its usage,
+    and the closest flag it takes)."""
+    args, extras = parser.parse_known_args(argv)
+    if extras:
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        target = commands.get(getattr(args, "command", None) or "", parser)
+        target.unknown(extras) if isinstance(target, _Parser) else parser.error(f"unrecognized arguments: {extras}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse(parser, argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s", stream=sys.stderr)
     if not getattr(args, "func", None):
         parser.print_help()
@@ -80,12 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"seqwarm {args.command}: error: {err}", file=sys.stderr)
         return err.exit_code
-    except SeqwarmError as err:  # a run that failed for a reason we can name (e.g. diverged)
-        print(f"seqwarm {args.command}: {err}", file=sys.stderr)
+    except SeqwarmError as err:  # a run that failed for a reason we can name (e.g. diverged, stopped early)
+        if not getattr(err, "quiet", False):  # under torchrun rank 0 alone says why a run stopped early
+            print(f"seqwarm {args.command}: {err}", file=sys.stderr)
         return getattr(err, "exit_code", 1)
-    except KeyboardInterrupt:
-        print(f"seqwarm {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as err:  # a train run's second stop signal says what its folder keeps
+        print(f"seqwarm {args.command}: {str(err) or 'interrupted'}", file=sys.stderr)
+        return getattr(err, "exit_code", 130)
     except BrokenPipeError:  # the reader went away (`seqwarm plan --json | head`): nothing more to say
         _silence_stdout()
         return 0

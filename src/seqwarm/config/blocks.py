@@ -43,7 +43,7 @@ METRIC_KEYS = (
 SEQLEN_METRICS = {"seqlen_truncate": "truncate", "seqlen_reshape": "reshape"}
 
 # The LR settings, as LRConfig's field names (lr_warmup_iters -> warmup_iters): lr_schedule checks them.
-_LR_FIELDS = {key: key.removeprefix("lr_") for key in keys_in_group("lr")}
+_LR_FIELDS = {key: key.removeprefix("lr_") for key in keys_in_group("lr") if key != "megatron"}
 _LR_KEYS = {name: key for key, name in _LR_FIELDS.items()}
 
 
@@ -339,7 +339,76 @@ def scheduler_settings(chk: Checker, raw: Mapping[str, Any]) -> Settings:
     return {k: Given(v, f"scheduler.params ({kind})") for k, v in out.items() if v is not None}
 
 
-def check_lr(chk: Checker, s: Settings, opt: OptimizerConfig, budget: dict[str, int | None]) -> LRConfig:
-    """The LR settings, handed to :func:`seqwarm.curriculum.lr.lr_config_from` by LRConfig field name."""
+def check_lr(
+    chk: Checker, s: Settings, opt: OptimizerConfig, budget: dict[str, int | None], *, megatron: bool = False
+) -> LRConfig:
+    """The LR settings, handed to :func:`seqwarm.curriculum.lr.lr_config_from` by LRConfig field name
+    (``megatron``: under Megatron-DeepSpeed's rule)."""
     given = {_LR_FIELDS[key]: where for key, where in s.items() if key in _LR_FIELDS}
-    return lr_config_from(chk, given, default_lr=opt.lr, budget=budget, label=lambda name: flag_for(_LR_KEYS[name]))
+    return lr_config_from(
+        chk,
+        given,
+        default_lr=opt.lr,
+        budget=budget,
+        label=lambda name: flag_for(_LR_KEYS[name]),
+        rule="megatron" if megatron else "seqwarm",
+    )
+
+
+# --------------------------------------------------------------------------------------------------
+# Megatron-DeepSpeed's command line
+
+MEGATRON_REQUIRED = ("lr", "train_micro_batch_size_per_gpu")
+"""Settings every Megatron-DeepSpeed command line gives (with ``train_iters`` or ``train_samples``): its
+``arguments.py`` asserts ``--micro-batch-size``, its scheduler needs ``--lr`` and one training length."""
+MEGATRON_OPTIMIZER = {"adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-8, "weight_decay": 0.01}
+"""Megatron-DeepSpeed's defaults of its optimizer flags (``arguments.py``)."""
+
+
+def is_megatron_run(chk: Checker, s: Settings) -> bool:
+    """Whether the run follows Megatron-DeepSpeed's rules: ``megatron`` when set, else whether the command
+    line (the overrides) gives ``--lr``, ``--micro-batch-size`` and ``--train-iters`` or ``--train-samples``."""
+    if "megatron" in s:
+        return bool(chk.boolean(s["megatron"].value, s["megatron"].path))
+    flags = {key for key, got in s.items() if got.path.startswith("--")}
+    return all(k in flags for k in MEGATRON_REQUIRED) and bool(flags & {"train_iters", "train_samples"})
+
+
+def megatron_optimizer(chk: Checker, s: Settings, block: OptimizerConfig, raw: Mapping[str, Any]) -> OptimizerConfig:
+    """The optimizer Megatron-DeepSpeed builds from its flags (``get_megatron_optimizer``: Adam over param
+    groups without weight decay on biases and norms; apex's FusedAdam, decoupled weight decay by default).
+    It hands that optimizer to ``deepspeed.initialize``, and DeepSpeed then uses it as it is and ignores the
+    config's ``optimizer`` block: where the block says otherwise, a warning names what wins."""
+    values: dict[str, float] = {}
+    for key, default in MEGATRON_OPTIMIZER.items():
+        value = chk.number(s[key].value, s[key].path) if key in s else None
+        if value is not None and key.startswith("adam_beta") and not 0 <= value < 1:
+            chk.add(s[key].path, value, "must be in [0, 1)", "use e.g. 0.9 and 0.999 (Megatron's defaults)")
+            value = None
+        values[key] = float(default if value is None else value)
+    opt = dataclasses.replace(
+        block,
+        type="AdamW",
+        betas=(values["adam_beta1"], values["adam_beta2"]),
+        eps=values["adam_eps"],
+        weight_decay=values["weight_decay"],
+    )
+    if isinstance(raw.get("optimizer"), Mapping):
+        differs = [
+            f"{name} {mine} (the block: {theirs})"
+            for name, mine, theirs in (
+                ("type", opt.type, block.type),
+                ("betas", list(opt.betas), list(block.betas)),
+                ("eps", f"{opt.eps:g}", f"{block.eps:g}"),
+                ("weight decay", f"{opt.weight_decay:g}", f"{block.weight_decay:g}"),
+            )
+            if mine != theirs and not (name == "type" and theirs in ("Adam", "AdamW"))
+        ]
+        if differs:
+            chk.warn(
+                "a Megatron-DeepSpeed command line: the optimizer is built from its flags and their Megatron "
+                f"defaults, not from the config's optimizer block: {', '.join(differs)}. Megatron-DeepSpeed "
+                "hands its own optimizer to deepspeed.initialize, which then ignores the block; set "
+                "--adam-beta1/--adam-beta2/--adam-eps/--weight-decay to change it, or --no-megatron to use the block"
+            )
+    return opt

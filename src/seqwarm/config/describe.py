@@ -60,6 +60,14 @@ def describe(cfg: RunConfig) -> list[str]:
         )
     )
     lines.append(f"lr:          peak {lr.lr:g}, {warm}, {decay}")
+    if lr.rule == "megatron":
+        lines.append(
+            "rules:       Megatron-DeepSpeed's (its command line was given; --no-megatron for seqwarm's): the LR "
+            "of its OptimizerParamScheduler step for step (step n at the LR set after step n-1), the optimizer "
+            "from its flags. Deliberate differences: the curriculum gives exactly max_difficulty from "
+            "total_curriculum_step on, and the LR warmup end is recorded when the warmup is reached or passed "
+            "(Megatron crashes when it is passed over, or when a token decay has no warmup)"
+        )
     lines.append(
         f"optimizer:   {cfg.optimizer.type} betas {cfg.optimizer.betas}, weight decay "
         f"{cfg.optimizer.weight_decay:g}, clipping {cfg.gradient_clipping or 'off'}"

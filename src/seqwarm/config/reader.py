@@ -33,6 +33,8 @@ from seqwarm.config.blocks import (
     check_lr,
     check_optimizer,
     check_precision,
+    is_megatron_run,
+    megatron_optimizer,
     read_data_efficiency_curriculum,
     read_legacy_curriculum,
     scheduler_settings,
@@ -223,6 +225,24 @@ def without_seqwarm_blocks(raw: Mapping[str, Any]) -> dict[str, Any]:
     return ds
 
 
+def _megatron_accumulation(chk: Checker, raw: dict[str, Any], s: Settings, world: int) -> dict[str, Any]:
+    """``raw`` with ``gradient_accumulation_steps`` left to the batch-size rule when ``--micro-batch-size`` and
+    ``--global-batch-size`` are both flags and the config's value is DeepSpeed's default 1, as Megatron-DeepSpeed
+    does (its micro-batches per step are global / (micro x data-parallel ranks); the example templates
+    write 1). Any other config value is kept, and checked against the flags as before."""
+    flags = {key for key, got in s.items() if got.path.startswith("--")}
+    batch_flags = {"train_batch_size", "train_micro_batch_size_per_gpu"}
+    if not batch_flags <= flags or "gradient_accumulation_steps" in s or raw.get("gradient_accumulation_steps") != 1:
+        return raw
+    tbs, mb = s["train_batch_size"].value, s["train_micro_batch_size_per_gpu"].value
+    if isinstance(tbs, int) and isinstance(mb, int) and mb > 0 and tbs != mb * world and tbs % (mb * world) == 0:
+        chk.warn(
+            f"gradient_accumulation_steps 1 (the config) becomes {tbs // (mb * world)} = --global-batch-size {tbs} / "
+            f"(--micro-batch-size {mb} x {world} rank{'s' if world != 1 else ''}), as Megatron-DeepSpeed derives it"
+        )
+    return {k: v for k, v in raw.items() if k != "gradient_accumulation_steps"}
+
+
 def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, world_size: int = 1) -> RunConfig:
     """Read and check a DeepSpeed JSON config (path or dict) plus seqwarm settings.
 
@@ -284,7 +304,8 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
             f"works only in curriculum mode truncate, not {curriculum.mode}",
             "drop the length bucket, or use curriculum mode truncate",
         )
-    batch = check_batch_sizes(chk, raw, s, world_size)
+    megatron = is_megatron_run(chk, s)
+    batch = check_batch_sizes(chk, _megatron_accumulation(chk, raw, s, world_size), s, world_size)
     seq_length = s["seq_length"].value if "seq_length" in s else None
     if curriculum and seq_length is not None:
         if curriculum.max_difficulty > seq_length:
@@ -309,11 +330,14 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
     else:
         clip = chk.number(raw.get("gradient_clipping", 0.0), "gradient_clipping", fix="use 1.0, or 0 to turn off")
     opt = check_optimizer(chk, raw)
-    if "weight_decay" in s:
-        wd = chk.number(s["weight_decay"].value, s["weight_decay"].path)
-        if wd is not None:
-            opt = dataclasses.replace(opt, weight_decay=wd)
-    opt = apply_adam_overrides(chk, s, opt)
+    if megatron:
+        opt = megatron_optimizer(chk, s, opt, raw)
+    else:
+        if "weight_decay" in s:
+            wd = chk.number(s["weight_decay"].value, s["weight_decay"].path)
+            if wd is not None:
+                opt = dataclasses.replace(opt, weight_decay=wd)
+        opt = apply_adam_overrides(chk, s, opt)
     if clip is None or clip == 0:
         mgn = opt.params.get("max_grad_norm")
         if (
@@ -327,7 +351,7 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
     precision, fp16, named = check_precision(chk, raw, s)
     budget = {k: s[k].value if k in s else None for k in _BUDGET_KEYS}
     s = {**scheduler_settings(chk, raw), **s}
-    lr = check_lr(chk, s, opt, budget)
+    lr = check_lr(chk, s, opt, budget, megatron=megatron)
     if curriculum and budget["train_iters"] and not budget["train_tokens"]:
         chk.warn(
             "with a curriculum, steps carry different token counts: budget the run with train_tokens "

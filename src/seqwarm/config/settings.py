@@ -97,6 +97,18 @@ SETTINGS: tuple[Setting, ...] = (
         metavar="N",
     ),
     # learning rate
+    Setting(
+        "megatron",
+        "--megatron",
+        "on",
+        "Megatron-DeepSpeed's rules: the LR schedule of its OptimizerParamScheduler step for step (a step "
+        "trains at the LR set after the step before; decay over --train-iters/--train-samples unless "
+        "--lr-decay-tokens), its optimizer from the flags and their Megatron defaults (AdamW, --adam-beta1 0.9, "
+        "--adam-beta2 0.999, --adam-eps 1e-8, --weight-decay 0.01) over the config's optimizer block (default: "
+        "on when the command line gives --lr, --micro-batch-size and --train-iters or --train-samples, the "
+        "flags every Megatron-DeepSpeed run needs; see docs/MIGRATING.md)",
+        "lr",
+    ),
     Setting("lr", "--lr", "float", "peak learning rate (default: the config's optimizer lr)", "lr", metavar="LR"),
     Setting("min_lr", "--min-lr", "float", "learning rate at the end of the decay (default 0)", "lr", metavar="LR"),
     Setting(

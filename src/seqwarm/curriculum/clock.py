@@ -6,15 +6,21 @@ ranks). It also records ``warmup_end_tokens``: the token count at the end of the
 warmup finished, where token-based decay starts. That value is set by :func:`advance` when the
 warmup boundary is first reached or crossed (a ``>=`` test, so warmup need not be a whole number of
 batches) and travels with the clock into checkpoints, so a resumed run decays exactly as before.
+
+Under Megatron-DeepSpeed's LR rule (``LRConfig.rule == "megatron"``, see :mod:`seqwarm.curriculum.lr`)
+the clock also carries what that scheduler has seen when it sets a step's LR — ``samples_before``,
+``tokens_before`` and ``tokens_lagged`` — and ``warmup_end_tokens`` is the token count it records at the end
+of warmup (the tokens of the steps before the previous one, when the warmup is first reached or passed).
+Under seqwarm's rule those three stay None and are left out of :meth:`Progress.to_dict`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Protocol
 
-from seqwarm.curriculum.lr import LRConfig
+from seqwarm.curriculum.lr import LRConfig, megatron_step_unit
 
 
 class Budget(Protocol):
@@ -37,9 +43,20 @@ class Progress:
     tokens: int = 0
     warmup_end_tokens: int | None = None
     """Tokens trained when LR warmup ended (None while it has not)."""
+    samples_before: int | None = field(default=None, compare=False)
+    """Megatron rule only: samples trained before the latest step."""
+    tokens_before: int | None = field(default=None, compare=False)
+    """Megatron rule only: tokens trained before the latest step."""
+    tokens_lagged: int | None = field(default=None, compare=False)
+    """Megatron rule only: tokens trained before the step before the latest one (the count Megatron's
+    scheduler reads: the loop adds a step's tokens after stepping the scheduler)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        for key in _MEGATRON_KEYS:
+            if out[key] is None:
+                del out[key]
+        return out
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Progress:
@@ -48,7 +65,11 @@ class Progress:
             samples=int(d["samples"]),
             tokens=int(d["tokens"]),
             warmup_end_tokens=None if d.get("warmup_end_tokens") is None else int(d["warmup_end_tokens"]),
+            **{k: int(d[k]) for k in _MEGATRON_KEYS if d.get(k) is not None},
         )
+
+
+_MEGATRON_KEYS = ("samples_before", "tokens_before", "tokens_lagged")
 
 
 def warmup_done(progress: Progress, lr_cfg: LRConfig) -> bool:
@@ -66,12 +87,35 @@ def advance(progress: Progress, samples: int, tokens: int, lr_cfg: LRConfig) -> 
     """The clock after one more optimizer step that trained ``samples`` sequences and ``tokens`` tokens."""
     if samples < 0 or tokens < 0:
         raise ValueError(f"a step cannot train a negative amount (samples={samples}, tokens={tokens})")
+    if lr_cfg.rule == "megatron":
+        return _advance_megatron(progress, samples, tokens, lr_cfg)
     nxt = Progress(progress.step + 1, progress.samples + samples, progress.tokens + tokens, progress.warmup_end_tokens)
     if nxt.warmup_end_tokens is None:
         if not (lr_cfg.warmup_iters or lr_cfg.warmup_samples or lr_cfg.warmup_tokens):
             return Progress(nxt.step, nxt.samples, nxt.tokens, 0)
         if warmup_done(nxt, lr_cfg):
             return Progress(nxt.step, nxt.samples, nxt.tokens, nxt.tokens)
+    return nxt
+
+
+def _advance_megatron(progress: Progress, samples: int, tokens: int, lr_cfg: LRConfig) -> Progress:
+    """:func:`advance` under Megatron-DeepSpeed's rule: also what its scheduler has seen, and its warmup end."""
+    lagged = progress.tokens_before if progress.tokens_before is not None else progress.tokens
+    nxt = Progress(
+        progress.step + 1,
+        progress.samples + samples,
+        progress.tokens + tokens,
+        progress.warmup_end_tokens,
+        samples_before=progress.samples,
+        tokens_before=progress.tokens,
+        tokens_lagged=lagged,
+    )
+    if nxt.warmup_end_tokens is None and lr_cfg.decay_tokens is not None and not lr_cfg.warmup_tokens:
+        unit = megatron_step_unit(lr_cfg)
+        warm = getattr(lr_cfg, f"warmup_{unit}")
+        seen = progress.step if unit == "iters" else progress.samples  # the scheduler's steps for this LR
+        if warm and seen >= warm:  # Megatron: `==` (and a crash when the warmup is passed over)
+            nxt = replace(nxt, warmup_end_tokens=lagged)
     return nxt
 
 

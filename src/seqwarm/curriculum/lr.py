@@ -18,6 +18,31 @@ with the values it found and where each came from. The clock is read through the
 
 Conversions from DeepSpeed's curriculum-learning tutorial for ``seqwarm plan``: :func:`decay_tokens_from_samples`,
 :func:`decay_tokens_from_iters`, :func:`warmup_samples_from_tokens`, :func:`warmup_iters_from_tokens`.
+
+Two rules (``LRConfig.rule``). ``"seqwarm"`` is the one above. ``"megatron"`` is Megatron-DeepSpeed's
+``OptimizerParamScheduler`` (``megatron/optimizer_param_scheduler.py``, driven by ``megatron/training.py``;
+microsoft/Megatron-DeepSpeed at f4157be), step for step:
+
+- its clock is in samples (``num_steps`` grows by the global batch per step) and in tokens (``num_tokens``
+  is ``args.consumed_train_tokens``); it is stepped *after* each optimizer step (DeepSpeed's
+  ``engine.step(lr_kwargs={"increment": ...})``), and the loop adds a step's tokens only after that. So
+  step n trains at the LR computed from the samples of steps 1..n-1 and the tokens of steps 1..n-2
+  (step 1 at the LR of an empty clock: 0 with a warmup);
+- warmup: ``lr * steps / warmup`` while ``steps <= warmup`` (iterations count as iterations x global
+  batch samples), or ``lr * tokens / lr_warmup_tokens`` with ``--lr-warmup-tokens``; with token decay
+  and a warmup in iterations/samples, the tokens seen when ``steps`` reaches the warmup are recorded as
+  the start of the decay;
+- ``constant`` stays at the peak; past the decay end (``steps > lr_decay_steps``, or
+  ``tokens > lr_decay_tokens``) every other style gives ``min_lr`` (``inverse-square-root`` too);
+- ``inverse-square-root``: ``lr * sqrt(warmup) / sqrt(steps)`` (both at least 1 sample), in tokens once a
+  decay-start token count is known; never below ``min_lr``;
+- ``linear`` / ``cosine``: the ratio ``(steps - warmup) / (decay - warmup)`` (tokens: from the recorded
+  start to ``lr_decay_tokens``), ``min + (1 - r) * (lr - min)`` or ``min + (cos(pi r) + 1) / 2 * (lr - min)``.
+
+Where the Megatron rule departs from that code (both fixes of a crash, identical wherever it runs): the
+decay start is recorded when the warmup is first *reached or passed* (Megatron tests ``==`` and crashes
+with a ``TypeError`` when the warmup is not a whole number of global batches), and a token decay without
+any warmup starts from 0 tokens (Megatron subtracts ``None``).
 """
 
 from __future__ import annotations
@@ -29,7 +54,10 @@ from typing import Any, Protocol
 
 from seqwarm.util.problems import Checker
 
-DECAY_STYLES = ("constant", "linear", "cosine", "inverse-sqrt")
+DECAY_STYLES = ("constant", "linear", "cosine", "inverse-sqrt", "inverse-square-root")
+"""The decay styles; ``inverse-square-root`` (Megatron's spelling) is ``inverse-sqrt``."""
+RULES = ("seqwarm", "megatron")
+"""How a step's LR follows from the clock: seqwarm's (the clock including the step) or Megatron-DeepSpeed's."""
 WARMUP_UNITS = ("iters", "samples", "tokens")
 """The units LR warmup may be measured in (``LRConfig.warmup_<unit>``), in order of precedence."""
 DECAY_UNITS = ("tokens", "iters", "samples")
@@ -75,6 +103,10 @@ class LRConfig:
     """Decay until this optimizer step instead."""
     decay_samples: int | None = None
     """Decay until this many samples instead."""
+    rule: str = "seqwarm"
+    """One of :data:`RULES`. ``"megatron"``: Megatron-DeepSpeed's scheduler (see the module's docstring);
+    then ``decay_iters`` (iteration-based training) or ``decay_samples`` (sample-based) is always set, as
+    Megatron's ``lr_decay_steps``, and ``decay_tokens``, when set, decays by tokens instead."""
 
     @property
     def warmup_unit(self) -> str | None:
@@ -98,6 +130,7 @@ def lr_config_from(
     default_lr: float,
     budget: Mapping[str, int | None],
     label: Callable[[str], str] = str,
+    rule: str = "seqwarm",
 ) -> LRConfig:
     """Check LR settings and build the :class:`LRConfig`, recording every problem in ``chk``.
 
@@ -106,8 +139,10 @@ def lr_config_from(
     ``train_tokens`` / ``train_iters`` / ``train_samples`` (None = not set): linear and cosine decay
     default to the first one set. ``label(field)``: how a message names a field (e.g. its CLI flag).
     Rules: 0 <= min_lr <= peak; a known decay style; one warmup unit, one decay unit; warmup ends
-    before the decay does.
+    before the decay does. ``rule="megatron"`` applies Megatron-DeepSpeed's instead (:func:`_megatron_units`).
     """
+    if rule not in RULES:
+        raise ValueError(f"unknown LR rule {rule!r}; known: {', '.join(RULES)}")
     vals: dict[str, Any] = {}
     for key in ("lr", "min_lr"):
         if key in given:
@@ -122,11 +157,15 @@ def lr_config_from(
     style = None
     if "decay_style" in given:
         style = chk.choice(given["decay_style"][0], given["decay_style"][1], DECAY_STYLES, "decay style")
+    if style == "inverse-square-root":
+        style = "inverse-sqrt"
     units: dict[str, int] = {}
-    for group, minimum in (
-        (tuple(f"warmup_{u}" for u in WARMUP_UNITS), 0),
-        (tuple(f"decay_{u}" for u in DECAY_UNITS), 1),
-    ):
+    # Megatron decays by tokens *instead of* its step-unit decay length, which it always has
+    decay_group = ("decay_iters", "decay_samples") if rule == "megatron" else tuple(f"decay_{u}" for u in DECAY_UNITS)
+    groups = [(tuple(f"warmup_{u}" for u in WARMUP_UNITS), 0), (decay_group, 1)]
+    if rule == "megatron":
+        groups.append((("decay_tokens",), 1))
+    for group, minimum in groups:
         set_here = [k for k in group if k in given]
         if len(set_here) > 1:
             chk.add(
@@ -144,6 +183,8 @@ def lr_config_from(
             "LR warmup is in tokens: the recipe keeps it in samples or iterations (token warmup slows the "
             "rise while sequences are short); convert with warmup_samples = tokens / min_difficulty"
         )
+    if rule == "megatron":
+        style = _megatron_units(chk, given, units, budget, label, style or "linear")
     decay_given = any(f"decay_{u}" in units for u in DECAY_UNITS)
     if style is None:
         style = "linear" if decay_given else "constant"
@@ -168,7 +209,53 @@ def lr_config_from(
                 f"warmup must end before the decay does ({decay:,} {unit})",
                 "shorten the warmup or lengthen the decay",
             )
-    return LRConfig(lr=peak if peak is not None else default_lr, min_lr=min_lr, decay_style=style, **units)
+    return LRConfig(lr=peak if peak is not None else default_lr, min_lr=min_lr, decay_style=style, rule=rule, **units)
+
+
+def _megatron_units(
+    chk: Checker,
+    given: Mapping[str, tuple[Any, str]],
+    units: dict[str, int],
+    budget: Mapping[str, int | None],
+    label: Callable[[str], str],
+    style: str,
+) -> str:
+    """Megatron-DeepSpeed's rules for the LR lengths (``arguments.py`` and ``get_optimizer_param_scheduler``
+    in ``training.py``): training is iteration-based (``--train-iters``) or sample-based
+    (``--train-samples``), not both, and its warmup and decay lengths are in the same unit (or in tokens);
+    the decay length defaults to the training length, also next to ``--lr-decay-tokens`` (which then decays
+    instead). Fills ``units`` in place; returns the decay style (Megatron's default: linear)."""
+    iters, samples = budget.get("train_iters"), budget.get("train_samples")
+    if iters and samples:
+        chk.add(
+            "--train-samples",
+            samples,
+            "Megatron-DeepSpeed trains by iterations or by samples, not both",
+            "keep --train-iters or --train-samples (--train-tokens may stay next to either)",
+        )
+        return style
+    if not (iters or samples):
+        chk.add(
+            "--train-iters",
+            None,
+            "Megatron-DeepSpeed's LR schedule needs --train-iters or --train-samples (its decay length defaults to it)",
+            "give --train-iters N (a generous cap next to --train-tokens), or --no-megatron for seqwarm's rule",
+        )
+        return style
+    unit, other = ("iters", "samples") if iters else ("samples", "iters")
+    for kind in ("warmup", "decay"):
+        key = f"{kind}_{other}"
+        if key in units:
+            chk.add(
+                given[key][1],
+                units[key],
+                f"{'iteration' if iters else 'sample'}-based training (--train-{unit}) takes its LR "
+                f"{kind} in {unit} or tokens",
+                f"give {label(f'{kind}_{unit}')} instead",
+            )
+            del units[key]
+    units.setdefault(f"decay_{unit}", iters or samples)  # lr_decay_iters/samples default to the run's length
+    return style
 
 
 def _warmup_fraction(progress: Clock, cfg: LRConfig) -> float:
@@ -200,7 +287,15 @@ def _decay_fraction(progress: Clock, cfg: LRConfig) -> float:
 
 
 def lr_at(progress: Clock, cfg: LRConfig) -> float:
-    """The learning rate for the step whose clock (including that step) is ``progress``."""
+    """The learning rate for the step whose clock (including that step) is ``progress``.
+
+    Under ``cfg.rule == "megatron"`` it is the LR Megatron-DeepSpeed's scheduler sets for that step: from
+    the clock's ``samples_before`` and ``tokens_lagged`` (what :func:`seqwarm.curriculum.clock.advance`
+    records under that rule), see :func:`megatron_lr`.
+    """
+    if cfg.rule == "megatron":
+        steps, samples, tokens = megatron_clock(progress, cfg)
+        return megatron_lr(steps, tokens, progress.warmup_end_tokens, cfg, samples=samples)
     if progress.warmup_end_tokens is None:
         frac = _warmup_fraction(progress, cfg)
         if frac < 1.0:
@@ -208,7 +303,7 @@ def lr_at(progress: Clock, cfg: LRConfig) -> float:
     style = cfg.decay_style
     if style == "constant":
         return cfg.lr
-    if style == "inverse-sqrt":
+    if style in ("inverse-sqrt", "inverse-square-root"):
         unit = cfg.warmup_unit
         if unit is None:
             value = cfg.lr / math.sqrt(max(progress.step, 1))
@@ -224,6 +319,81 @@ def lr_at(progress: Clock, cfg: LRConfig) -> float:
         coeff = 1.0 - frac
     elif style == "cosine":
         coeff = 0.5 * (1.0 + math.cos(math.pi * frac))
+    else:
+        raise ValueError(f"unknown decay style {style!r}")
+    return cfg.min_lr + coeff * (cfg.lr - cfg.min_lr)
+
+
+def megatron_step_unit(cfg: LRConfig) -> str:
+    """``"iters"`` or ``"samples"``: what a Megatron-rule run's training length is counted in."""
+    if cfg.decay_iters is not None:
+        return "iters"
+    if cfg.decay_samples is not None:
+        return "samples"
+    raise ValueError("the megatron LR rule needs decay_iters or decay_samples (Megatron's lr_decay_steps)")
+
+
+def megatron_clock(progress: Clock, cfg: LRConfig) -> tuple[int, int, int]:
+    """``(steps, samples, tokens)`` Megatron-DeepSpeed's scheduler has seen when it sets the LR of the step
+    whose clock is ``progress``: the steps (in :func:`megatron_step_unit`) and samples of the steps before
+    it, and the tokens of the steps before the previous one. A clock :func:`~seqwarm.curriculum.clock.advance`
+    made under the Megatron rule carries them; for another the counts are inferred from a constant batch
+    (step 0: all zero)."""
+    if progress.step <= 0:
+        return 0, 0, 0
+    samples = getattr(progress, "samples_before", None)
+    if samples is None:
+        samples = progress.samples - progress.samples // progress.step
+    tokens = getattr(progress, "tokens_lagged", None)
+    if tokens is None:
+        tokens = progress.tokens * max(progress.step - 2, 0) // progress.step
+    steps = progress.step - 1 if megatron_step_unit(cfg) == "iters" else samples
+    return steps, samples, tokens
+
+
+def megatron_lr(
+    steps: int, tokens: int, decay_start: int | None, cfg: LRConfig, *, samples: int | None = None
+) -> float:
+    """Megatron-DeepSpeed's ``OptimizerParamScheduler.get_lr`` (see the module's docstring) at its clock.
+
+    ``steps``: its step count in the unit of the training length (:func:`megatron_step_unit`; Megatron
+    counts iterations as iterations x global batch samples, which gives the same ratios). ``samples``: the
+    same count in samples (only ``inverse-square-root`` without a warmup reads it; default ``steps``).
+    ``tokens``: its token count. ``decay_start``: the token count it recorded at the end of an
+    iteration/sample warmup ahead of a token decay (None: none recorded).
+    """
+    unit = megatron_step_unit(cfg)
+    warm = getattr(cfg, f"warmup_{unit}")  # 0 with a token warmup or none
+    decay_steps = getattr(cfg, f"decay_{unit}")
+    warm_tokens = cfg.warmup_tokens or decay_start  # Megatron's lr_warmup_tokens
+    if warm_tokens is None:
+        if warm > 0 and steps <= warm:
+            return cfg.lr * steps / warm
+    elif warm_tokens > 0 and tokens <= warm_tokens:
+        return cfg.lr * tokens / warm_tokens
+    style = cfg.decay_style
+    if style == "constant":
+        return cfg.lr
+    if (steps > decay_steps) if cfg.decay_tokens is None else (tokens > cfg.decay_tokens):
+        return cfg.min_lr
+    if style in ("inverse-sqrt", "inverse-square-root"):
+        if warm_tokens is not None:
+            value = cfg.lr * math.sqrt(max(warm_tokens, 1)) / math.sqrt(max(tokens, 1))
+        elif warm > 0:  # sqrt(warmup / steps): the global batch cancels out
+            value = cfg.lr * math.sqrt(warm / steps)
+        else:
+            value = cfg.lr / math.sqrt(max(steps if samples is None else samples, 1))
+        return max(cfg.min_lr, value)
+    if cfg.decay_tokens is None:
+        ratio = (steps - warm) / (decay_steps - warm)
+    else:
+        start = warm_tokens or 0  # no warmup at all: from 0 (Megatron subtracts None and crashes)
+        ratio = (tokens - start) / (cfg.decay_tokens - start)
+    ratio = min(max(ratio, 0.0), 1.0)
+    if style == "linear":
+        coeff = 1.0 - ratio
+    elif style == "cosine":
+        coeff = 0.5 * (math.cos(math.pi * ratio) + 1.0)
     else:
         raise ValueError(f"unknown decay style {style!r}")
     return cfg.min_lr + coeff * (cfg.lr - cfg.min_lr)

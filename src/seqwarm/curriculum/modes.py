@@ -10,6 +10,7 @@ the model ignored is caught (:meth:`seqwarm.curriculum.warmup.SequenceLengthWarm
 from __future__ import annotations
 
 import inspect
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -17,7 +18,45 @@ import torch
 
 from seqwarm.curriculum.schedule import CURRICULUM_MODES
 
-__all__ = ["forward_name", "output_length", "resolve_mode"]
+__all__ = ["forward_name", "output_length", "resolve_mode", "wrapped_forward"]
+
+logger = logging.getLogger(__name__)
+
+WRAPPED_ATTRS = ("module", "model", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module")
+"""Where wrappers keep the module they wrap (DDP, DeepSpeed and Megatron's Float16Module: ``module``;
+``torch.compile``: ``_orig_mod``; FSDP1 and activation checkpointing: theirs)."""
+
+
+def _passes_through(forward: Callable) -> bool:
+    """Whether ``forward`` is ``forward(*inputs, **kwargs)``: a wrapper's, which names no parameter."""
+    try:
+        params = inspect.signature(forward).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    kinds = [p.kind for p in params]
+    return inspect.Parameter.VAR_KEYWORD in kinds and all(
+        k in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD) for k in kinds
+    )
+
+
+def wrapped_forward(forward: Callable) -> Callable:
+    """The forward a chain of ``forward(*inputs, **kwargs)`` wrappers hands its arguments to: the wrapped
+    module is found under one of :data:`WRAPPED_ATTRS`, or is the wrapper's only child; ``forward`` itself
+    when it names its parameters or no wrapped module is found."""
+    for _ in range(16):  # wrappers of wrappers, never a cycle
+        owner = getattr(forward, "__self__", None)
+        if not isinstance(owner, torch.nn.Module) or not _passes_through(forward):
+            return forward
+        inner = next(
+            (m for m in (getattr(owner, a, None) for a in WRAPPED_ATTRS) if isinstance(m, torch.nn.Module)), None
+        )
+        if inner is None:
+            children = list(owner.children())
+            inner = children[0] if len(children) == 1 else None
+        if inner is None or inner is owner:
+            return forward
+        forward = inner.forward
+    return forward
 
 
 def forward_name(forward: Callable) -> str:
@@ -31,7 +70,10 @@ def resolve_mode(
     """The mode that delivers the length: ``mode`` checked against the model, or chosen (None / "auto").
 
     auto: inject when ``forward`` has a parameter named ``curriculum_seqlen``, else truncate (also
-    without a ``forward``). An explicit inject needs that named parameter: a ``**kwargs`` forward
+    without a ``forward``). A ``forward(*inputs, **kwargs)`` wrapper (DDP, Megatron's Float16Module, your
+    own) is looked through to the forward it wraps (:func:`wrapped_forward`), as DeepSpeed passed the
+    keyword through it; when nothing is found behind it, the choice of truncate is logged with the opt-in.
+    An explicit inject needs that named parameter: a ``**kwargs`` forward
     (every Hugging Face model) would swallow the keyword and train at full length while the clock
     counts the short length. ``inject_via_kwargs=True`` is the opt-in for a forward that does read
     ``curriculum_seqlen`` from its ``**kwargs`` (DeepSpeed's legacy test models). A pipeline engine
@@ -52,11 +94,19 @@ def resolve_mode(
         if mode == "inject":
             raise ValueError("curriculum mode 'inject' needs the model's forward (forward=model.forward)")
         return mode or "truncate"
+    outer, forward = forward, wrapped_forward(forward)
     signature = inspect.signature(forward)
     params = signature.parameters
     open_kwargs = any(p.kind is p.VAR_KEYWORD for p in params.values())
     takes = "curriculum_seqlen" in params or (inject_via_kwargs and open_kwargs)
     if mode is None:
+        if not takes and _passes_through(forward):
+            logger.warning(
+                "%s(*inputs, **kwargs) names no parameter and wraps no module seqwarm can find: the batch is cut "
+                "before it (truncate). If the model behind it reads curriculum_seqlen, pass "
+                "inject_via_kwargs=True (or mode='inject' on a forward that names it)",
+                forward_name(outer),
+            )
         return "inject" if takes else "truncate"
     if mode == "inject" and not takes:
         text = f"{forward_name(forward)}{signature}"

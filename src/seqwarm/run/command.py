@@ -6,6 +6,7 @@ the command that reproduces a run with :func:`train_argv` / :func:`command_line`
 - a field's flag is ``--`` + its name with ``-`` for ``_`` (``eval_interval`` -> ``--eval-interval``),
   unless its metadata names another (``progress_bar`` -> ``--no-progress``);
 - a ``bool`` field is a switch that flips its default (``--rotary`` sets True, ``--no-progress`` False);
+  one that may also hold a word (``resume``: True or ``"auto"``) writes the word after the switch;
 - ``settings`` become their own flags, named by the settings table (:func:`seqwarm.config.settings.flag_for`);
 - only values that differ from the defaults are written (never a launcher's ``--local-rank``).
 """
@@ -57,7 +58,7 @@ def train_argv(spec) -> list[str]:
         elif value is None or value == f.default or f.metadata.get("launcher"):
             continue
         elif isinstance(f.default, bool):
-            argv.append(flag_of(f))
+            argv += [flag_of(f)] if isinstance(value, bool) else [flag_of(f), str(value)]  # --resume auto
         elif isinstance(value, tuple):
             argv += [flag_of(f), *map(str, value)]
         else:

@@ -107,8 +107,12 @@ class RunSpec:
     "curriculum": False}``); each key is a flag of its own (``--train-tokens``, ``--lr``, ``--no-curriculum``)"""
     out: Path | None = field(default=None, metadata={"group": "run", "metavar": "RUN", "aliases": ("--save",)})
     """run folder (default: runs/<model>-<date>-<time>)"""
-    resume: bool = field(default=False, metadata={"group": "run"})
-    """continue the run in --out from its latest valid checkpoint"""
+    resume: bool | str = field(default=False, metadata={"group": "run", "values": ("auto",)})
+    """continue the run in --out from its latest valid checkpoint; `--resume auto`: continue it, or start it
+    when --out holds no run yet (one command for a job's first launch and its requeues)"""
+    start_over: bool = field(default=False, metadata={"group": "run"})
+    """train the run in --out again from step 0, after moving everything the folder holds into
+    RUN/previous-N/ (nothing is deleted); the one way to restart a run that wrote checkpoints"""
     allow_config_change: bool = field(default=False, metadata={"group": "run"})
     """resume even if the curriculum/budget/batch settings differ from the checkpoint's"""
     seed: int = field(default=1234, metadata={"group": "run", "parse": "int"})
@@ -123,6 +127,9 @@ class RunSpec:
     """checkpoint every N steps (and at the end)"""
     keep_checkpoints: int = field(default=3, metadata={"group": "run", "metavar": "N"})
     """checkpoints kept in the run folder, the newest ones (0: all; default 3)"""
+    exit_duration_in_mins: float | None = field(default=None, metadata={"group": "run", "metavar": "MIN"})
+    """after MIN minutes of wall-clock (Megatron's flag), finish the step, save a checkpoint and exit with
+    code 75, as on SIGTERM / SIGUSR1: continue with --resume"""
     log_interval: int = field(default=10, metadata={"group": "run", "metavar": "N"})
     """a metrics row and a console line every N steps (default 10)"""
     progress_bar: bool = field(default=True, metadata={"group": "run", "flag": "--no-progress"})
@@ -251,6 +258,20 @@ def spec_problems(spec: RunSpec) -> list[Problem]:
                     f"give {flag} {max(least, 1)} or more" if least else f"give {flag} 0 or more",
                 )
             )
+    minutes = spec.exit_duration_in_mins
+    if minutes is not None and (isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes > 0):
+        problems.append(
+            Problem(
+                "--exit-duration-in-mins",
+                minutes,
+                "must be a number of minutes > 0",
+                "give the minutes a session may train, e.g. 230 for a 4-hour job (or leave it out: no limit)",
+            )
+        )
+    if not (isinstance(spec.resume, bool) or spec.resume == "auto"):
+        problems.append(Problem("--resume", spec.resume, "takes no value or auto", "give --resume, or --resume auto"))
+    if spec.start_over and spec.resume:
+        problems.append(Problem("--start-over", True, "restarts --out from step 0; --resume continues it", "give one"))
     if not isinstance(spec.device, str) or not _DEVICE.match(spec.device):
         problems.append(
             Problem(

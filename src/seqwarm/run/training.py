@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from seqwarm.config import RunConfig
-from seqwarm.curriculum.plan import data_use, make_plan
+from seqwarm.curriculum.plan import Plan, data_use, make_plan
+from seqwarm.run.command import command_line
 from seqwarm.run.spec import RunSpec, check_spec, resolve_config, size_overrides
 from seqwarm.trainer.metrics import format_results
 from seqwarm.util.errors import UserError
@@ -41,34 +42,42 @@ def run_training(spec: RunSpec) -> TrainResult:
     Under torchrun every rank calls this: DDP (or FSDP2 with ``fsdp``) over the process group torchrun
     describes; rank 0 alone prints, logs and writes files. With ``deepspeed`` a process group is made
     for a single process too (DeepSpeed needs one).
+
+    SIGTERM, SIGINT, SIGUSR1 and SIGHUP (and ``exit_duration_in_mins``) end the run early at a step
+    boundary, every rank at the same one, with a checkpoint: :class:`~seqwarm.trainer.stop.RunStopped`
+    (exit code 75), whose message holds the command that continues it (:mod:`seqwarm.trainer.stop`).
     """
     from seqwarm.trainer.distributed import barrier, cleanup, init_distributed
+    from seqwarm.trainer.stop import StopRequest
 
     check_spec(spec)
+    stop = StopRequest(minutes=spec.exit_duration_in_mins)  # the wall-clock limit counts from here
     info = init_distributed(spec.device)
     if not info.is_main:
         logging.getLogger().setLevel(logging.ERROR)
     try:
-        if spec.deepspeed:
-            from seqwarm.integrations.deepspeed.run import deepspeed_process_group
+        with stop:  # a signal during the set-up stops the run before its first step
+            if spec.deepspeed:
+                from seqwarm.integrations.deepspeed.run import deepspeed_process_group
 
-            with deepspeed_process_group(spec.device):
-                return _run(spec, info)
-        result = _run(spec, info)
+                with deepspeed_process_group(spec.device):
+                    return _run(spec, info, stop)
+            result = _run(spec, info, stop)
         barrier(info)  # no rank tears the process group down while another still sends (or is still saving)
         return result
     finally:
         cleanup(info)
 
 
-def _print_plan(cfg: RunConfig, start_step: int, train_windows: int | None = None) -> None:
+def _print_plan(cfg: RunConfig, start_step: int, train_windows: int | None = None) -> Plan | None:
     """What the run will do, from the same pure schedules the engine uses; with ``train_windows`` (the
-    training split's windows), how many passes over the data the budget makes."""
+    training split's windows), how many passes over the data the budget makes. Returns the plan (None:
+    it cannot be planned), from which the console's ETA counts the steps and tokens left."""
 
     try:
         plan = make_plan(cfg)
     except UserError:
-        return
+        return None
     ends = (
         f"; the curriculum reaches full length at step {plan.curriculum_end_step:,}" if plan.curriculum_end_step else ""
     )
@@ -85,6 +94,7 @@ def _print_plan(cfg: RunConfig, start_step: int, train_windows: int | None = Non
     for message in warnings:
         if message not in cfg.warnings:
             logger.warning("warning: %s", message)
+    return plan
 
 
 def _data_dir(spec: RunSpec, info) -> Path:
@@ -103,7 +113,7 @@ def _data_dir(spec: RunSpec, info) -> Path:
     return data_dir
 
 
-def _run(spec: RunSpec, info) -> TrainResult:
+def _run(spec: RunSpec, info, stop) -> TrainResult:
     from seqwarm.trainer.run_folder import prepare_run_dir
 
     say = print if info.is_main else (lambda *a, **k: None)
@@ -122,18 +132,20 @@ def _run(spec: RunSpec, info) -> TrainResult:
     spec = replace(spec, out=out)  # the run folder, named
     folder = prepare_run_dir(spec, info)  # locked until the run ends; removed again if it stays empty
     try:
-        return _train_in(folder, spec, cfg, info, say)
+        return _train_in(folder, spec, cfg, info, say, stop)
     finally:
         folder.close()
 
 
-def _train_in(folder, spec: RunSpec, cfg: RunConfig, info, say) -> TrainResult:
+def _train_in(folder, spec: RunSpec, cfg: RunConfig, info, say, stop) -> TrainResult:
     """The run in its locked folder (see :func:`_run`)."""
     from seqwarm.data import open_prepared
     from seqwarm.trainer.backends import TorchEngineBuilder
     from seqwarm.trainer.loop import Run
     from seqwarm.trainer.model import GPTConfig
-    from seqwarm.trainer.record import finish_lines, format_start, write_resolved_config
+    from seqwarm.trainer.optim import apply_optimizer_settings
+    from seqwarm.trainer.record import finish_lines, format_start, record_session
+    from seqwarm.trainer.stop import RunStopped
 
     stages = spec.pipeline_stages or 1
     if spec.data_path:
@@ -165,22 +177,35 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, info, say) -> TrainResult:
             builder = DeepSpeedEngineBuilder(pipeline_stages=stages if stages > 1 else 0)
         else:
             builder = TorchEngineBuilder(fsdp=spec.fsdp, compile=cfg.compile)
-    run = Run(cfg, spec, data, model_cfg, dist_info=info, builder=builder)
-    resumed = run.resume() if spec.resume else False
-    if spec.resume and not resumed:
+    run = Run(cfg, spec, data, model_cfg, dist_info=info, builder=builder, stop=stop)
+    spec = replace(spec, start_over=False)  # done: the old record is moved aside (a stopped run continues)
+    resuming = bool(spec.resume) and folder.holds_run  # --resume auto on a folder with no run: a new one
+    resumed = run.resume() if resuming else False
+    if resumed:  # a changed weight decay / betas / eps (--allow-config-change) is used, not the old one
+        apply_optimizer_settings(run.optimizer, run.cfg)
+    if resuming and not resumed:
         say(
             f"{spec.out} has no checkpoint yet (the run stopped before its first one): starting it again from step 0",
             flush=True,
         )
-    if info.is_main:
-        write_resolved_config(run)
+    # config.json when the run starts; a resume appends to history.jsonl and leaves config.json alone
+    recorded = record_session(run, run.resumed_from if resumed else None, folder.moved_to) if info.is_main else []
     for line in format_start(run):
         say(line, flush=True)
     if resumed:
         say(f"resuming at step {run.engine.global_steps:,} ({run.engine.progress.tokens:,} tokens)", flush=True)
+    for line in recorded:
+        logger.warning("%s", line)
     if info.is_main:
-        _print_plan(cfg, run.engine.global_steps, len(run.batches.windows))
-    result = run.train()
+        plan = _print_plan(cfg, run.engine.global_steps, len(run.batches.windows))
+        if plan is not None:
+            run.log.expect(plan.total_steps, plan.total_tokens)
+    try:
+        result = run.train()
+    except RunStopped as stopped:  # the command that continues the run (under torchrun: launched the same way)
+        stopped.resume_command = command_line(spec) + ("" if spec.resume else " --resume")
+        stopped.quiet = not info.is_main
+        raise
     for line in finish_lines(result):
         say(line, flush=True)
     if (spec.eval_wikitext or spec.eval_lambada) and info.is_main:

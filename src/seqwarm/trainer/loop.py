@@ -30,10 +30,12 @@ from seqwarm.trainer.checkpoint import first_nonfinite, list_checkpoints, rng_st
 from seqwarm.trainer.distributed import DistInfo, device_for, gather_floats
 from seqwarm.trainer.evaluator import Evaluator
 from seqwarm.trainer.feed import DeviceFeed
+from seqwarm.trainer.history import append_event
 from seqwarm.trainer.metrics import MetricsLogger, adam_stats, truncate_metrics
 from seqwarm.trainer.plots import plot_run
 from seqwarm.trainer.record import TrainResult, jsonable, versions
 from seqwarm.trainer.resume import check_resume_config, saved_section
+from seqwarm.trainer.stop import RunStopped, StopNow, StopRequest
 from seqwarm.trainer.trackers import forget_wandb_run, tracker_config
 from seqwarm.util.errors import SeqwarmError, UserError
 
@@ -53,7 +55,7 @@ class TrainingDiverged(SeqwarmError):
 RECORDED_OPTIONS = (
     "out", "data", "model", "seed", "device", "eval_interval", "eval_iters", "save_interval", "keep_checkpoints",
     "log_interval", "allow_config_change", "progress_bar", "tensorboard", "tensorboard_dir", "wandb_project",
-    "wandb_run_name",
+    "wandb_run_name", "exit_duration_in_mins",
 )  # fmt: skip
 """The run spec's fields recorded under ``options`` in ``RUN/config.json`` (the run's options, not its recipe)."""
 
@@ -64,8 +66,10 @@ class Run:
     ``cfg``: the checked recipe. ``spec``: the run's :class:`~seqwarm.run.spec.RunSpec` (its options: the
     folder ``out``, which must be set, the seed, device, intervals, trackers, resume; read as they are,
     not copied). ``memory_probe``: one forward + backward at the full length and micro-batch before the
-    first step, so an OOM comes in the first minute (None: on CUDA only); the numbers are the same
-    with or without it.
+    first step, so an OOM comes in the first minute and the ETA knows a long step's cost from step 1
+    (None: run it, except for a compiled run on a CPU; True / False: always / never); the numbers are the
+    same with or without it. ``stop``: what
+    ends it early (default: the stop signals and ``spec.exit_duration_in_mins``).
     """
 
     def __init__(
@@ -78,12 +82,14 @@ class Run:
         dist_info: DistInfo | None = None,
         builder: EngineBuilder | None = None,
         memory_probe: bool | None = None,
+        stop: StopRequest | None = None,
     ):
         if spec.out is None:
             raise ValueError("Run needs spec.out, the run folder")
         opts = spec
         self.cfg, self.opts, self.data, self.model_cfg = cfg, spec, data, model_cfg
         self.memory_probe = memory_probe
+        self.stop = stop or StopRequest(minutes=getattr(spec, "exit_duration_in_mins", None))
         self.info = dist_info or DistInfo()
         self.is_main = self.info.is_main
         builder = builder or TorchEngineBuilder()
@@ -153,6 +159,8 @@ class Run:
         self.last_val: float | None = None
         self.last_saved: Path | None = None
         """The newest checkpoint this run wrote or resumed from (every saved one is finite)."""
+        self.resumed_from: dict[str, Any] | None = None  # the resumed checkpoint's config
+        self.saved_step: int | None = None  # a stop right after a save does not write it twice
         self.resolved = {
             "run": jsonable(cfg.to_dict()),
             "model": {"preset": opts.model, **asdict(model_cfg), "num_params": model_cfg.num_params()},
@@ -235,8 +243,10 @@ class Run:
             "last_val": self.last_val,
         }
         path = self.checkpointer.save(self.engine.global_steps, loop_state)
+        self.saved_step = self.engine.global_steps
         if path is not None:
             self.last_saved = Path(path)
+            append_event(self.run_dir, "checkpoint", step=self.engine.global_steps)  # rank 0: the record
         return path
 
     def resume(self) -> bool:
@@ -247,7 +257,8 @@ class Run:
                 truncate_metrics(self.run_dir / "metrics.jsonl", 0)
             return False
         path, state = found
-        self.last_saved = Path(path)
+        self.resumed_from = state["config"]  # the config the checkpoint was written with (history.jsonl)
+        self.last_saved, self.saved_step = Path(path), self.engine.global_steps
         self.feed.load_state_dict(state["data"])
         set_rng_state(state["rng"])
         self.elapsed_before = float(state.get("elapsed_s", 0.0))
@@ -283,16 +294,25 @@ class Run:
 
     def _probe_memory(self) -> None:
         """The engine's :meth:`~seqwarm.curriculum.engine.CurriculumEngine.probe_memory` on random tokens at the
-        full length; RNG restored, no data drawn, so the run is bit-identical with or without it."""
+        full length; RNG restored, no data drawn, so the run is bit-identical with or without it. Its second
+        run, timed (the first pays the start-up: allocations, first calls), is the ETA's first long step."""
         probe = getattr(self.engine, "probe_memory", None)
         wanted = self.memory_probe
-        if not callable(probe) or not (self.device.type == "cuda" if wanted is None else wanted):
+        if wanted is None:  # on a CPU, a compiled run would compile the trial's graph too (20-70 s): skip it
+            wanted = self.device.type == "cuda" or not (self.cfg.compile or self.resolved.get("compile"))
+        if not callable(probe) or not wanted:
             return
         length, micro = self.model_cfg.seq_length, self.cfg.micro_batch_size
         ids = torch.randint(0, self.data.vocab_size, (micro, length), generator=torch.Generator().manual_seed(0))
+        ids = ids.to(self.device)
         saved = rng_state()
         try:
-            probe({"input_ids": ids.to(self.device), "labels": ids.to(self.device)})
+            probe({"input_ids": ids, "labels": ids})
+            t0 = time.perf_counter()
+            probe({"input_ids": ids, "labels": ids})
+            if self.device.type == "cuda":  # its kernels done, for its time
+                torch.cuda.synchronize(self.device)
+            self.log.trial(micro * length * self.info.world_size, time.perf_counter() - t0)
         except torch.cuda.OutOfMemoryError:
             raise UserError(
                 f"out of GPU memory on a trial step at the full length {length} with micro-batch {micro} "
@@ -362,8 +382,14 @@ class Run:
         self.log.open(engine.progress.tokens)
         engine.train()
         self._probe_memory()
+        self.stop.install()  # a stop signal ends the run at the next step boundary, saved
         try:
             while reason is None:
+                if stopped := self.stop.agreed(self.info):  # on request: the same step on every rank, saved
+                    self._log_pending(pending)  # the losses since the last read, checked
+                    if engine.global_steps and self.saved_step != engine.global_steps:
+                        self.save()
+                    raise RunStopped(stopped, engine.progress, self.last_saved or self.ckpt_dir)
                 t0 = time.perf_counter()
                 tokens_before, step_before = engine.progress.tokens, engine.progress.step
                 engine.begin_step()  # the step's length, decided once, before its micro-batches are drawn
@@ -409,7 +435,10 @@ class Run:
                     self.save()
             final_val = self._evaluate()
             self.save()
+        except KeyboardInterrupt as exc:  # a second signal: say what the run folder keeps
+            raise StopNow(getattr(exc, "signum", 2), self.last_good()) from None
         finally:
+            self.stop.restore()
             self.feed.close()
             self.log.close()
         self.checkpointer.finish(engine.progress, self.resolved, self.last_val)

@@ -11,9 +11,11 @@ ranks every method does nothing. :func:`adam_stats` gives the Adam second-moment
 
 Rows in ``metrics.jsonl`` carry ``kind`` = ``train`` (step, tokens, samples, seqlen, lr, loss at the
 current length, tokens_per_s, grad_norm, elapsed_s, ...) or ``eval`` (step, tokens, val_loss, val_ppl at
-full length). :func:`read_metrics` ignores a torn last line, and :func:`truncate_metrics` drops the rows a
-resume writes again. Tracker tags are namespaced (``train/loss``, ``curriculum/seqlen``, ``progress/tokens``)
-and repeated under Megatron-DeepSpeed's names (:data:`seqwarm.trainer.trackers.MEGATRON_TAGS`).
+full length). :func:`read_metrics` ignores a torn last line and skips, with a warning naming it, a line
+that is not a row; :func:`truncate_metrics` drops the rows a resume writes again (and refuses a file with
+such a line), and a resumed logger writes each (kind, step) row once. Tracker tags are namespaced
+(``train/loss``, ``curriculum/seqlen``, ``progress/tokens``) and repeated under Megatron-DeepSpeed's names
+(:data:`seqwarm.trainer.trackers.MEGATRON_TAGS`).
 """
 
 from __future__ import annotations
@@ -26,11 +28,14 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from seqwarm.trainer.eta import EtaEstimator
 from seqwarm.trainer.trackers import TrackerConfig, open_trackers, tracker_config
 from seqwarm.util.atomic import write_error, write_json, write_text
+from seqwarm.util.errors import UserError
 from seqwarm.util.units import human_count
 
 __all__ = [
+    "metrics_rows",
     "read_metrics",
     "truncate_metrics",
     "MetricsWriter",
@@ -44,23 +49,65 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 
-def read_metrics(path: Path) -> list[dict[str, Any]]:
-    """All rows of a metrics.jsonl (a torn last line from a killed run is ignored)."""
-    rows = []
-    if not path.exists():
-        return rows
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
+def _row_problem(row: Any) -> str | None:
+    """Why a parsed line of metrics.jsonl is not a row (None: it is one)."""
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an object"
+    if not isinstance(row.get("kind"), str):
+        return f"its kind is {row.get('kind')!r}, not a string"
+    step = row.get("step")
+    if not isinstance(step, int) or isinstance(step, bool):
+        return f"its step is {step!r}, not a whole number"
+    return None
+
+
+def metrics_rows(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of a metrics.jsonl and a description (``FILE line N: why``) of each line that is not a row.
+    A torn last line (a run killed while writing it) is left out without a word."""
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except FileNotFoundError:
+        return [], []
+    rows, problems = [], []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
             continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines):
+                continue
+            problems.append(f"{path} line {number}: not JSON")
+            continue
+        why = _row_problem(row)
+        if why:
+            problems.append(f"{path} line {number}: {why}")
+        else:
+            rows.append(row)
+    return rows, problems
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """All rows of a metrics.jsonl (a torn last line from a killed run is ignored; a line that is not a
+    row is skipped with a warning naming it)."""
+    rows, problems = metrics_rows(path)
+    for problem in problems:
+        logger.warning("skipped %s", problem)
     return rows
 
 
 def truncate_metrics(path: Path, step: int) -> None:
-    """Keep the rows up to ``step`` (on resume, rows after the checkpoint will be written again)."""
-    rows = [r for r in read_metrics(path) if r.get("step", 0) <= step]
-    write_text(path, "".join(json.dumps(r) + "\n" for r in rows))
+    """Keep the rows up to ``step`` (on resume, rows after the checkpoint will be written again).
+    UserError naming the line when a line other than a torn last one is not a row: the resume would
+    drop it, so the user decides."""
+    rows, problems = metrics_rows(path)
+    if problems:
+        raise UserError(
+            f"{problems[0]}{f' (and {len(problems) - 1} more lines)' if len(problems) > 1 else ''}: a resume "
+            "rewrites metrics.jsonl and would drop it; fix or delete that line (each line is one JSON object "
+            'with a "kind" and a whole-number "step"), then resume again'
+        )
+    write_text(path, "".join(json.dumps(r) + "\n" for r in rows if r["step"] <= step))
 
 
 class MetricsWriter:
@@ -193,10 +240,25 @@ class MetricsLogger:
         self.writer: MetricsWriter | None = None
         self.bar = None
         self._window_tokens, self._window_time, self._losses = 0, 0.0, []
+        self._written: set[tuple[str, int]] = set()
+        self.eta: EtaEstimator | None = None
+
+    def expect(self, total_steps: int, total_tokens: int) -> None:
+        """The run's plan: the console's ``eta`` is then the measured cost per step and per token summed
+        over the steps and tokens the plan has left (:class:`~seqwarm.trainer.eta.EtaEstimator`)."""
+        self.eta = EtaEstimator(total_steps, total_tokens)
+
+    def trial(self, tokens: int, seconds: float) -> None:
+        """A timed trial forward + backward at the full length (``tokens`` summed over ranks), before step 1."""
+        if self.eta is not None:
+            self.eta.trial(tokens, seconds)
 
     def open(self, tokens_so_far: int) -> None:
         if not self.is_main:
             return
+        # a resumed run finds the rows it would write again (the final evaluation of a run stopped before
+        # its summary) already there: each (kind, step) row is written once
+        self._written = {(r["kind"], r["step"]) for r in metrics_rows(self.run_dir / "metrics.jsonl")[0]}
         self.writer = MetricsWriter(self.run_dir, tensorboard=self.tensorboard, trackers=self.trackers)
         self.bar = self._progress_bar(tokens_so_far)
 
@@ -234,6 +296,8 @@ class MetricsLogger:
         self._window_tokens += step_tokens
         self._window_time += seconds
         self._losses.append(loss)
+        if self.eta is not None:
+            self.eta.observe(step_tokens, seconds)
         if self.bar is not None:
             amount = step_tokens
             if self.budget_tokens:  # the bar never runs past the budget
@@ -250,18 +314,26 @@ class MetricsLogger:
         tps = self._window_tokens / max(self._window_time, 1e-9)
         row = {"kind": "train", **head, "loss": sum(self._losses) / len(self._losses), "tokens_per_s": tps, **tail}
         if self.writer is not None:
-            self.writer.write(row)
+            self._write(row)
             self._console(row, tps, last_val)
         self._window_tokens, self._window_time, self._losses = 0, 0.0, []
         return row
 
     def eval_row(self, row: dict[str, Any]) -> None:
         if self.writer is not None:
-            self.writer.write(row)
+            self._write(row)
+
+    def _write(self, row: dict[str, Any]) -> None:
+        key = (row["kind"], row["step"])
+        if key not in self._written:
+            self._written.add(key)
+            self.writer.write(row)  # type: ignore[union-attr]
 
     def _console(self, row: dict[str, Any], tps: float, last_val: float | None) -> None:
         eta = None
-        if self.budget_tokens and tps > 0:
+        if self.eta is not None:
+            eta = self.eta.seconds_left(row["step"], row["tokens"])
+        elif self.budget_tokens and tps > 0:  # no plan: the window's speed over the tokens left
             eta = max(0, self.budget_tokens - row["tokens"]) / tps
         line = console_line(row, self.budget_tokens, last_val, eta)
         if self.bar is not None and not self.bar.disable:

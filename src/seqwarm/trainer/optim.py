@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from seqwarm.config import RunConfig
 from seqwarm.util.errors import UserError
 
-__all__ = ["build_optimizer"]
+__all__ = ["build_optimizer", "apply_optimizer_settings"]
 
 
 def build_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optimizer:
@@ -27,6 +29,22 @@ def build_optimizer(model: torch.nn.Module, cfg: RunConfig) -> torch.optim.Optim
             f"optimizer.type {opt.type!r} runs only under DeepSpeed; seqwarm's own engine builds Adam, AdamW or SGD"
         )
     return torch.optim.AdamW(groups, lr=lr, betas=opt.betas, eps=opt.eps, **_fused(decay + no_decay))
+
+
+def apply_optimizer_settings(optimizer: Any, cfg: RunConfig) -> None:
+    """Set the config's weight decay, betas and eps on an optimizer :func:`build_optimizer` made, after a
+    checkpoint's state was loaded into it (``load_state_dict`` brings back the old values): a resume that
+    changes them (``--allow-config-change``) trains with the new ones. Other optimizers are left alone."""
+    groups = getattr(optimizer, "param_groups", None)
+    if not isinstance(optimizer, torch.optim.Optimizer) or not groups or len(groups) != 2:
+        return
+    opt = cfg.optimizer
+    groups[0]["weight_decay"] = opt.weight_decay  # the second group (1-D tensors) never decays
+    for group in groups:
+        if "betas" in group:
+            group["betas"] = tuple(opt.betas)
+        if "eps" in group:
+            group["eps"] = opt.eps
 
 
 def _fused(params: list[torch.Tensor]) -> dict[str, bool]:

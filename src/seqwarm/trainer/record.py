@@ -1,5 +1,6 @@
 """What a run records and says about itself: the versions it ran with, its resolved config
-(``RUN/config.json``), the lines it prints at the start and the end, and its result.
+(``RUN/config.json``, written when the run starts and never rewritten by a resume), the session's line in
+``RUN/history.jsonl`` (:func:`record_session`), the lines it prints at the start and the end, and its result.
 """
 
 from __future__ import annotations
@@ -15,11 +16,21 @@ import numpy as np
 import torch
 
 from seqwarm.config.describe import describe
+from seqwarm.trainer.history import append_event
 from seqwarm.trainer.metrics import format_duration
+from seqwarm.trainer.resume import config_changes, format_changes
 from seqwarm.util.atomic import write_json
 from seqwarm.util.version import __version__
 
-__all__ = ["TrainResult", "finish_lines", "format_start", "jsonable", "versions", "write_resolved_config"]
+__all__ = [
+    "TrainResult",
+    "finish_lines",
+    "format_start",
+    "jsonable",
+    "record_session",
+    "versions",
+    "write_resolved_config",
+]
 
 
 @dataclass
@@ -55,6 +66,24 @@ def write_resolved_config(run: Any) -> Path:
     """``RUN/config.json`` of a :class:`seqwarm.trainer.loop.Run`: everything the run was resolved to
     (written atomically)."""
     return write_json(run.run_dir / "config.json", run.resolved)
+
+
+def record_session(run: Any, saved: dict[str, Any] | None, moved_to: Path | None = None) -> list[str]:
+    """Add this session to the record of ``run`` (a :class:`seqwarm.trainer.loop.Run`; rank 0 calls it) and
+    return the lines to print. A new run (``saved`` None) writes config.json and a ``start`` line
+    (``moved_to``: where ``--start-over`` moved the old record); a resumed one leaves config.json as it
+    is and appends a ``resume`` line: the step, the checkpoint and every setting that differs from
+    ``saved``, the config that checkpoint was written with."""
+    if saved is None:
+        write_resolved_config(run)
+        append_event(run.run_dir, "start", step=0, **({"moved_aside": moved_to.name} if moved_to else {}))
+        return [f"start over: the old record is in {moved_to}"] if moved_to else []
+    step = run.engine.global_steps
+    changed = config_changes(saved, run.resolved)
+    append_event(run.run_dir, "resume", step=step, checkpoint=str(run.last_saved), changed=changed)
+    if not changed:
+        return []
+    return [f"changed since the checkpoint of step {step:,} (in history.jsonl): {format_changes(changed)}"]
 
 
 def format_start(run: Any) -> list[str]:

@@ -3,7 +3,11 @@
 :func:`prepare_run_dir` refuses a folder that holds a run unless ``--resume`` is given (a run killed
 before its first checkpoint resumes from step 0), and an ``--out`` that is a file or in use by another
 run; the :class:`RunFolder` it returns releases the lock when the run ends and removes the folder again
-when this run created it and left nothing in it (bad input found late).
+when this run created it and left nothing in it (bad input found late). ``--resume auto`` also starts a
+run in a folder that holds none. A run whose checkpoints are gone (a deleted ``checkpoints/``, a link to
+an unmounted disk) although the folder shows it wrote some (:func:`seqwarm.trainer.history.checkpoint_evidence`)
+is never started again by ``--resume``: only ``--start-over`` does, after moving the old record into
+``RUN/previous-N/``.
 
 One run per folder: an advisory lock on ``RUN/.seqwarm.lock`` while a run (or a resume) uses it
 (:class:`RunLock`, :func:`run_lock`; ``compare`` and ``tune`` take it too). The lock is
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from seqwarm.trainer.history import checkpoint_evidence, move_aside
 from seqwarm.util.errors import UserError
 
 if TYPE_CHECKING:  # seqwarm.trainer.distributed imports torch: only when a run prepares its folder
@@ -149,6 +154,10 @@ class RunFolder:
     """The lock rank 0 holds (None on the other ranks)."""
     created: bool
     """Whether this run created the folder (then :meth:`close` removes it when it stayed empty)."""
+    holds_run: bool = False
+    """Whether the folder held a run (a ``--resume auto`` on a folder without one starts a new run)."""
+    moved_to: Path | None = None
+    """Where ``--start-over`` moved the old record (rank 0)."""
 
     def close(self) -> None:
         if self.lock is not None:
@@ -160,7 +169,14 @@ class RunFolder:
                 pass
 
 
-def _folder_problem(run_dir: Path, resume: bool, stale_lock: bool) -> str | None:
+def _missing(ckpts: Path) -> str:
+    """What is wrong with a run's ``checkpoints`` folder that holds no checkpoint."""
+    if ckpts.is_symlink() and not ckpts.exists():
+        return f"{ckpts} is a link to {os.readlink(ckpts)}, which does not exist (a disk not mounted?)"
+    return f"{ckpts} holds no checkpoint" if ckpts.is_dir() else f"{ckpts} is missing"
+
+
+def _folder_problem(run_dir: Path, resume: bool | str, stale_lock: bool, start_over: bool = False) -> str | None:
     """Why the run cannot use ``run_dir`` (None: it can); the same answer on every rank. ``stale_lock``:
     a lock file was there before this run took the lock (a run killed before it wrote config.json)."""
     from seqwarm.trainer.checkpoint import list_checkpoints
@@ -168,20 +184,42 @@ def _folder_problem(run_dir: Path, resume: bool, stale_lock: bool) -> str | None
     ckpts = run_dir / "checkpoints"
     has_ckpt = bool(list_checkpoints(ckpts)) or (ckpts / "deepspeed" / "latest").is_file()
     entries = [p.name for p in run_dir.iterdir() if p.name != LOCK_FILE] if run_dir.is_dir() else []
+    holds_run = has_ckpt or stale_lock or any(name in entries for name in RUN_MARKERS)
+    if start_over:  # whatever the folder holds is moved aside first
+        return None
+    if resume == "auto" and not holds_run:
+        if entries:
+            return (
+                f"--resume auto: {run_dir} holds files but no seqwarm run ({', '.join(sorted(entries)[:5])}); "
+                "choose another --out"
+            )
+        return None
     if resume:
-        if not has_ckpt and not stale_lock and not any(name in entries for name in RUN_MARKERS):
+        if not holds_run:
             return (
                 f"--resume: {run_dir} has no checkpoint to resume from and holds no run "
-                "(drop --resume to start a new run there)"
+                "(drop --resume to start a new run there, or give --resume auto)"
+            )
+        evidence = [] if has_ckpt else checkpoint_evidence(run_dir)
+        if evidence:
+            return (
+                f"--resume: {_missing(ckpts)}, but {run_dir} holds a run that wrote checkpoints: "
+                f"{'; '.join(evidence)}. Put the checkpoints back (mount the disk, restore the folder) and "
+                "resume again, or give --start-over instead of --resume to train it again from step 0 "
+                f"(what {run_dir} holds is moved into {run_dir}/previous-N/, nothing is deleted)"
             )
     elif entries:
-        return f"{run_dir} already holds a run; pass --resume to continue it or choose another --out"
+        return (
+            f"{run_dir} already holds a run; pass --resume to continue it, --start-over to train it again "
+            "from step 0 (its old record moved into RUN/previous-N/), or choose another --out"
+        )
     return None
 
 
 def prepare_run_dir(opts, info: DistInfo | None = None) -> RunFolder:
     """Create and lock the run folder ``opts.out`` on rank 0, then check it on every rank (same answer
-    everywhere); ``opts.resume``: continue the run there.
+    everywhere); ``opts.resume``: continue the run there (``"auto"``: or start one); ``opts.start_over``:
+    move what the folder holds into ``RUN/previous-N/`` and start again.
 
     The caller closes the returned :class:`RunFolder` when the run ends, whatever way it ends."""
     import torch
@@ -194,12 +232,15 @@ def prepare_run_dir(opts, info: DistInfo | None = None) -> RunFolder:
         raise UserError(f"--out {run_dir} exists and is not a folder; choose a folder for the run")
     folder = RunFolder(run_dir, None, False)
     status, stale_lock = 0.0, (run_dir / LOCK_FILE).exists()
+    start_over = getattr(opts, "start_over", False)
     if info.is_main:
         folder.created = not run_dir.exists()
         try:
             run_dir.mkdir(parents=True, exist_ok=True)
             folder.lock = RunLock(run_dir)
             folder.lock.acquire()
+            if start_over:  # the old record is kept whole, not truncated
+                folder.moved_to = move_aside(run_dir, keep=(LOCK_FILE,))
         except BaseException as err:
             folder.lock = None
             folder.close()
@@ -214,7 +255,10 @@ def prepare_run_dir(opts, info: DistInfo | None = None) -> RunFolder:
             folder.close()
             raise UserError(f"{run_dir}: rank 0 could not take the run folder (see its message)")
         stale_lock = bool(answers[0][1])  # rank 0 looked before it took the lock
-    problem = _folder_problem(run_dir, opts.resume, stale_lock)
+    problem = _folder_problem(run_dir, opts.resume, stale_lock, start_over)
+    folder.holds_run = not start_over and (
+        stale_lock or any((run_dir / name).exists() for name in (*RUN_MARKERS, "checkpoints"))
+    )
     barrier(info)  # every rank has looked before rank 0 writes anything
     if problem:
         folder.close()

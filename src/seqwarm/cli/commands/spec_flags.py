@@ -3,7 +3,8 @@
 Flag name and switch rule: :func:`seqwarm.run.command.flag_of` (the rule the experiments render command
 lines with). Type from the annotation (``bool``: a switch flipping the default; ``int``: a count such as
 1000, 1e6, 1M, or a plain int with ``metadata["parse"] == "int"``; ``Path``/``str``: as given;
-``tuple[str, ...]``: one or more values). ``metadata["aliases"]``: more spellings of the flag (Megatron's
+``tuple[str, ...]``: one or more values; ``metadata["values"]``: a switch that may also take one of these
+words, ``--resume`` or ``--resume auto``). ``metadata["aliases"]``: more spellings of the flag (Megatron's
 and the deepspeed launcher's, e.g. ``--deepspeed_config``, ``--local_rank``). Help from
 the docstring under the field, read with :mod:`ast` from the class source. The ``settings`` field stands
 for the settings-table flags (:func:`seqwarm.cli.commands.common.add_setting_flags`), added in its place.
@@ -73,12 +74,17 @@ def add_spec_flags(
         kwargs: dict[str, Any] = {"dest": f.name, "help": docs[f.name].replace("%", "%%")}
         if typing.get_origin(hints[f.name]) is tuple:  # one or more values
             kwargs.update(nargs="+", default=f.default, metavar=f.metadata.get("metavar"))
+        elif "values" in f.metadata:  # a switch that may take one of a few words (--resume, --resume auto)
+            values = f.metadata["values"]
+            kwargs.update(nargs="?", const=True, default=f.default, choices=values, metavar="|".join(values))
         elif kind is bool:
             kwargs.update(action="store_false" if f.default else "store_true")
         else:
             kwargs["default"] = f.default
             if kind is int:
                 kwargs["type"] = int if f.metadata.get("parse") == "int" else count
+            elif kind is float:
+                kwargs["type"] = float
             elif kind is Path:
                 kwargs["type"] = Path
             if "metavar" in f.metadata:

@@ -25,13 +25,21 @@ DESCRIPTION = (
     "override the config."
 )
 
+EPILOG = (
+    "Exit codes: 0 the run reached its budget; 2 a mistake in the flags, config, data or run folder (one line "
+    "names it); 3 the training diverged (the newest finite checkpoint is named); 75 stopped early with a "
+    "checkpoint by SIGTERM, SIGINT (Ctrl-C), SIGUSR1 (sbatch --signal=USR1@120), SIGHUP or "
+    "--exit-duration-in-mins, after finishing its step: run the same command with --resume to continue; "
+    "128+N a second signal N stopped it at once (the newest checkpoint is named)."
+)
+
 
 def add_train_flags(p: argparse.ArgumentParser) -> None:
     add_spec_flags(p, groups=GROUP_TITLES)  # --model: a preset or hf:PATH, checked by the runner
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("train", help=HELP, description=DESCRIPTION)
+    p = sub.add_parser("train", help=HELP, description=DESCRIPTION, epilog=EPILOG)
     add_train_flags(p)
     p.set_defaults(func=run)
 
@@ -45,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
 def add_parser_with_train_flags(sub: argparse._SubParsersAction, name: str, **kwargs: Any) -> argparse.ArgumentParser:
     """A sub-command parser that accepts every ``seqwarm train`` flag (its own flags may replace some).
 
-    Flags the experiment sets itself (``--resume``, ``--no-curriculum``, ``--allow-config-change``) are
+    Train's ``--out RUN`` (alias ``--save``) is left out: the experiment adds its own ``--out DIR``. Flags
+    the experiment sets itself (``--resume``, ``--no-curriculum``, ``--allow-config-change``) are
     hidden from --help (the experiment refuses them when given); ``--eval-interval``, ``--eval-iters`` and
     ``--log-interval`` default to None so the experiment can tell "not given" from the train default.
     """
@@ -53,6 +62,10 @@ def add_parser_with_train_flags(sub: argparse._SubParsersAction, name: str, **kw
     # parent's mutually exclusive groups (--lr-decay-*, --lr-warmup-*) out of their --help groups.
     p = sub.add_parser(name, conflict_handler="resolve", **kwargs)
     add_train_flags(p)
+    # the experiment's --out DIR (its own flag, added next) is its one folder flag: train's --out RUN and
+    # its alias --save go, so that `--save` is not silently taken as --out
+    run_folder = next(a for a in p._actions if a.dest == "out")
+    p._handle_conflict_resolve(run_folder, [(flag, run_folder) for flag in list(run_folder.option_strings)])
     for flag in ("--resume", "--no-curriculum", "--allow-config-change"):
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)
     p.set_defaults(eval_interval=None, eval_iters=None, log_interval=None)

@@ -144,16 +144,16 @@ def _warmup_steps(args: Any, num_training_steps: int) -> int:
     return int(steps) if steps >= 1 else math.ceil(num_training_steps * steps)
 
 
-def lr_settings_for(raw: Mapping[str, Any], args: Any, num_training_steps: int) -> tuple[dict[str, Any], str]:
+def lr_settings_for(raw: Mapping[str, Any], args: Any, num_training_steps: int) -> tuple[dict[str, Any], str | None]:
     """The ``seqwarm`` LR settings that make the Trainer's schedule (for a run of ``num_training_steps``
-    optimizer steps) the token clock's, and a line saying where the LR comes from. Empty when the JSON
-    sets the schedule itself (then only the peak may come from ``learning_rate``)."""
+    optimizer steps) the token clock's, and the line to say at the start (what was mapped, and the one
+    step it runs ahead). When the JSON sets the schedule itself: at most the peak (from
+    ``learning_rate`` when the JSON has none), and no line."""
     peak = _json_peak(raw)
     lr = peak[0] if peak is not None else float(args.learning_rate)
     source = peak[1] if peak is not None else "TrainingArguments learning_rate"
     if _schedule_keys(raw):
-        out = {} if peak is not None else {"lr": lr}
-        return out, f"the LR: peak {lr:g} ({source}), schedule from the curriculum config"
+        return ({} if peak is not None else {"lr": lr}), None  # the config's schedule, as written: nothing to say
     kind = _scheduler_type(args)
     warmup = 0 if kind == "constant" else _warmup_steps(args, num_training_steps)  # transformers: no warmup
     out: dict[str, Any] = {"lr": lr, "min_lr": 0.0}
