@@ -84,7 +84,7 @@ def recorder(seen):
     return hook
 
 
-def train(tmp_path, collator, trainer_class=CurriculumTrainer, **overrides):
+def train(tmp_path, collator, trainer_class=CurriculumTrainer, curriculum=RAW, **overrides):
     model = llama()
     seen = []
     model.register_forward_pre_hook(
@@ -105,7 +105,9 @@ def train(tmp_path, collator, trainer_class=CurriculumTrainer, **overrides):
         remove_unused_columns=False,
         **overrides,
     )
-    trainer = trainer_class(model=model, args=targs, train_dataset=examples(), data_collator=collator, curriculum=RAW)
+    trainer = trainer_class(
+        model=model, args=targs, train_dataset=examples(), data_collator=collator, curriculum=curriculum
+    )
     trainer.train()
     return trainer, seen
 
@@ -180,3 +182,22 @@ def test_sft_trainer_with_the_curriculum_packed_and_not(tmp_path):
         assert all(n <= LENGTHS[i // GAS] for i, n in enumerate(longest)) and longest[0] == LENGTHS[0]
         assert trainer.curriculum.progress.step == 3
         assert trainer.curriculum.progress.tokens == sum(len(s) for seqs in seen for s in seqs)
+
+
+def test_the_start_says_when_max_steps_ends_the_run_before_the_token_budget(tmp_path, caplog):
+    """max_steps = 6 but train_tokens needs more steps: the LR decays over the tokens, so the run would end
+    with the LR well above its floor; the start of the run says so, with that LR."""
+    raw = {
+        **RAW,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "seqwarm": {"train_tokens": 100_000, "lr_decay_style": "cosine", "min_lr": 1e-5},
+    }
+    collator = transformers.DataCollatorForLanguageModeling(tokenizer("right"), mlm=False)
+    with caplog.at_level(logging.WARNING, logger="seqwarm"):
+        trainer, _ = train(tmp_path, collator, curriculum=raw)
+    said = [r.getMessage() for r in caplog.records if "before train_tokens" in r.getMessage()]
+    assert len(said) == 1 and "the Trainer stops after 6 steps (max_steps / num_train_epochs)" in said[0]
+    planned = sum(MICRO * GAS * length for length in LENGTHS)  # the plan's count: full rows (padding aside)
+    lr_end = float(said[0].split("the LR is then ")[1].split(" ")[0])
+    assert lr_end > 0.9e-3 and f"about {planned:,} tokens" in said[0]
+    assert trainer.curriculum.progress.tokens < 100_000
