@@ -338,7 +338,8 @@ def _tiny_run(tmp_path, byte_data, name, builder=None, config=None, model=None, 
 
 @pytest.mark.slow
 def test_the_memory_probe_leaves_the_run_bit_identical(tmp_path, byte_data):
-    """The trial full-length step before the first step (an OOM in the first minute) changes no number."""
+    """The trial full-length step before the first step (an OOM in the first minute) changes no number
+    (beyond float rounding)."""
     losses = {}
     for probe in (False, True):
         run = _tiny_run(tmp_path, byte_data, f"probe-{probe}", memory_probe=probe)
@@ -351,7 +352,9 @@ def test_the_memory_probe_leaves_the_run_bit_identical(tmp_path, byte_data):
         run.train()
         assert calls == ([(4, 64)] * 2 if probe else [])  # the largest micro-batch at the full length (+ timed)
         losses[probe] = [r["loss"] for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == "train"]
-    assert losses[True] == losses[False] and len(losses[True]) > 3
+    # equal up to float rounding: a busy CPU may split a reduction over fewer threads (seen once at 2e-7);
+    # a probe that drew from the RNG or left gradients behind moves the losses by far more
+    assert losses[True] == pytest.approx(losses[False], rel=1e-6, abs=0) and len(losses[True]) > 3
 
 
 @pytest.mark.slow
