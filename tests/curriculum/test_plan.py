@@ -134,8 +134,8 @@ def test_plan_without_budget_goes_to_curriculum_end(capsys):
 
 
 def test_plan_errors_exit_2(capsys, tmp_path):
-    assert main(["plan", str(SEED), "--train-tokens", "1e3", "--no-curriculum"]) == 2
-    assert "sequence length is unknown" in capsys.readouterr().err
+    assert main(["plan", str(SEED), "--train-tokens", "1e3", "--model", "gpt3"]) == 2
+    assert "--model 'gpt3': choose one of tiny" in capsys.readouterr().err
     with pytest.raises(SystemExit) as info:
         main(["plan", str(SEED), "--train-tokens", "abc"])
     assert info.value.code == 2

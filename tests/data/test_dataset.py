@@ -11,15 +11,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from seqwarm.data.dataset import (
-    TokenWindows,
-    TrainBatches,
-    build_batch,
-    eval_window_indices,
-    iter_eval_batches,
-    open_prepared,
-)
+from seqwarm.data.dataset import TokenWindows, TrainBatches, build_batch, eval_window_indices, iter_eval_batches
 from seqwarm.data.prepare import prepare_dataset
+from seqwarm.data.prepared import open_prepared
 from seqwarm.util.errors import UserError
 
 E = 9  # EOD id in the synthetic streams
@@ -164,7 +158,7 @@ def test_eval_batches_are_deterministic_and_in_order(prepared):
         torch.cat([b["input_ids"] for b in iter_eval_batches(win, 2, num_windows=7, rank=r, world_size=2)])
         for r in range(2)
     ]
-    assert len(parts[0]) == 4 and len(parts[1]) == 3
+    assert len(parts[0]) == len(parts[1]) == 3  # as many on every rank: the 7th picked window is left out
     assert torch.equal(parts[1][0], got[0][1])  # rank 1 takes the 2nd, 4th, 6th picked windows
     everything = list(data.val_batches(8, 1000))
     assert len(everything) == 1 and len(everything[0]["input_ids"]) == len(win)
@@ -243,3 +237,20 @@ def test_hf_label_style_gives_unshifted_labels_with_the_same_targets():
     assert tw.with_label_style("megatron") is tw
     with pytest.raises(UserError, match="label_style must be one of megatron, hf"):
         build_batch(windows, label_style="shifted")
+
+
+def test_eval_batches_give_every_rank_as_many_windows():
+    """A sharded model's ranks must run the same forwards: 7 windows over 2 ranks are 3 + 3, distinct."""
+    import numpy as np
+
+    from seqwarm.data.dataset import TokenWindows, iter_eval_batches
+
+    windows = TokenWindows(np.arange(7 * 8 + 1) % 250, 8)
+    assert len(windows) == 7
+    ranks = [
+        [row.tolist() for b in iter_eval_batches(windows, 2, rank=r, world_size=2) for row in b["input_ids"]]
+        for r in range(2)
+    ]
+    assert [len(r) for r in ranks] == [3, 3]
+    assert not set(map(tuple, ranks[0])) & set(map(tuple, ranks[1]))
+    assert len(list(iter_eval_batches(windows, 2))) == 4  # one process: all 7

@@ -158,3 +158,14 @@ def test_bad_input_exits_2(tmp_path, capsys, bpe_data, monkeypatch):
     code, _, err = export(capsys, tmp_path / "run", tmp_path / "hf3")
     assert code == 2 and "seqwarm[hf]" in err and "transformers" in err and not (tmp_path / "hf3").exists()
     assert "Traceback" not in err
+
+
+def test_a_partial_rotary_run_exports_with_its_rotary_pct(tmp_path, capsys, bpe_data):
+    """--rotary-percent 0.5: GPT-NeoX's rotary_pct rotates the same first half of each head's channels."""
+    gpt = fake_run(tmp_path / "run", bpe_data, rotary=True, rotary_percent=0.5)
+    code, _, err = export(capsys, tmp_path / "run", tmp_path / "hf")
+    assert code == 0, err
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    ids = torch.randint(0, gpt.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        assert (gpt(ids) - hf(input_ids=ids).logits).abs().max().item() < 1e-5

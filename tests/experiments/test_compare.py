@@ -424,3 +424,19 @@ def test_without_config_the_compared_recipe_follows_seq_length_as_train_does(tmp
             written["curriculum_learning"]["schedule_config"]["total_curriculum_step"] == trained.total_curriculum_step
         )
     assert resolve_config(plan.runs["curriculum"]).curriculum == trained
+
+
+def test_the_report_leads_with_tokens_and_notes_what_wall_clock_measures(tmp_path):
+    """Wall-clock moved 3.01x / 4.16x between two runs with the same losses: it is shown, not bolded."""
+    from seqwarm.experiments.report import TIME_NOTE
+
+    plan = _synthetic_plan(
+        tmp_path, [(1000, 5.0), (2000, 4.0), (3000, 3.0)], [(500, 5.0), (1000, 4.0), (2000, 2.0), (3000, 1.5)]
+    )
+    write_report(tmp_path, build_report(plan, {}))
+    md = (tmp_path / "report.md").read_text()
+    [tokens] = [line for line in md.splitlines() if line.startswith("- **tokens**")]
+    [time] = [line for line in md.splitlines() if line.startswith("- wall-clock:")]
+    assert "**speedup_tokens 2.00x**" in tokens
+    assert "**" not in time and time.endswith(f"speedup_time 2.00x ({TIME_NOTE})")
+    assert md.index("- **tokens**") < md.index("- wall-clock:")

@@ -24,6 +24,7 @@ TRAIN_FLAGS = [
     ("--data", None, "options"),
     ("--data-path", (), "options"),
     ("--split", "969,30,1", "options"),
+    ("--split-rounding", "megatron-deepspeed", "options"),
     ("--tokenizer", None, "options"),
     ("--vocab-size", None, "options"),
     ("--eod-id", None, "options"),
@@ -32,6 +33,8 @@ TRAIN_FLAGS = [
     ("--n-head", None, "options"),
     ("--n-embd", None, "options"),  # issue #17
     ("--rotary", False, "options"),
+    ("--rotary-percent", 1.0, "options"),
+    ("--init-method-std", None, "options"),
     ("--fsdp", False, "options"),
     ("--deepspeed", False, "DeepSpeed"),
     ("--pipeline-stages", 0, "DeepSpeed"),
@@ -58,6 +61,8 @@ TRAIN_FLAGS = [
     ("--curriculum-mode", None, "batch"),
     ("--count-tokens-by", None, "batch"),
     ("--no-curriculum", False, "batch"),
+    ("--document-masking", False, "batch"),  # issue #25
+    ("--no-document-masking", False, "batch"),
     ("--weight-decay", None, "optimizer"),
     ("--clip-grad", None, "optimizer"),
     ("--adam-beta1", None, "optimizer"),
@@ -80,12 +85,15 @@ TRAIN_FLAGS = [
     ("--save-interval", 100, "run"),
     ("--keep-checkpoints", 3, "run"),
     ("--exit-duration-in-mins", None, "run"),  # issue #26
+    ("--dist-timeout-s", None, "run"),  # issue #26
     ("--log-interval", 10, "run"),
     ("--no-progress", False, "run"),
     ("--eval-wikitext", None, "run"),
     ("--eval-lambada", None, "run"),
     ("--no-tensorboard", False, "run"),
     ("--tensorboard-dir", None, "run"),
+    ("--tensorboard-log-interval", 1, "run"),
+    ("--log-optimizer-states-to-tensorboard", False, "run"),
     ("--wandb-project", None, "run"),
     ("--wandb-run-name", None, "run"),
 ]

@@ -174,3 +174,17 @@ def test_an_oom_on_the_memory_probe_says_what_to_lower(tmp_path, byte_data):
     run.engine.probe_memory = oom
     with pytest.raises(UserError, match="full length 64 with micro-batch 4.*lower train_micro_batch_size_per_gpu"):
         run._probe_memory()
+
+
+def test_a_megatron_style_run_reads_eval_iters_as_megatron_does(tmp_path, byte_data):
+    """Under Megatron-DeepSpeed's rules --eval-iters 3 with accumulation 2 and micro-batch 4 reads 3 x 2 x 4
+    windows per evaluation (one rank here); under seqwarm's, 3 micro-batches of 4."""
+    from conftest import small_config
+    from helpers import tiny_run
+
+    megatron = small_config(tmp_path / "m.json", megatron=True, train_iters=6, lr=1e-3)
+    run = tiny_run(tmp_path / "m", byte_data, megatron, eval_iters=3)
+    assert run.cfg.lr.rule == "megatron" and run.cfg.gradient_accumulation_steps == 2
+    assert run.evaluator.megatron and run.evaluator.num_windows == 24
+    plain = tiny_run(tmp_path / "s", byte_data, small_config(tmp_path / "s.json"), eval_iters=3)
+    assert not plain.evaluator.megatron and plain.evaluator.num_windows == 12

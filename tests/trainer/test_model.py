@@ -201,3 +201,41 @@ def test_vocab_padded_to_a_multiple_of_64_gets_no_probability():
     loss = model(ids, labels=ids)
     loss.backward()
     assert model.wte.weight.grad[50257:].abs().sum() == 0  # the padded rows are never trained toward
+
+
+def test_rotary_percent_rotates_megatrons_share_of_each_head():
+    """Megatron-DeepSpeed's --rotary-percent p (its RotaryEmbedding over rotary_dim = int(head x p) and
+    apply_rotary_pos_emb): the first rotary_dim channels are rotated as a head of that size would be
+    (pairs i, i + rotary_dim/2, frequencies base ** (-2i / rotary_dim)); the others pass through."""
+    from seqwarm.trainer.model import _apply_rotary, _rotary_tables
+
+    cfg = GPTConfig(vocab_size=50, seq_length=16, n_layer=1, n_head=2, n_embd=32, rotary=True, rotary_percent=0.25)
+    assert cfg.rotary_dim == 4
+    cos, sin = _rotary_tables(cfg)
+    x = torch.randn(1, 2, 16, 16)
+    out = _apply_rotary(x, cos, sin)
+    assert torch.equal(out[..., 4:], x[..., 4:])
+    pos = torch.arange(16, dtype=torch.float32)[:, None]
+    freqs = pos * (10000.0 ** (-torch.arange(0, 4, 2, dtype=torch.float32) / 4))  # (T, 2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # Megatron: cat((freqs, freqs)), rotate_half
+    head = x[..., :4]
+    rotated = torch.cat([-head[..., 2:], head[..., :2]], dim=-1)
+    torch.testing.assert_close(out[..., :4], head * emb.cos() + rotated * emb.sin())
+    full = GPTConfig(vocab_size=50, seq_length=16, n_layer=1, n_head=2, n_embd=32, rotary=True)
+    assert not torch.equal(_apply_rotary(x, *_rotary_tables(full))[..., 4:], x[..., 4:])
+    for bad in (0.0, 0.05, 1.5):  # rotates 0, 0 (int(0.8)) or more than the head
+        with pytest.raises(ValueError, match="rotary_percent"):
+            GPTConfig(vocab_size=50, seq_length=16, n_layer=1, n_head=2, n_embd=32, rotary=True, rotary_percent=bad)
+
+
+def test_init_std_sets_the_initialisation_as_megatrons_init_method_std():
+    import math
+
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=512, seq_length=16, n_layer=2, n_head=4, n_embd=256, init_std=0.005)
+    gpt = GPT(cfg)
+    assert gpt.wte.weight.std().item() == pytest.approx(0.005, rel=0.05)
+    proj = gpt.blocks[0].attn.c_proj.weight  # a residual output projection: std / sqrt(2 x layers)
+    assert proj.std().item() == pytest.approx(0.005 / math.sqrt(4), rel=0.05)
+    default = GPT(cfg.replace(init_std=0.02))
+    assert default.wte.weight.std().item() == pytest.approx(0.02, rel=0.05)

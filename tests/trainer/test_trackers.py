@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import builtins
 import logging
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from helpers import wandb_summary
+from helpers import tiny_run, wandb_summary
 from seqwarm.trainer.metrics import MetricsWriter
 from seqwarm.trainer.trackers import TrackerConfig, open_trackers, scalars, tracker_config
 
@@ -185,3 +187,146 @@ def test_a_resumed_run_logs_into_the_same_wandb_run(tmp_path, monkeypatch):
     monkeypatch.delenv("WANDB_RUN_ID")
     open_trackers(tracker_config({"wandb": {"enabled": True}}, tmp_path / "c", tensorboard=False))
     assert calls[1]["id"] == (tmp_path / "c" / WANDB_ID_FILE).read_text().strip() and calls[1]["resume"] == "allow"
+
+
+def test_the_tools_own_environment_variables_win_over_seqwarms_defaults(tmp_path, monkeypatch):
+    """WANDB_DIR / WANDB_PROJECT / WANDB_NAME: the offline W&B run goes where W&B is told, under that
+    project and name, and the run folder still keeps the W&B run id (a resume continues the W&B run);
+    TENSORBOARD_LOGGING_DIR replaces RUN/tensorboard. A flag or a config block still wins over them."""
+    pytest.importorskip("wandb", reason="W&B is an optional extra: pip install 'seqwarm[wandb]'")
+    from seqwarm.trainer.trackers import WANDB_ID_FILE
+
+    for name in ("WANDB_PROJECT", "WANDB_NAME", "WANDB_DIR", "TENSORBOARD_LOGGING_DIR", "AIP_TENSORBOARD_LOG_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    run, elsewhere = tmp_path / "run", tmp_path / "wandb-home"
+    run.mkdir()
+    elsewhere.mkdir()
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.setenv("WANDB_DIR", str(elsewhere))
+    monkeypatch.setenv("WANDB_PROJECT", "their-project")
+    monkeypatch.setenv("WANDB_NAME", "their-name")
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(tmp_path / "tb"))
+    import wandb
+
+    wandb.teardown()  # W&B reads its variables once per process, when set up: as a new process would
+    cfg = tracker_config({"wandb": {"enabled": True}}, run)
+    assert cfg.tensorboard_dir == tmp_path / "tb"
+    assert cfg.wandb["dir"] is None and cfg.wandb["project"] is None and cfg.wandb["name"] is None
+    [wb] = [t for t in open_trackers(replace(cfg, tensorboard_dir=None)) if type(t).__name__ == "_Wandb"]
+    assert (wb.run.project, wb.run.name) == ("their-project", "their-name")
+    assert wb.run.id == (run / WANDB_ID_FILE).read_text().strip()
+    wb.log(TRAIN)
+    wb.close(None)
+    wandb.teardown()  # the next test's W&B reads its own variables
+    assert not (run / "wandb").exists() and list((elsewhere / "wandb").glob("offline-run-*"))
+    # flags and config blocks are the user's too, and win
+    given = tracker_config(
+        {"wandb": {"enabled": True, "project": "block"}, "tensorboard": {"enabled": True, "output_path": "o"}},
+        run,
+        wandb_run_name="flag",
+    )
+    assert (given.wandb["project"], given.wandb["name"], given.tensorboard_dir) == ("block", "flag", Path("o"))
+    assert tracker_config({}, run, tensorboard_dir=tmp_path / "x").tensorboard_dir == tmp_path / "x"
+
+
+def test_tensorboard_gets_every_steps_own_point_with_megatron_deepspeeds_tags(tmp_path, byte_data):
+    """--log-interval 4 over 6 steps: the console rows come at steps 1, 4 and 6 (averaged over their
+    window), TensorBoard gets a point at every step, each step's own loss, under the full tag list; with
+    --log-optimizer-states-to-tensorboard, Megatron-DeepSpeed's optimizer/* tags against steps and tokens."""
+    pytest.importorskip("tensorboard", reason="tensorboard is an optional extra: pip install 'seqwarm[tensorboard]'")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from conftest import small_config
+    from seqwarm.trainer.metrics import read_metrics
+    from seqwarm.trainer.trackers import OPTIMIZER_STATE_TAGS
+
+    cfg = small_config(tmp_path / "c.json", train_tokens=6 * 8 * 64, train_iters=6)
+    run = tmp_path / "run"
+    tiny_run(run, byte_data, cfg, tensorboard=True, log_interval=4, log_optimizer_states_to_tensorboard=True).train()
+    rows = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "train"]
+    steps = [r["step"] for r in rows]
+    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    per_step = [
+        "lm-loss-training/lm loss",
+        "learning-rate/learning-rate",
+        "seqlen/curriculum_seqlen",
+        "seqlen/actual_seq_length",
+        "batch-size/batch-size",
+        "loss-scale/loss-scale",
+        "iteration-time/iteration-time",
+        "steps-vs-tokens/y=tokens,x=steps",
+    ]
+    last = steps[-1]
+    for tag in per_step + list(OPTIMIZER_STATE_TAGS):
+        assert tag in tags, tag
+        assert [e.step for e in acc.Scalars(tag)] == list(range(1, last + 1)), tag
+    tokens = [int(e.value) for e in acc.Scalars("steps-vs-tokens/y=tokens,x=steps")]
+    for tag in [t + " vs tokens" for t in per_step[:-1]] + [t + " vs tokens" for t in OPTIMIZER_STATE_TAGS]:
+        assert [e.step for e in acc.Scalars(tag)] == tokens, tag
+    assert "grad-norm/grad-norm" in tags  # from the --log-interval rows
+    assert steps == [1, 4, last] and last >= 5
+    losses = {e.step: e.value for e in acc.Scalars("lm-loss-training/lm loss")}
+    assert losses[1] == pytest.approx(rows[0]["loss"])  # a window of one step
+    window = [losses[s] for s in range(2, 5)]  # the row of step 4 averages steps 2..4
+    assert rows[1]["loss"] == pytest.approx(sum(window) / 3, rel=1e-5)
+    assert len(set(window)) > 1  # each step's own loss, not the window's mean
+    seqlens = {e.step: e.value for e in acc.Scalars("seqlen/actual_seq_length")}
+    assert seqlens[1] == rows[0]["seqlen"] and seqlens[last] == rows[-1]["seqlen"]
+    assert {e.value for e in acc.Scalars("batch-size/batch-size")} == {8.0}
+
+
+def test_optimizer_states_are_megatron_deepspeeds_norms_over_every_parameter():
+    import math
+
+    import torch
+
+    from seqwarm.trainer.metrics import optimizer_states
+
+    torch.manual_seed(0)
+    a, b = torch.nn.Parameter(torch.randn(3, 4)), torch.nn.Parameter(torch.randn(5))
+    opt = torch.optim.AdamW([{"params": [a]}, {"params": [b], "weight_decay": 0.0}], lr=0.1)
+    assert optimizer_states(opt) == {}  # no Adam state before the first step
+    ((a * 2).sum() + (b**3).sum()).backward()
+    opt.step()
+    got = optimizer_states(opt)
+    v = torch.cat([opt.state[p]["exp_avg_sq"].flatten() for p in (a, b)]).double()
+    m = torch.cat([opt.state[p]["exp_avg"].flatten() for p in (a, b)]).double()
+    w = torch.cat([p.detach().flatten() for p in (a, b)]).double()
+    for name, t in (("variance", v), ("variance_sqrt", v.sqrt()), ("momentum", m), ("weight", w)):
+        assert got[f"optimizer/{name}_l2"] == pytest.approx(float(t.norm()), rel=1e-6)
+        assert got[f"optimizer/{name}_l1"] == pytest.approx(float(t.abs().sum()), rel=1e-6)
+        assert got[f"optimizer/{name}_abs_max"] == pytest.approx(float(t.abs().max()), rel=1e-6)
+    assert len(got) == 12 and all(math.isfinite(x) for x in got.values())
+
+
+@pytest.mark.parametrize("interval", [0, 1])
+def test_the_log_interval_row_gives_the_trackers_what_the_points_do_not(tmp_path, interval):
+    """--tensorboard-log-interval 0: the --log-interval row (its window's mean loss) is the trackers' only
+    point; otherwise the points carry the loss and the row adds only its grad norm and tokens/s."""
+    from seqwarm.trainer.metrics import MetricsLogger
+
+    log = MetricsLogger(
+        tmp_path,
+        budget_tokens=None,
+        is_main=True,
+        log_interval=2,
+        progress_bar=False,
+        tensorboard=False,
+        trackers=TrackerConfig(csv_dir=tmp_path / "csv"),
+        point_interval=interval,
+    )
+    log.open(0)
+    for step, loss in ((1, 5.0), (2, 3.0)):
+        log.step(step * 100, 100, loss, 0.1)
+        if interval:
+            log.point({"step": step, "samples": 8 * step, "tokens": 100 * step, "seqlen": 8, "lr": 1e-3, "loss": loss})
+    log.train_row({"step": 2, "tokens": 200, "samples": 16, "seqlen": 8, "lr": 1e-3}, {"grad_norm": 0.5}, None)
+    log.close()
+    loss_csv = (tmp_path / "csv" / "lm-loss-training_lm_loss.csv").read_text().splitlines()[1:]
+    grad_csv = (tmp_path / "csv" / "grad-norm_grad-norm.csv").read_text().splitlines()[1:]
+    assert loss_csv == (["1,5.0", "2,3.0"] if interval else ["2,4.0"])
+    assert grad_csv == ["2,0.5"]
+    assert '"loss": 4.0' in (tmp_path / "metrics.jsonl").read_text()  # the file keeps the window's row

@@ -69,7 +69,7 @@ _DEFAULT_TRAIN_CONFIG: dict[str, Any] = {
 }
 
 
-_CURRICULUM_FRACTION = 130 / (1_200_000 / (16 * 256))
+CURRICULUM_FRACTION = 130 / (1_200_000 / (16 * 256))
 """The recipe's curriculum length over its step count at full length (130 of ~293 steps)."""
 
 
@@ -94,6 +94,6 @@ def default_train_config(
     cl["min_difficulty"] = min(cl["min_difficulty"], length)
     cl["max_difficulty"] = length
     cl["schedule_config"]["difficulty_step"] = 8 if length >= 8 else 1
-    cl["schedule_config"]["total_curriculum_step"] = max(1, round(_CURRICULUM_FRACTION * tokens / (batch * length)))
+    cl["schedule_config"]["total_curriculum_step"] = max(1, round(CURRICULUM_FRACTION * tokens / (batch * length)))
     cfg["seqwarm"]["seq_length"] = length
     return cfg

@@ -294,6 +294,7 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
         )
 
     compiled = chk.boolean(*s["compile"]) if "compile" in s else False
+    documents = chk.boolean(*s["document_masking"]) if "document_masking" in s else False
     bucket = s["length_bucket"].value if "length_bucket" in s else None  # a whole number >= 1 (checked above)
     if bucket is not None and not curriculum:
         chk.warn(f"length_bucket {bucket} has no effect without a curriculum (every batch is at full length)")
@@ -378,6 +379,7 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
         train_samples=budget["train_samples"],
         count_tokens_by=count_by,
         compile=bool(compiled),
+        document_masking=bool(documents),
         deepspeed=ds,
         length_bucket=bucket,
         rampup_batch_size=s["rampup_batch_size"].value if "rampup_batch_size" in s else None,

@@ -99,6 +99,9 @@ class RunConfig:
     compile: bool = False
     """torch.compile seqwarm's GPT (``seqwarm.compile`` / ``--compile``); the numbers stay eager's up to kernel
     rounding."""
+    document_masking: bool = False
+    """Attention inside each document (documents end at EOD) and positions restarting at each, in training
+    and validation (``seqwarm.document_masking`` / ``--document-masking``); seqwarm's GPT only."""
     length_bucket: int | None = None
     """Cut each batch to the curriculum length rounded up to a multiple of this, with the loss masked past
     the length (``seqwarm.length_bucket`` / ``--length-bucket``; None: cut to the length itself). The same

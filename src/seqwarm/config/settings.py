@@ -225,9 +225,10 @@ SETTINGS: tuple[Setting, ...] = (
         "--curriculum-mode",
         "choice",
         "how the length reaches the model: truncate (cut "
-        "every sequence), reshape (re-chunk the batch, keep all tokens) or inject (pass curriculum_seqlen=L "
-        "to a forward that takes it); default: inject when the model's forward names curriculum_seqlen, "
-        "else truncate",
+        "every sequence), reshape (re-chunk the batch, keep all tokens), window (rows stay at full length, "
+        "attention inside fragments of L tokens: one shape for the whole run) or inject (pass "
+        "curriculum_seqlen=L to a forward that takes it); default: inject when the model's forward names "
+        "curriculum_seqlen, else truncate",
         "batch",
         choices=CURRICULUM_MODES,
     ),
@@ -240,6 +241,15 @@ SETTINGS: tuple[Setting, ...] = (
         choices=COUNT_TOKENS_BY,
     ),
     Setting("curriculum", "--no-curriculum", "off", "turn the curriculum off: the full-length baseline", "batch"),
+    Setting(
+        "document_masking",
+        "--document-masking",
+        "on",
+        "attention stays inside each document of a packed window (block-diagonal causal, documents end at "
+        "EOD) and positions restart at each document, in training and validation; seqwarm's GPT only "
+        "(default: the config's seqwarm.document_masking, else off)",
+        "batch",
+    ),
     # optimizer, clipping, precision
     Setting(
         "weight_decay",

@@ -29,10 +29,23 @@ from typing import Any
 
 import torch
 
-__all__ = ["truncate_batch", "reshape_batch", "bucket_batch", "bucket_length", "count_tokens", "batch_shape"]
+__all__ = [
+    "truncate_batch",
+    "reshape_batch",
+    "window_batch",
+    "bucket_batch",
+    "bucket_length",
+    "count_tokens",
+    "batch_shape",
+    "number_documents",
+]
 
 PER_TOKEN_KEYS = ("input_ids", "labels", "loss_mask", "position_ids")
 MASK_KEY = "attention_mask"
+DOCUMENT_KEY = "document_ids"
+"""Per-token document ids (B, S): a token attends only to earlier tokens of the same id in its row
+(document masking, block-diagonal causal attention). A per-token tensor like the others, so every cut
+moves it with its tokens; the model builds the attention mask from it."""
 
 
 def batch_shape(batch: Mapping[str, Any]) -> tuple[str, int, int]:
@@ -191,11 +204,17 @@ def reshape_batch(batch: Mapping[str, Any], seqlen: int) -> dict[str, Any]:
     start, keep every reset". Without ``position_ids`` the model's default ``arange`` per row is the
     same thing.
 
+    ``document_ids`` (document masking, any number of rows): re-chunked like the tokens, after each
+    original row's documents are numbered apart (:func:`number_documents`), so a document never
+    joins another across the seam between two original rows; a document split by a new row start
+    continues, as its own block, at the start of the next row.
+
     ``attention_mask``: a ``(B, S)`` padding mask is re-chunked like the tokens. A 4-D mask of batch
     size 1 is taken to be the shared causal mask and cut to its top-left square (tokens may then
     attend across the seam between two original samples, as in any packed row). A 4-D mask with
-    batch size ``B > 1`` (per-document masks) cannot be re-chunked and raises ``ValueError`` — use
-    :func:`truncate_batch` for such batches.
+    batch size ``B > 1`` (per-sample masks) cannot be re-chunked and raises ``ValueError``: carry
+    per-token ``document_ids`` instead (the model builds the mask from them), or use
+    :func:`truncate_batch`.
     """
     _, b, s = _check_length(seqlen, batch)
     _check_layout(batch, b, s)
@@ -209,13 +228,63 @@ def reshape_batch(batch: Mapping[str, Any], seqlen: int) -> dict[str, Any]:
                 raise ValueError(
                     f"reshape_batch cannot re-chunk a per-sample 4-D attention_mask of shape "
                     f"{list(t.shape)}: only a shared causal mask {[1, 1, s, s]} or a padding mask "
-                    f"{[b, s]} can be reshaped; use truncate_batch (mode 'truncate') instead"
+                    f"{[b, s]} can be reshaped; carry per-token {DOCUMENT_KEY!r} for per-document masks, or "
+                    "use truncate_batch (mode 'truncate') instead"
                 )
             out[key] = t[:, :, :seqlen, :seqlen]
+        elif key == DOCUMENT_KEY and _is_per_token(key, t, b, s):
+            out[key] = _rechunk(number_documents(t), b, s, seqlen, n)
         elif _is_per_token(key, t, b, s):
             out[key] = _rechunk(t, b, s, seqlen, n)
     if isinstance(out.get("position_ids"), torch.Tensor):
         out["position_ids"] = _restart_positions(out["position_ids"])
+    return out
+
+
+def _starts(ids: torch.Tensor) -> torch.Tensor:
+    """(R, N) bool: True at each row's first column and wherever the id differs from the one before."""
+    starts = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
+    starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
+    return starts
+
+
+def number_documents(ids: torch.Tensor) -> torch.Tensor:
+    """(B, S) document ids renumbered 0, 1, 2, ... over the whole batch in row-major order: each run of
+    equal ids in a row is one document, and no two rows share a number (a new tensor)."""
+    starts = _starts(ids)  # (B, S)
+    return starts.reshape(-1).cumsum(0).reshape(ids.shape) - 1
+
+
+def window_batch(batch: Mapping[str, Any], seqlen: int) -> dict[str, Any]:
+    """The ``window`` mode: every tensor stays at full length, and each row is split into fragments of
+    ``seqlen`` tokens that attend only inside themselves.
+
+    ``document_ids`` (B, S) are written (or rewritten) so that a block is a fragment intersected with a
+    document (without document ids: the fragments alone), numbered over the batch; ``position_ids``
+    restart at every fragment start, and stay restarted wherever they already restarted (an EOD reset).
+    Shapes never change, whatever ``seqlen`` (``seqlen >= S``: one fragment per row, still written out,
+    so a compiled model sees the same inputs at every length). Nothing else changes: the loss covers
+    every token, so a step trains on ``B * S`` tokens at every length.
+    """
+    key, b, s = _check_length(seqlen, batch)
+    _check_layout(batch, b, s)
+    ref = batch[key]
+    cols = torch.arange(s, device=ref.device)  # (S,)
+    fragment = (cols % seqlen == 0).expand(b, s)  # (B, S): True where a fragment starts
+    docs = batch.get(DOCUMENT_KEY)
+    starts = fragment if docs is None else fragment | _starts(docs.to(ref.device))
+    out = dict(batch)
+    out[DOCUMENT_KEY] = starts.reshape(-1).cumsum(0).reshape(b, s) - 1  # (B, S), int64
+    pos = batch.get("position_ids")
+    restart = starts
+    if isinstance(pos, torch.Tensor):
+        pos = pos.expand(b, s)
+        moved = torch.ones(b, s, dtype=torch.bool, device=pos.device)
+        moved[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1  # the runs the ids already restart at
+        restart = starts | moved.to(starts.device)
+    idx = cols.expand(b, s)
+    first = torch.where(restart, idx, torch.zeros_like(idx)).cummax(dim=1).values  # (B, S) run start
+    out["position_ids"] = (idx - first).to(pos.device if isinstance(pos, torch.Tensor) else ref.device)
     return out
 
 

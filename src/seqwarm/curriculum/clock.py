@@ -141,11 +141,13 @@ def micro_batch_shape(rows: int, seq: int, seqlen: int, mode: str | None) -> tup
     The one counting rule of :mod:`seqwarm.curriculum.batch`'s ops, as arithmetic (the engines count tokens and
     ``seqwarm plan`` projects them with it). ``seqlen >= seq``: unchanged. ``"reshape"``: the
     ``rows * seq`` tokens re-chunked into rows of ``seqlen``, the last ``(rows * seq) % seqlen``
-    dropped. Any other mode (``"truncate"``, ``"inject"``, None = auto): every row cut to ``seqlen``.
+    dropped. ``"window"``: unchanged at every length (the length is the attention span inside rows
+    kept at full length). Any other mode (``"truncate"``, ``"inject"``, None = auto): every row cut to
+    ``seqlen``.
     """
     if rows < 1 or seq < 1 or seqlen < 1:
         raise ValueError(f"a micro-batch needs rows, seq and seqlen >= 1, got {rows}, {seq}, {seqlen}")
-    if seqlen >= seq:
+    if seqlen >= seq or mode == "window":
         return rows, seq
     if mode == "reshape":
         return (rows * seq) // seqlen, seqlen
@@ -156,7 +158,8 @@ def tokens_per_step(cfg: Any, seqlen: int) -> int:  # cfg: a RunConfig (layer 3,
     """Tokens one optimizer step trains at length ``seqlen`` (global, all ranks).
 
     truncate/inject: every sequence is cut to ``seqlen``. reshape: each micro-batch keeps its tokens,
-    re-chunked into rows of ``seqlen`` (up to ``seqlen - 1`` tokens per micro-batch dropped).
+    re-chunked into rows of ``seqlen`` (up to ``seqlen - 1`` tokens per micro-batch dropped). window: every
+    token at every length (the baseline's tokens per step).
     """
     full = cfg.full_length
     if full is None:

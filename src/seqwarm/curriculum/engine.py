@@ -226,7 +226,7 @@ class CurriculumEngine:
             return self._call(args, kwargs)
         if not self.slw.step_open:
             self.slw.begin_step()
-        if self.mode in ("truncate", "reshape"):
+        if self.mode in ("truncate", "reshape", "window"):
             if args:
                 raise ValueError(
                     f"curriculum mode {self.mode!r} shapes a dict batch: call engine(batch) or "

@@ -1,6 +1,8 @@
 """How the curriculum length reaches the model: the mode, chosen from (or checked against) its forward.
 
-``truncate`` and ``reshape`` cut the batch before the model sees it; ``inject`` passes
+``truncate`` and ``reshape`` cut the batch before the model sees it; ``window`` keeps it at full length
+and makes the length the attention span (fragments of L tokens, told apart by per-token
+``document_ids`` the model's forward must take); ``inject`` passes
 ``curriculum_seqlen=L`` to a forward that cuts its inputs itself (DeepSpeed's legacy contract, which
 Megatron-DeepSpeed's GPT follows). :func:`resolve_mode` picks or checks the mode from the forward's
 signature; :func:`output_length` reads the length a model actually ran at, so that an injected length
@@ -84,6 +86,11 @@ def resolve_mode(
     if mode is not None and mode not in CURRICULUM_MODES:
         raise ValueError(f"curriculum mode must be one of {CURRICULUM_MODES} or None (auto), got {mode!r}")
     if pipeline:
+        if mode == "window":
+            raise ValueError(
+                "a pipeline engine cannot pass document_ids through its stages, so curriculum mode 'window' "
+                "(attention inside fragments of the length) cannot run on one: use mode 'truncate' or 'reshape'"
+            )
         if mode == "inject":
             raise ValueError(
                 "a pipeline engine cannot pass curriculum_seqlen through its stages: use mode "
@@ -108,6 +115,13 @@ def resolve_mode(
                 forward_name(outer),
             )
         return "inject" if takes else "truncate"
+    if mode == "window" and "document_ids" not in params:
+        raise ValueError(
+            f"curriculum mode 'window' keeps the batch at full length and tells the model where each "
+            f"fragment of the length starts through document_ids (B, S); {forward_name(forward)} has no "
+            "document_ids parameter, so it would attend across the whole row. Use mode 'truncate' or "
+            "'reshape', or a model whose forward takes document_ids (seqwarm's GPT)"
+        )
     if mode == "inject" and not takes:
         text = f"{forward_name(forward)}{signature}"
         shown = text if len(text) <= 160 else f"{forward_name(forward)}(...)"
@@ -139,4 +153,24 @@ def output_length(output: Any, rows: int) -> int | None:
     for t in candidates:
         if isinstance(t, torch.Tensor) and t.dim() >= 2 and t.shape[0] == rows:
             return int(t.shape[1])
+    return None
+
+
+def check_injected_output(output: Any, rows: int, length: int, model_name: str) -> str | None:
+    """After an injected forward of ``rows`` rows given ``curriculum_seqlen=length``: ValueError when the
+    output has another length (the model ignored the keyword: it trained at another length than the
+    clock counts); the message to give when the output has no sequence dimension (a loss only: it cannot
+    be checked); None when it is at the length."""
+    got = output_length(output, rows)
+    if got is None:
+        return (
+            f"{model_name} returned only a loss: seqwarm cannot check that it trains at the curriculum_seqlen "
+            f"it is given ({length}); make sure its forward cuts its inputs to it, or use curriculum mode 'truncate'"
+        )
+    if got != length:
+        raise ValueError(
+            f"{model_name} was given curriculum_seqlen={length} but returned outputs of length {got}: it "
+            f"ignores the keyword, so it trained at {got} while the clock counts {length}. Use curriculum mode "
+            "'truncate' or 'reshape' (seqwarm cuts the batch itself)"
+        )
     return None

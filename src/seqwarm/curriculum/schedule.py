@@ -39,7 +39,7 @@ from seqwarm.curriculum.checks import (
 )
 from seqwarm.util.problems import Checker, ConfigError, Problem, raise_if_problems
 
-CURRICULUM_MODES = ("truncate", "reshape", "inject")
+CURRICULUM_MODES = ("truncate", "reshape", "window", "inject")
 """How the length reaches the model (see :attr:`CurriculumConfig.mode`)."""
 
 
@@ -61,8 +61,8 @@ class CurriculumConfig:
     schedule_config: Mapping[str, Any]
     """The schedule's settings (:data:`~seqwarm.curriculum.checks.SCHEDULE_KEYS` of its type), checked."""
     mode: str | None = None
-    """How the length reaches the model: truncate | reshape | inject | None (inject when the model's
-    forward takes ``curriculum_seqlen``, else truncate)."""
+    """How the length reaches the model: truncate | reshape | window | inject | None (inject when the
+    model's forward takes ``curriculum_seqlen``, else truncate)."""
     source: str = "curriculum_learning"
     """Where it came from: curriculum_learning (legacy block), data_efficiency, or flags."""
 

@@ -45,7 +45,14 @@ import torch
 
 from seqwarm.config import RunConfig
 from seqwarm.config.run import COUNT_TOKENS_BY
-from seqwarm.curriculum.batch import batch_shape, bucket_batch, bucket_length, reshape_batch, truncate_batch
+from seqwarm.curriculum.batch import (
+    batch_shape,
+    bucket_batch,
+    bucket_length,
+    reshape_batch,
+    truncate_batch,
+    window_batch,
+)
 from seqwarm.curriculum.clock import Progress, advance, micro_batch_shape, stop_reason
 from seqwarm.curriculum.inputs import as_run_config, keyword_curriculum
 from seqwarm.curriculum.layouts import (
@@ -57,7 +64,8 @@ from seqwarm.curriculum.layouts import (
     trained_targets,
 )
 from seqwarm.curriculum.lr import LRConfig, lr_at
-from seqwarm.curriculum.modes import forward_name, output_length, resolve_mode
+from seqwarm.curriculum.modes import check_injected_output, forward_name, resolve_mode
+from seqwarm.curriculum.ranks import global_counts
 from seqwarm.curriculum.schedule import CurriculumConfig, CurriculumScheduler
 
 __all__ = ["SequenceLengthWarmup", "Limits"]
@@ -72,14 +80,6 @@ class Limits:
     train_tokens: int | None = None
     train_iters: int | None = None
     train_samples: int | None = None
-
-
-def _nccl(group: Any) -> bool:
-    """Whether ``group``'s collectives need CUDA tensors (NCCL)."""
-    try:
-        return "nccl" in str(torch.distributed.get_backend(group))
-    except (RuntimeError, ValueError):  # no such group: the caller's all_reduce says what is wrong
-        return False
 
 
 class SequenceLengthWarmup:
@@ -259,7 +259,7 @@ class SequenceLengthWarmup:
             self.current_seqlen = seq
             return dict(batch)
         self._check_top(seq, layout)
-        if self.mode not in ("truncate", "reshape"):
+        if self.mode not in ("truncate", "reshape", "window"):
             if layout in ("left_padded", "padding_free"):
                 raise ValueError(
                     f"curriculum mode inject: {self.model_name} cuts its inputs to their first L columns "
@@ -274,8 +274,8 @@ class SequenceLengthWarmup:
             self._injected = None  # cut to the length here: the model cannot train at another one
             return {**out, "curriculum_seqlen": length}
         if layout != "dense":
-            if self.mode == "reshape" or self.bucket is not None:
-                what = "curriculum mode reshape" if self.mode == "reshape" else "a length bucket"
+            if self.mode in ("reshape", "window") or self.bucket is not None:
+                what = f"curriculum mode {self.mode}" if self.bucket is None else "a length bucket"
                 raise ValueError(
                     f"{what} works on dense rows; this batch is {layout.replace('_', '-')} (rows of one "
                     "sequence each, or sequences back to back): re-chunking it would make rows of padding and "
@@ -287,6 +287,8 @@ class SequenceLengthWarmup:
             return out
         if self.bucket is not None:
             out = bucket_batch(batch, length, self.bucket)
+        elif self.mode == "window":
+            out = window_batch(batch, length)
         else:
             out = (truncate_batch if self.mode == "truncate" else reshape_batch)(batch, length)
         new_rows, new_len = micro_batch_shape(rows, seq, length, self.mode)
@@ -362,46 +364,18 @@ class SequenceLengthWarmup:
                 return
             shape, self._injected = self._injected, None
         rows, length = shape
-        got = output_length(output, rows)
-        if got is None:
-            if not self._warned_unchecked:
-                self._warned_unchecked = True
-                msg = (
-                    f"{self.model_name} returned only a loss: seqwarm cannot check that it trains at the "
-                    f"curriculum_seqlen it is given ({length}); make sure its forward cuts its inputs to "
-                    "it, or use curriculum mode 'truncate'"
-                )
-                if self._declares_seqlen:  # its signature names the keyword: say it, quietly
-                    logger.info(msg)
-                else:  # reached through **kwargs (inject_via_kwargs): nothing vouches for it
-                    warnings.warn(msg, stacklevel=3)
-        elif got != length:
-            raise ValueError(
-                f"{self.model_name} was given curriculum_seqlen={length} but returned outputs of length "
-                f"{got}: it ignores the keyword, so it trained at {got} while the clock counts {length}. "
-                "Use curriculum mode 'truncate' or 'reshape' (seqwarm cuts the batch itself)"
-            )
+        unchecked = check_injected_output(output, rows, length, self.model_name)
+        if unchecked and not self._warned_unchecked:
+            self._warned_unchecked = True
+            if self._declares_seqlen:  # its signature names the keyword: say it, quietly
+                logger.info(unchecked)
+            else:  # reached through **kwargs (inject_via_kwargs): nothing vouches for it
+                warnings.warn(unchecked, stacklevel=3)
 
     def _step_totals(self) -> tuple[int, int]:
-        """The open step's samples and tokens over all ranks (summed once; shape counts x world size)."""
+        """The open step's samples and tokens over all ranks (summed once per step)."""
         if self._totals is None:
-            samples, tokens = self._samples, self._tokens
-            dist = torch.distributed
-            live = dist.is_available() and dist.is_initialized()
-            world = self.world_size
-            if world is None:
-                world = dist.get_world_size(self.process_group) if live else 1
-            if isinstance(tokens, torch.Tensor):  # loss masks differ between ranks: sum them exactly
-                if world > 1 and live:
-                    if tokens.device.type == "cpu" and _nccl(self.process_group):  # counted on the host
-                        tokens = tokens.to(torch.device("cuda", torch.cuda.current_device()))
-                    else:  # all_reduce works in place: the rank's own count must survive more cuts
-                        tokens = tokens.clone()
-                    dist.all_reduce(tokens, group=self.process_group)
-                    self._totals = (samples * world, int(tokens.item()))
-                    return self._totals
-                tokens = int(tokens.item())
-            self._totals = (samples * world, tokens * world)
+            self._totals = global_counts(self._samples, self._tokens, self.world_size, self.process_group)
         return self._totals
 
     def step_progress(self) -> Progress:

@@ -48,8 +48,8 @@ _EXPORTS = {
     "embedded_data_dir": "prepare",
     "PrepareResult": "prepare",
     # batches
-    "PreparedData": "dataset",
-    "open_prepared": "dataset",
+    "PreparedData": "prepared",
+    "open_prepared": "prepared",
     "TokenWindows": "dataset",
     "TrainBatches": "dataset",
     "iter_eval_batches": "dataset",

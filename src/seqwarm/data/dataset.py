@@ -22,14 +22,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-from seqwarm.data.indexed import SPLITS, IndexedTokens, check_token_ids, read_meta, verify_files
-from seqwarm.data.tokenizer import Tokenizer, load_tokenizer
+from seqwarm.data.indexed import IndexedTokens
 from seqwarm.util.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -56,6 +54,7 @@ def build_batch(
     eod_mask_loss: bool = False,
     reset_position_ids: bool = False,
     label_style: str = "megatron",
+    document_masking: bool = False,
 ) -> Batch:
     """Turn ``windows`` (int64, ``[B, S+1]``) into ``input_ids``, ``labels`` (int64 ``[B, S]``),
     ``loss_mask`` (float32) and ``position_ids`` (int64).
@@ -64,12 +63,15 @@ def build_batch(
     ``reset_position_ids``: positions restart at 0 on the token after each EOD (Megatron semantics).
     ``label_style="hf"``: ``labels`` = ``input_ids`` and no ``loss_mask`` (the model shifts; with
     ``eod_mask_loss`` the label after an EOD input is -100, the same targets as Megatron's mask).
+    ``document_masking``: positions restart after each EOD (as ``reset_position_ids``) and
+    ``document_ids`` (int64 ``[B, S]``) number the documents apart over the whole batch (a row's
+    document is ``row * S +`` the column it starts at), for attention inside each document.
     """
     check_label_style(label_style)
     if windows.ndim != 2 or windows.shape[1] < 2:
         raise ValueError(f"windows must be [B, S+1] with S >= 1, got shape {windows.shape}")
-    if (eod_mask_loss or reset_position_ids) and eod_id is None:
-        raise ValueError("eod_mask_loss / reset_position_ids need eod_id")
+    if (eod_mask_loss or reset_position_ids or document_masking) and eod_id is None:
+        raise ValueError("eod_mask_loss / reset_position_ids / document_masking need eod_id")
     windows = np.ascontiguousarray(windows, dtype=np.int64)
     inputs = windows[:, :-1]  # (B, S)
     labels = windows[:, 1:]  # (B, S)
@@ -78,13 +80,16 @@ def build_batch(
     if eod_mask_loss:
         loss_mask[inputs == eod_id] = 0.0
     arange = np.arange(s, dtype=np.int64)
-    if reset_position_ids:
+    extra: Batch = {}
+    if reset_position_ids or document_masking:
         # A document starts at t = 0 and after every EOD; position = t - (start of t's document).
         starts = np.zeros((b, s), dtype=bool)
         starts[:, 0] = True
         starts[:, 1:] = inputs[:, :-1] == eod_id
         last_start = np.maximum.accumulate(np.where(starts, arange, 0), axis=1)
         position_ids = arange - last_start  # (B, S)
+        if document_masking:  # unique over the batch, so a reshape never joins two rows' documents
+            extra["document_ids"] = torch.from_numpy(last_start + s * np.arange(b, dtype=np.int64)[:, None])
     else:
         position_ids = np.broadcast_to(arange, (b, s)).copy()
     if label_style == "hf":  # the model predicts labels[:, t + 1] from input t: mask it after an EOD input
@@ -95,17 +100,24 @@ def build_batch(
             "input_ids": torch.from_numpy(np.ascontiguousarray(inputs)),
             "labels": torch.from_numpy(labels),
             "position_ids": torch.from_numpy(position_ids),
+            **extra,
         }
     return {
         "input_ids": torch.from_numpy(np.ascontiguousarray(inputs)),
         "labels": torch.from_numpy(np.ascontiguousarray(labels)),
         "loss_mask": torch.from_numpy(loss_mask),
         "position_ids": torch.from_numpy(position_ids),
+        **extra,
     }
 
 
 class TokenWindows:
-    """Fixed windows of ``seq_length + 1`` tokens (stride ``seq_length``) over a 1-D token array."""
+    """Fixed windows of ``seq_length + 1`` tokens (stride ``seq_length``) over a 1-D token array.
+
+    ``source``: the token file the array maps; every read first checks that it is still the file opened
+    (:meth:`~seqwarm.data.indexed.IndexedTokens.check_unchanged`, one ``stat``), so a file truncated or
+    rewritten under a running job is an error naming it, not a SIGBUS or a silently different run.
+    """
 
     def __init__(
         self,
@@ -117,15 +129,19 @@ class TokenWindows:
         reset_position_ids: bool = False,
         name: str = "split",
         label_style: str = "megatron",
+        document_masking: bool = False,
+        source: IndexedTokens | None = None,
     ):
         if int(seq_length) < 1:
             raise UserError(f"seq_length must be at least 1, got {seq_length}")
         self.label_style = check_label_style(label_style)
         self.tokens = tokens
+        self.source = source
         self.seq_length = int(seq_length)
         self.eod_id = eod_id
         self.eod_mask_loss = eod_mask_loss
         self.reset_position_ids = reset_position_ids
+        self.document_masking = document_masking
         self.name = name
         self.num_windows = (len(tokens) - 1) // self.seq_length if len(tokens) else 0
         if self.num_windows < 1:
@@ -143,6 +159,8 @@ class TokenWindows:
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         if len(idx) and (idx.min() < 0 or idx.max() >= self.num_windows):
             raise IndexError(f"window index out of range 0..{self.num_windows - 1}")
+        if self.source is not None:
+            self.source.check_unchanged()
         s = self.seq_length
         out = np.empty((len(idx), s + 1), dtype=np.int64)
         for row, i in enumerate(idx.tolist()):
@@ -156,6 +174,7 @@ class TokenWindows:
             eod_mask_loss=self.eod_mask_loss,
             reset_position_ids=self.reset_position_ids,
             label_style=self.label_style,
+            document_masking=self.document_masking,
         )
 
     def with_label_style(self, label_style: str) -> TokenWindows:
@@ -170,6 +189,8 @@ class TokenWindows:
             reset_position_ids=self.reset_position_ids,
             name=self.name,
             label_style=label_style,
+            document_masking=self.document_masking,
+            source=self.source,
         )
 
     def __getitem__(self, i: int) -> Batch:
@@ -302,8 +323,9 @@ def iter_eval_batches(
 ) -> Iterator[Batch]:
     """``num_windows`` windows (all when ``None``) spread evenly over the split, in order, at full length.
 
-    Rank ``r`` of ``world_size`` takes every ``world_size``-th of them, starting at ``r``; the last batch
-    may be smaller.
+    Rank ``r`` of ``world_size`` takes every ``world_size``-th of them, starting at ``r``, and every rank
+    the same number (the last ``len % world_size`` windows are left out: a sharded model's ranks must run
+    the same forwards); the last batch may be smaller.
     """
     if micro_batch_size < 1:
         raise UserError(f"micro_batch_size must be at least 1, got {micro_batch_size}")
@@ -319,115 +341,7 @@ def iter_eval_batches(
                 windows.seq_length + 1,
                 num_windows,
             )
-    mine = eval_window_indices(total, num_windows)[rank::world_size]
+    chosen = eval_window_indices(total, num_windows)
+    mine = chosen[: len(chosen) - len(chosen) % world_size][rank::world_size]
     for i in range(0, len(mine), micro_batch_size):
         yield windows.batch(mine[i : i + micro_batch_size])
-
-
-class PreparedData:
-    """A prepared folder: ``meta``, the memory-mapped splits, its tokenizer, and batch iterators.
-
-    Opening checks every file's size against ``meta.json``, and its SHA-256 unless
-    ``verify_checksums=False`` (hashing runs at disk speed, ~1 s per GB; each file once per process).
-    """
-
-    def __init__(self, folder: str | Path, *, verify_checksums: bool = True):
-        self.folder = Path(folder)
-        self.meta = read_meta(self.folder)
-        verify_files(self.folder, self.meta, checksums=verify_checksums)
-        self.vocab_size: int = int(self.meta["vocab_size"])
-        self.eod_id: int = int(self.meta["eod_id"])
-        self._splits: dict[str, IndexedTokens] = {}
-        self._tokenizer: Tokenizer | None = None
-        for name in SPLITS:
-            split = self.split(name)
-            expected = self.meta["splits"][name]
-            if (split.num_tokens, split.num_docs) != (expected["tokens"], expected["documents"]):
-                raise UserError(
-                    f"{split.idx_path}: {split.num_docs} documents / {split.num_tokens} tokens, "
-                    f"but meta.json says {expected['documents']} / {expected['tokens']}; "
-                    "re-run seqwarm prepare"
-                )
-            if verify_checksums:  # with the checksums: both read every byte once, before any training
-                check_token_ids(split, self.vocab_size)
-
-    def split(self, name: str) -> IndexedTokens:
-        if name not in SPLITS:
-            raise UserError(f"unknown split {name!r}; choose from {', '.join(SPLITS)}")
-        if name not in self._splits:
-            self._splits[name] = IndexedTokens(self.folder / name)
-        return self._splits[name]
-
-    @property
-    def tokenizer(self) -> Tokenizer:
-        if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.meta, folder=self.folder)
-        return self._tokenizer
-
-    def windows(
-        self,
-        split: str,
-        seq_length: int,
-        *,
-        eod_mask_loss: bool = False,
-        reset_position_ids: bool = False,
-        label_style: str = "megatron",
-    ) -> TokenWindows:
-        """``split`` as windows of ``seq_length + 1`` tokens; ``label_style``: "megatron" or "hf"."""
-        return TokenWindows(
-            self.split(split).tokens,
-            seq_length,
-            eod_id=self.eod_id,
-            eod_mask_loss=eod_mask_loss,
-            reset_position_ids=reset_position_ids,
-            name=split,
-            label_style=label_style,
-        )
-
-    def train_batches(
-        self,
-        seq_length: int,
-        micro_batch_size: int,
-        *,
-        seed: int = 1234,
-        rank: int = 0,
-        world_size: int = 1,
-        shuffle: bool = True,
-        eod_mask_loss: bool = False,
-        reset_position_ids: bool = False,
-        label_style: str = "megatron",
-    ) -> TrainBatches:
-        windows = self.windows(
-            "train",
-            seq_length,
-            eod_mask_loss=eod_mask_loss,
-            reset_position_ids=reset_position_ids,
-            label_style=label_style,
-        )
-        return TrainBatches(windows, micro_batch_size, seed=seed, rank=rank, world_size=world_size, shuffle=shuffle)
-
-    def val_batches(
-        self,
-        seq_length: int,
-        micro_batch_size: int,
-        *,
-        num_windows: int | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-        eod_mask_loss: bool = False,
-        reset_position_ids: bool = False,
-        label_style: str = "megatron",
-    ) -> Iterator[Batch]:
-        windows = self.windows(
-            "val",
-            seq_length,
-            eod_mask_loss=eod_mask_loss,
-            reset_position_ids=reset_position_ids,
-            label_style=label_style,
-        )
-        return iter_eval_batches(windows, micro_batch_size, num_windows=num_windows, rank=rank, world_size=world_size)
-
-
-def open_prepared(folder: str | Path, *, verify_checksums: bool = True) -> PreparedData:
-    """Open a folder written by ``seqwarm prepare`` (see :class:`PreparedData`)."""
-    return PreparedData(folder, verify_checksums=verify_checksums)

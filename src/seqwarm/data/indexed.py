@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import struct
 from collections.abc import Mapping
 from pathlib import Path
@@ -39,6 +40,8 @@ META_FILE = "meta.json"
 META_FORMAT = "seqwarm-tokens"
 META_FORMAT_VERSION = 1
 SPLITS = ("train", "val")
+MAX_VOCAB = 2**32
+"""The largest vocabulary a token file holds (``uint32`` ids)."""
 
 
 def choose_dtype(vocab_size: int) -> np.dtype:
@@ -145,6 +148,24 @@ class IndexedTokens:
                 f"{self.idx_path}: document offsets do not match the token count; "
                 "the file is corrupted, re-run seqwarm prepare"
             )
+        self._identity = _identity(self.bin_path)
+
+    def check_unchanged(self) -> None:
+        """UserError naming ``.bin`` when it is no longer the file opened (truncated, rewritten, replaced):
+        one ``stat`` (size, modification time, inode), cheap enough for every batch read."""
+        now = _identity(self.bin_path)
+        if now == self._identity:
+            return
+        if now is None:
+            change = "was removed"
+        elif self._identity is not None and now[0] < self._identity[0]:
+            change = f"was truncated ({now[0]:,} bytes, {self._identity[0]:,} when the run opened it)"
+        else:
+            change = "was changed or replaced (its size, modification time or inode differ from when it was opened)"
+        raise UserError(
+            f"{str(self.bin_path)!r} {change} while the run was reading it; the data under a run must not "
+            "change: prepare the new data into another folder, and start a run on it"
+        )
 
     def __len__(self) -> int:
         return self.num_docs
@@ -152,6 +173,14 @@ class IndexedTokens:
     def document(self, i: int) -> np.ndarray:
         """Tokens of document ``i`` (a view into the memmap; its last token is EOD)."""
         return self.tokens[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+
+def _identity(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_size, st.st_mtime_ns, st.st_ino
 
 
 def _read_header(path: Path) -> tuple:
@@ -196,20 +225,31 @@ def _check_size(path: Path, expected: int, source: str) -> None:
 # meta.json
 
 
+def _prepare_hint(folder: Path) -> str:
+    """How to make a prepared folder where ``folder`` is not one: from its own text when it holds some."""
+    if any(p.suffix.lower() in (".txt", ".jsonl", ".parquet") for p in folder.iterdir() if p.is_file()):
+        prepared = folder.with_name(folder.name + "-prepared")
+        return (
+            f"it holds text: tokenize it with: seqwarm prepare --input {folder} --out {prepared}, "
+            f"then train with --data {prepared}"
+        )
+    return f"make one from your text with: seqwarm prepare --input TEXT --out {folder} (TEXT: .txt/.jsonl files)"
+
+
 def read_meta_file(folder: str | Path) -> Any:
     """The parsed ``meta.json`` of a prepared folder, unchecked (UserError when it is missing or unreadable)."""
     folder = Path(folder)
     path = folder / META_FILE
     if not folder.is_dir():
         raise UserError(
-            f"{str(folder)!r} is not a prepared data folder (it does not exist); "
-            "make one with: seqwarm prepare --out DIR"
+            f"{str(folder)!r} is not a prepared data folder (it does not exist); make one from your text "
+            f"with: seqwarm prepare --input TEXT --out {folder} (TEXT: .txt/.jsonl/.parquet files or folders)"
         )
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise UserError(
-            f"{str(folder)!r} is not a prepared data folder (no {META_FILE}); make one with: seqwarm prepare --out DIR"
+            f"{str(folder)!r} is not a prepared data folder (no {META_FILE}); {_prepare_hint(folder)}"
         ) from None
     except (OSError, ValueError) as err:
         raise UserError(f"cannot read {str(path)!r}: {err}") from None
@@ -242,6 +282,13 @@ def _meta_problems(meta: Mapping[str, Any]) -> list[str]:
     vocab, eod = meta.get("vocab_size"), meta.get("eod_id")
     if not _count(vocab) or not vocab:
         problems.append(f"vocab_size {vocab!r} is not a positive integer")
+    elif vocab > MAX_VOCAB:  # token files hold uint32 ids at most; a model could not embed it either
+        problems.append(f"vocab_size {vocab:,} is more than the {MAX_VOCAB:,} token ids a token file can hold")
+    elif meta.get("dtype") not in (None, dtype_name(choose_dtype(vocab))):
+        problems.append(
+            f"dtype {meta.get('dtype')!r} is not the {dtype_name(choose_dtype(vocab))} that prepare writes "
+            f"for vocab_size {vocab:,}"
+        )
     if not _count(eod) or (_count(vocab) and eod >= vocab):
         problems.append(f"eod_id {eod!r} is not a token id below vocab_size")
     splits = meta.get("splits")
@@ -249,6 +296,8 @@ def _meta_problems(meta: Mapping[str, Any]) -> list[str]:
         split = splits.get(name) if isinstance(splits, Mapping) else None
         if not isinstance(split, Mapping) or not all(_count(split.get(k)) for k in ("tokens", "documents")):
             problems.append(f"splits.{name} lacks whole-number tokens and documents")
+        elif split["documents"] > split["tokens"]:  # every document holds at least its EOD
+            problems.append(f"splits.{name} has more documents ({split['documents']:,}) than tokens")
     files = meta.get("files")
     if isinstance(files, Mapping):
         for name, info in files.items():

@@ -31,13 +31,20 @@ from __future__ import annotations
 import logging
 import struct
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from seqwarm.data.blend import BlendedBatches, ConcatWindows, parse_data_path, split_documents
+from seqwarm.data.blend import (
+    SPLIT_ROUNDINGS,
+    BlendedBatches,
+    ConcatWindows,
+    blend_eval_indices,
+    parse_data_path,
+    split_documents,
+)
 from seqwarm.data.dataset import Batch, TokenWindows, TrainBatches, iter_eval_batches
 from seqwarm.data.tokenizer import build_tokenizer
 from seqwarm.util.errors import UserError
@@ -220,6 +227,7 @@ class MegatronData:
         data_path: Sequence[str],
         *,
         split: str = DEFAULT_SPLIT,
+        split_rounding: str = SPLIT_ROUNDINGS[0],
         tokenizer: str | None = None,
         vocab_size: int | None = None,
         eod_id: int | None = None,
@@ -246,11 +254,18 @@ class MegatronData:
             raise UserError(f"--eod-id {eod_id} is outside the vocabulary 0..{vocab_size - 1}")
         self.vocab_size, self.eod_id = int(vocab_size), int(eod_id)
         self.sources: list[_Source] = []
-        for weight, prefix in parse_data_path(data_path):
+        self._said: set[tuple[int, int]] = set()
+        parsed = parse_data_path(data_path)
+        for weight, prefix in parsed:
             indexed = MegatronIndexed(prefix)
             indexed.check_ids(self.vocab_size)
-            self.sources.append(_Source(weight, indexed, split_documents(len(indexed), split)))
+            self.sources.append(_Source(weight, indexed, split_documents(len(indexed), split, split_rounding)))
             _warn_without_eod(indexed, self.eod_id)
+        if parsed[0][0] is None:  # a list without weights: each source weighs its training tokens
+            sizes = [len(s.stream(0)) for s in self.sources]
+            if not sum(sizes):
+                raise UserError(f"--data-path {' '.join(map(str, data_path))}: no source has training tokens")
+            self.sources = [replace(s, weight=n / sum(sizes)) for s, n in zip(self.sources, sizes)]
         self.folder = self.sources[0].indexed.prefix.parent
         counts = {
             name: {
@@ -264,6 +279,7 @@ class MegatronData:
             "vocab_size": self.vocab_size,
             "eod_id": self.eod_id,
             "split": split,
+            "split_rounding": split_rounding,
             "tokenizer": (
                 self._tokenizer.describe()
                 if self._tokenizer
@@ -303,6 +319,7 @@ class MegatronData:
         eod_mask_loss: bool = False,
         reset_position_ids: bool = False,
         label_style: str = "megatron",
+        document_masking: bool = False,
     ) -> TokenWindows | ConcatWindows:
         """``split`` (train or val) of every source as windows of ``seq_length + 1`` tokens."""
         if split not in ("train", "val"):
@@ -313,6 +330,7 @@ class MegatronData:
             eod_mask_loss=eod_mask_loss,
             reset_position_ids=reset_position_ids,
             label_style=label_style,
+            document_masking=document_masking,
         )
         return parts[0] if len(parts) == 1 else ConcatWindows(parts, split)
 
@@ -328,9 +346,15 @@ class MegatronData:
         eod_mask_loss: bool = False,
         reset_position_ids: bool = False,
         label_style: str = "megatron",
+        document_masking: bool = False,
     ):
         windows = self._windows(
-            0, seq_length, eod_mask_loss=eod_mask_loss, reset_position_ids=reset_position_ids, label_style=label_style
+            0,
+            seq_length,
+            eod_mask_loss=eod_mask_loss,
+            reset_position_ids=reset_position_ids,
+            label_style=label_style,
+            document_masking=document_masking,
         )
         if len(windows) == 1:  # one source: exactly the order of a prepared folder's split
             return TrainBatches(
@@ -357,6 +381,7 @@ class MegatronData:
         eod_mask_loss: bool = False,
         reset_position_ids: bool = False,
         label_style: str = "megatron",
+        document_masking: bool = False,
     ) -> Iterator[Batch]:
         windows = self.windows(
             "val",
@@ -364,8 +389,24 @@ class MegatronData:
             eod_mask_loss=eod_mask_loss,
             reset_position_ids=reset_position_ids,
             label_style=label_style,
+            document_masking=document_masking,
         )
-        return iter_eval_batches(windows, micro_batch_size, num_windows=num_windows, rank=rank, world_size=world_size)
+        if not isinstance(windows, ConcatWindows):
+            return iter_eval_batches(
+                windows, micro_batch_size, num_windows=num_windows, rank=rank, world_size=world_size
+            )
+        # a blend: its sources in proportion to their weights, as Megatron's validation blend draws them
+        picks = blend_eval_indices([len(p) for p in windows.parts], [s.weight for s in self.sources], num_windows)
+        if num_windows is not None and len(picks) < num_windows and (seq_length, num_windows) not in self._said:
+            self._said.add((seq_length, num_windows))  # once, not at every evaluation
+            logger.warning(
+                "the blend's val split holds %d windows of %d tokens at its weights; evaluating those, not %d",
+                len(picks),
+                seq_length + 1,
+                num_windows,
+            )
+        mine = picks[: len(picks) - len(picks) % world_size][rank::world_size]  # as many on every rank
+        return (windows.batch(mine[i : i + micro_batch_size]) for i in range(0, len(mine), micro_batch_size))
 
 
 def _warn_without_eod(indexed: MegatronIndexed, eod_id: int, probe: int = 1000) -> None:

@@ -8,14 +8,15 @@ Three streaming passes over the documents, none holding the corpus or its tokens
 3. tokenize chunks of documents in worker processes (at most ``2 * workers`` chunks in flight), append
    each document's tokens (ending with EOD) to ``train`` or ``val`` (:mod:`seqwarm.data.encode`).
 
-This module checks the options and the output folder, runs the passes, writes ``meta.json`` and swaps the
-result in: everything is written into a hidden sibling folder that replaces ``out`` only once complete.
+This module checks the options, runs the passes, writes ``meta.json`` and swaps the result in: everything
+is written into a hidden sibling folder that replaces ``out`` only once complete, while this process holds
+the output folder's lock; an ``out`` that is a symbolic link has its target replaced
+(:mod:`seqwarm.data.outdir`: the lock, the checks of the folder and its name, the swap).
 It also keeps the embedded corpus prepared once in a cache folder (:func:`embedded_data_dir`).
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import math
@@ -35,6 +36,16 @@ from seqwarm.config.defaults import DEFAULT_TOKENIZER
 from seqwarm.data import corpus
 from seqwarm.data.encode import tokenize_and_write
 from seqwarm.data.indexed import META_FILE, META_FORMAT, META_FORMAT_VERSION, choose_dtype, dtype_name, sha256_file
+from seqwarm.data.outdir import (
+    check_inputs_outside,
+    check_name_length,
+    check_out,
+    clear_leftovers,
+    name_too_long,
+    out_lock,
+    replace_dir,
+    resolve_out,
+)
 from seqwarm.data.tokenizer import build_tokenizer, parse_tokenizer_name
 from seqwarm.util.atomic import WriteError, write_json
 from seqwarm.util.errors import UserError
@@ -64,6 +75,12 @@ def embedded_data_dir(tokenizer: str = DEFAULT_TOKENIZER) -> Path:
     cache made from part of the corpus is never taken for the whole.
     """
     folder = cache_dir() / f"embedded-{tokenizer.replace(':', '')}-v{__version__}"
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with out_lock(folder, wait=True):  # a second process waits for the first one's cache, then reuses it
+        return _embedded_locked(folder, tokenizer)
+
+
+def _embedded_locked(folder: Path, tokenizer: str) -> Path:
     meta_path = folder / META_FILE
     if meta_path.exists():
         try:
@@ -80,7 +97,6 @@ def embedded_data_dir(tokenizer: str = DEFAULT_TOKENIZER) -> Path:
         )
     else:
         logger.info("preparing the embedded public-domain corpus with %s into %s (once)", tokenizer, folder)
-    folder.parent.mkdir(parents=True, exist_ok=True)
     prepare_dataset(folder, None, tokenizer=tokenizer, force=True)
     return folder
 
@@ -144,86 +160,6 @@ class PrepareResult:
         return "\n".join(lines)
 
 
-# --------------------------------------------------------------------------------------------------
-# The output folder
-
-
-RUN_SIGNS = ("checkpoints", "metrics.jsonl", "summary.json", "config.json")
-"""Entries of a training run folder: ``--force`` never replaces a folder holding one of them."""
-
-
-def _check_out(out: Path, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise UserError(f"--out {str(out)!r} exists and is not a folder")
-    try:
-        entries = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
-    except OSError as err:
-        raise UserError(f"--out {str(out)!r}: cannot list it ({err.strerror or err})") from None
-    if not entries:
-        return
-    if not force:
-        raise UserError(
-            f"--out {str(out)!r} already exists and is not empty; "
-            "pass --force to replace it (only once the new data is complete)"
-        )
-    run = [name for name in entries if name in RUN_SIGNS]
-    if run:
-        raise UserError(
-            f"--force replaces prepared data only, and {str(out)!r} holds a training run "
-            f"({', '.join(run)}); choose another --out, or move the run away first"
-        )
-    try:
-        meta = json.loads((out / META_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        meta = None
-    if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
-        raise UserError(
-            f"--force replaces prepared data only, and {str(out)!r} is not a seqwarm data folder "
-            f"(no valid {META_FILE}; it holds {', '.join(entries[:5])}"
-            f"{', ...' if len(entries) > 5 else ''}); choose another --out, or empty it yourself"
-        )
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, someone else's
-        return True
-    return True
-
-
-def _clear_leftovers(out: Path) -> None:
-    """Remove the temporary folders of earlier ``prepare`` runs on ``out`` that were killed (their
-    process is gone); a previous ``out`` parked during a replace that was cut short is put back."""
-    if not out.parent.is_dir():
-        return
-    for p in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):
-        pid = p.name[len(out.name) + 6 :].split("-")[0]
-        if p.is_dir() and pid.isdigit() and not _pid_alive(int(pid)):
-            shutil.rmtree(p, ignore_errors=True)
-    for p in out.parent.glob(f".{glob.escape(out.name)}.old-*"):
-        if not p.is_dir():
-            continue
-        if out.exists():
-            shutil.rmtree(p, ignore_errors=True)
-        else:  # killed between parking the old data and moving the new in: the old data is still good
-            os.replace(p, out)
-
-
-def _check_inputs_outside(out: Path, inputs: Sequence[str | Path]) -> None:
-    """``--out`` is replaced wholesale: refuse when it would swallow an input (``--input d --out d``)."""
-    target = out.resolve()
-    for raw in inputs:
-        path = Path(raw).expanduser().resolve()
-        if path == target or target in path.parents:
-            raise UserError(
-                f"--out {str(out)!r} contains the input {str(raw)!r}; it would be replaced. "
-                "Choose another output folder"
-            )
-
-
 def _non_empty(docs: Iterator[corpus.Document]) -> Iterator[corpus.Document]:
     for name, text in docs:
         if text.strip():
@@ -239,7 +175,7 @@ def choose_val_documents(num_docs: int, val_fraction: float, seed: int) -> np.nd
         raise UserError(
             f"the corpus has {num_docs} non-empty document(s); at least 2 are needed to hold "
             "out a validation split by whole documents (split the text into several .txt "
-            "files or .jsonl lines)"
+            "files or .jsonl lines, or at a separator of yours: --split-on TEXT)"
         )
     k = min(max(1, round(val_fraction * num_docs)), num_docs - 1)
     mask = np.zeros(num_docs, dtype=bool)
@@ -263,10 +199,13 @@ def prepare_dataset(
     force: bool = False,
     progress: bool = True,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    split_on: str | None = None,
 ) -> PrepareResult:
     """Tokenize ``inputs`` (files/folders of .txt/.jsonl/.parquet, ``datasets`` folders; ``None`` = the
     embedded corpus) into ``out``. ``text_field`` is the text column of tables (default: ``json_key``);
-    ``eod_token`` names the EOD of an ``hf:`` tokenizer that declares no eos token.
+    ``eod_token`` names the EOD of an ``hf:`` tokenizer that declares no eos token. ``.txt`` files are one
+    document each, but a single one given alone is split at blank lines, and ``split_on`` splits every one
+    at that separator (:func:`seqwarm.data.corpus.iter_input_documents`).
 
     Raises :class:`UserError` for every mistake the user can fix, before anything is written where
     possible; on any failure ``out`` is left as it was.
@@ -288,8 +227,72 @@ def prepare_dataset(
         raise UserError(f"--vocab-file/--merges-file only apply to --tokenizer gpt2, not {tokenizer!r}")
     if kind != "hf" and eod_token is not None:
         raise UserError(f"--eod-token only applies to --tokenizer hf:PATH, not {tokenizer!r}")
-    _clear_leftovers(out)
-    _check_out(out, force)
+    real = resolve_out(out)  # a link: its target is replaced, the link kept
+    check_name_length(out, real)
+    try:  # an OSError here comes from taking the lock: a read-only parent, a name too long in the path
+        with out_lock(out, real):  # one prepare per output folder
+            return _prepare_locked(
+                out,
+                real,
+                inputs,
+                tokenizer=tokenizer,
+                kind=kind,
+                val_fraction=val_fraction,
+                json_key=json_key,
+                text_field=text_field,
+                eod_token=eod_token,
+                vocab_file=vocab_file,
+                merges_file=merges_file,
+                workers=workers,
+                seed=seed,
+                force=force,
+                progress=progress,
+                chunk_bytes=chunk_bytes,
+                t_start=t_start,
+                split_on=split_on,
+            )
+    except OSError as err:
+        raise _write_error(err, real, out) from None
+
+
+def _write_error(err: OSError, where: Path, out: Path) -> WriteError:
+    kept = "is untouched" if out.exists() else "was not written"
+    if name_too_long(err):
+        return WriteError(
+            f"cannot write the prepared data ({err.filename or where}: name too long); {str(out)!r} {kept}. "
+            "Choose a shorter --out (each name at most 255 bytes on most file systems)"
+        )
+    return WriteError(
+        f"cannot write the prepared data ({err.filename or where}: {err.strerror or err}); {str(out)!r} {kept}. "
+        "Free some space or choose a writable --out"
+    )
+
+
+def _prepare_locked(
+    shown: Path,
+    out: Path,
+    inputs: Sequence[str | Path] | None,
+    *,
+    tokenizer: str,
+    kind: str,
+    val_fraction: float,
+    json_key: str,
+    text_field: str,
+    eod_token: str | None,
+    vocab_file: str | Path | None,
+    merges_file: str | Path | None,
+    workers: int,
+    seed: int,
+    force: bool,
+    progress: bool,
+    chunk_bytes: int,
+    t_start: float,
+    split_on: str | None = None,
+) -> PrepareResult:
+    """The body of :func:`prepare_dataset`, holding the output folder's lock; ``out`` is the folder
+    written (the target when ``shown``, the user's ``--out``, is a link)."""
+    clear_leftovers(out)
+    check_out(out, force, shown)
     # A fixed tokenizer is loaded before the corpus is read, so a bad one fails in seconds.
     fixed = (
         None
@@ -299,12 +302,14 @@ def prepare_dataset(
 
     if inputs:
         files = corpus.resolve_inputs(inputs)
-        _check_inputs_outside(out, inputs)
+        check_inputs_outside(out, inputs)
 
         def documents() -> Iterator[corpus.Document]:
-            return _non_empty(corpus.iter_input_documents(files, json_key, text_field))
+            return _non_empty(corpus.iter_input_documents(files, json_key, text_field, split_on))
 
         source_desc: dict[str, Any] = {"inputs": [str(p) for p in inputs], "json_key": json_key, "files": len(files)}
+        if corpus.splits_text(files, split_on):  # .txt files split into documents
+            source_desc["split_on"] = "blank lines" if split_on is None else split_on
         if any(f.kind in corpus.TABLE_KINDS for f in files):
             source_desc["text_field"] = text_field
     else:
@@ -380,20 +385,15 @@ def prepare_dataset(
             "files": files,
         }
         write_json(tmp / META_FILE, meta)
-        _replace_dir(tmp, out)
+        replace_dir(tmp, out)
     except OSError as err:  # disk full, read-only, permissions: the previous data stays as it was
         shutil.rmtree(tmp, ignore_errors=True)
-        where = err.filename or tmp
-        kept = "is untouched" if out.exists() else "was not written"
-        raise WriteError(
-            f"cannot write the prepared data ({where}: {err.strerror or err}); {str(out)!r} {kept}. "
-            "Free some space or choose a writable --out"
-        ) from None
+        raise _write_error(err, tmp, shown) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return PrepareResult(
-        out=out,
+        out=shown,
         meta=meta,
         input_bytes=total_bytes,
         tokenize_seconds=tokenize_seconds,
@@ -401,18 +401,3 @@ def prepare_dataset(
         total_seconds=time.perf_counter() - t_start,
         workers=n_workers,
     )
-
-
-def _replace_dir(tmp: Path, out: Path) -> None:
-    """Move the finished ``tmp`` to ``out``; an existing ``out`` is removed only after that succeeded."""
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-        os.replace(out, old)
-        try:
-            os.replace(tmp, out)
-        except BaseException:
-            os.replace(old, out)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)

@@ -9,7 +9,7 @@ anything is written:
 
 - learned positions (seqwarm's default) -> ``GPT2LMHeadModel``: the same pre-LN blocks, tanh GELU,
   tied LM head; GPT-2's ``Conv1D`` layers store ``weight`` as (in, out), the transpose of ``nn.Linear``;
-- ``rotary=True`` -> ``GPTNeoXForCausalLM`` with the whole head rotated (``partial_rotary_factor`` 1.0)
+- ``rotary=True`` -> ``GPTNeoXForCausalLM`` with ``rotary_percent`` of each head rotated (its ``rotary_pct``)
   and sequential residuals (``use_parallel_residual=False``): NeoX rotates the half-split pairs
   ``(x[i], x[i + d/2])`` as seqwarm does; its fused QKV is ordered per head (q, k, v of head 0, then
   head 1 ...) where seqwarm's is all q, all k, all v.
@@ -140,7 +140,7 @@ def neox_weights(model: GPT) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         intermediate_size=4 * c,
         hidden_act="gelu_new",
         max_position_embeddings=cfg.seq_length,
-        rotary_pct=1.0,
+        rotary_pct=cfg.rotary_percent,
         rotary_emb_base=cfg.rotary_base,
         use_parallel_residual=False,
         attention_bias=True,

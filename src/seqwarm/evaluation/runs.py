@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from seqwarm.data.dataset import open_prepared
+from seqwarm.data.prepared import open_prepared
 from seqwarm.data.tokenizer import load_tokenizer
 from seqwarm.evaluation.common import evaluate_val
 from seqwarm.evaluation.lambada import evaluate_lambada, read_lambada
@@ -103,12 +103,20 @@ def _reopen_megatron(info: dict[str, Any], run: Path, resolved: dict[str, Any]) 
             for x in (repr(float(s["weight"])), str(_where_recorded(str(s["prefix"]), run, resolved)))
         ]
         split, eod_id = str(megatron["split"]), int(megatron["eod_id"])
+        rounding = str(megatron.get("split_rounding", "megatron-core"))  # recorded before: megatron-core's
     except (KeyError, TypeError, ValueError) as err:
         raise UserError(f"{run / 'config.json'}: its data.megatron section is unusable ({err!r})") from None
     tokenizer = (info.get("tokenizer") or {}).get("name")
     if tokenizer and str(tokenizer).startswith("hf:"):
         tokenizer = f"hf:{_where_recorded(str(tokenizer)[3:], run, resolved)}"
-    return open_megatron(items, split=split, tokenizer=tokenizer, vocab_size=info.get("vocab_size"), eod_id=eod_id)
+    return open_megatron(
+        items,
+        split=split,
+        split_rounding=rounding,
+        tokenizer=tokenizer,
+        vocab_size=info.get("vocab_size"),
+        eod_id=eod_id,
+    )
 
 
 def _hf_model(section: dict[str, Any], run: Path, path: Path, resolved: dict[str, Any]) -> tuple[torch.nn.Module, int]:

@@ -19,7 +19,8 @@ from typing import Any
 
 from seqwarm.config.defaults import PRESETS
 from seqwarm.config.reader import read_config_dict
-from seqwarm.run.spec import RunSpec, model_size, recipe_config, resolve_config
+from seqwarm.run.checks import model_size
+from seqwarm.run.spec import RunSpec, recipe_config, resolve_config
 from seqwarm.run.training import run_training
 from seqwarm.trainer.resume import RESUME_KEYS
 from seqwarm.trainer.run_folder import LOCK_FILE, run_lock

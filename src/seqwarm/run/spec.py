@@ -22,7 +22,6 @@ together as one :class:`~seqwarm.util.problems.ConfigError`), which the CLI turn
 from __future__ import annotations
 
 import logging
-import os
 import re
 import typing
 from collections.abc import Mapping
@@ -36,15 +35,10 @@ from seqwarm.config.settings import SETTING_KEYS, flag_for, negative_flag
 from seqwarm.util.errors import UserError
 from seqwarm.util.problems import ConfigError, Problem
 
-__all__ = [
-    "RunSpec",
-    "check_spec",
-    "resolve_config",
-    "recipe_config",
-    "policy_problems",
-    "spec_problems",
-    "with_changes",
-]
+SPLIT_ROUNDINGS = ("megatron-deepspeed", "megatron-core")
+"""``--split-rounding``'s rules: seqwarm.data.blend.SPLIT_ROUNDINGS, named here without importing torch."""
+
+__all__ = ["RunSpec", "resolve_config", "recipe_config", "policy_problems", "spec_problems", "with_changes"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +62,10 @@ class RunSpec:
     split: str = field(default="969,30,1", metadata={"metavar": "T,V,E"})
     """with --data-path: Megatron's train,valid,test split of the documents (default 969,30,1; the test part
     is not used)"""
+    split_rounding: str = field(default="megatron-deepspeed", metadata={"metavar": "RULE"})
+    """with --data-path: how --split rounds its document boundaries: megatron-deepspeed (default; each part
+    rounded, Megatron-DeepSpeed's get_train_valid_test_split_) or megatron-core (each cumulative boundary
+    rounded); they can put a boundary one document apart"""
     tokenizer: str | None = field(default=None, metadata={"metavar": "NAME"})
     """with --data-path: the tokenizer the data was made with (gpt2, hf:PATH), for its vocabulary and EOD id"""
     vocab_size: int | None = field(default=None, metadata={"parse": "int", "metavar": "N"})
@@ -85,8 +83,14 @@ class RunSpec:
     """attention heads (default: the --model preset's; must divide --n-embd)"""
     n_embd: int | None = field(default=None, metadata={"metavar": "N", "parse": "int"})
     """model width (default: the --model preset's)"""
-    rotary: bool = False
+    rotary: bool = field(default=False, metadata={"aliases": ("--use-rotary-position-embeddings",)})
     """rotary position embeddings instead of learned ones"""
+    rotary_percent: float = field(default=1.0, metadata={"metavar": "P"})
+    """with --rotary: the share of each attention head's channels rotated, the rest unrotated (Megatron's
+    --rotary-percent; default 1.0)"""
+    init_method_std: float | None = field(default=None, metadata={"metavar": "STD"})
+    """standard deviation of the normal weight initialisation; residual output projections get
+    STD / sqrt(2 x layers) (Megatron's --init-method-std; default 0.02)"""
     fsdp: bool = False
     """under torchrun: shard the model with FSDP2 (fully_shard per block) instead of DDP"""
     deepspeed: bool = field(default=False, metadata={"group": "deepspeed"})
@@ -130,6 +134,9 @@ class RunSpec:
     exit_duration_in_mins: float | None = field(default=None, metadata={"group": "run", "metavar": "MIN"})
     """after MIN minutes of wall-clock (Megatron's flag), finish the step, save a checkpoint and exit with
     code 75, as on SIGTERM / SIGUSR1: continue with --resume"""
+    dist_timeout_s: float | None = field(default=None, metadata={"group": "run", "metavar": "S"})
+    """under torchrun: a collective that waits S seconds for another rank fails, and every rank exits naming
+    the one that died, raised or stalled (default 600)"""
     log_interval: int = field(default=10, metadata={"group": "run", "metavar": "N"})
     """a metrics row and a console line every N steps (default 10)"""
     progress_bar: bool = field(default=True, metadata={"group": "run", "flag": "--no-progress"})
@@ -142,6 +149,13 @@ class RunSpec:
     """no TensorBoard event files"""
     tensorboard_dir: Path | None = field(default=None, metadata={"group": "run", "metavar": "DIR"})
     """TensorBoard event files here instead of RUN/tensorboard (also the config's "tensorboard" block)"""
+    tensorboard_log_interval: int = field(default=1, metadata={"group": "run", "metavar": "N"})
+    """the trackers (TensorBoard, W&B, CSV) get a point every N steps, each step's own numbers, as
+    Megatron-DeepSpeed's --tensorboard-log-interval (default 1: every step; 0: only the --log-interval rows,
+    averaged over their steps)"""
+    log_optimizer_states_to_tensorboard: bool = field(default=False, metadata={"group": "run"})
+    """with each point, the l2 / l1 norms and largest values of Adam's variance, its square root, the
+    momentum and the weights (Megatron-DeepSpeed's optimizer/* tags; reads every state: slower steps)"""
     wandb_project: str | None = field(default=None, metadata={"group": "run", "metavar": "NAME"})
     """log to Weights & Biases, this project (pip install 'seqwarm[wandb]'; also the config's "wandb"
     block; WANDB_MODE=offline keeps it local)"""
@@ -160,6 +174,7 @@ class RunSpec:
         object.__setattr__(self, "data_path", tuple(str(p) for p in self.data_path))
 
 
+_MINUTES_FIX = "give the minutes a session may train, e.g. 230 for a 4-hour job (or leave it out: no limit)"
 _FIELDS = tuple(f.name for f in fields(RunSpec) if f.name != "settings")
 _PATH_FIELDS = tuple(name for name, hint in typing.get_type_hints(RunSpec).items() if Path in typing.get_args(hint))
 
@@ -245,6 +260,7 @@ def spec_problems(spec: RunSpec) -> list[Problem]:
         ("save_interval", 0),
         ("keep_checkpoints", 0),
         ("log_interval", 0),
+        ("tensorboard_log_interval", 0),
         ("pipeline_stages", 0),
     ):
         value = getattr(spec, name)
@@ -258,16 +274,12 @@ def spec_problems(spec: RunSpec) -> list[Problem]:
                     f"give {flag} {max(least, 1)} or more" if least else f"give {flag} 0 or more",
                 )
             )
-    minutes = spec.exit_duration_in_mins
-    if minutes is not None and (isinstance(minutes, bool) or not isinstance(minutes, (int, float)) or not minutes > 0):
-        problems.append(
-            Problem(
-                "--exit-duration-in-mins",
-                minutes,
-                "must be a number of minutes > 0",
-                "give the minutes a session may train, e.g. 230 for a 4-hour job (or leave it out: no limit)",
-            )
-        )
+    for flag, value, what, fix in (
+        ("--exit-duration-in-mins", spec.exit_duration_in_mins, "minutes", _MINUTES_FIX),
+        ("--dist-timeout-s", spec.dist_timeout_s, "seconds", "give e.g. 600 (or leave it out: 600)"),
+    ):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+            problems.append(Problem(flag, value, f"must be a number of {what} > 0", fix))
     if not (isinstance(spec.resume, bool) or spec.resume == "auto"):
         problems.append(Problem("--resume", spec.resume, "takes no value or auto", "give --resume, or --resume auto"))
     if spec.start_over and spec.resume:
@@ -281,6 +293,15 @@ def spec_problems(spec: RunSpec) -> list[Problem]:
                 "give --device auto (cuda when available, else cpu)",
             )
         )
+    if spec.split_rounding not in SPLIT_ROUNDINGS:
+        problems.append(
+            Problem(
+                "--split-rounding",
+                spec.split_rounding,
+                f"is one of {', '.join(SPLIT_ROUNDINGS)}",
+                "give --split-rounding megatron-deepspeed (Megatron-DeepSpeed's) or megatron-core",
+            )
+        )
     if spec.data and spec.data_path:
         problems.append(
             Problem(
@@ -292,7 +313,7 @@ def spec_problems(spec: RunSpec) -> list[Problem]:
             )
         )
     if not spec.data_path:  # these describe Megatron indexed files; a prepared folder carries its own
-        for name in ("split", "tokenizer", "vocab_size", "eod_id"):
+        for name in ("split", "split_rounding", "tokenizer", "vocab_size", "eod_id"):
             value = getattr(spec, name)
             if value != getattr(RunSpec, name):
                 flag = "--" + name.replace("_", "-")
@@ -375,76 +396,6 @@ def _model_seq_length(model: str) -> int:
             raise UserError(f"--model {model}: its config.json has no max_position_embeddings; give --seq-length")
         return seq
     return PRESETS[model]["seq_length"]
-
-
-SIZE_FLAGS = ("n_layer", "n_head", "n_embd")
-"""RunSpec fields that override the size of the --model preset."""
-
-
-def size_overrides(spec: RunSpec) -> dict[str, int]:
-    """The model sizes given by --n-layer / --n-head / --n-embd (the others come from the preset)."""
-    return {k: int(getattr(spec, k)) for k in SIZE_FLAGS if getattr(spec, k) is not None}
-
-
-def model_size(spec: RunSpec) -> dict[str, int]:
-    """Layers, heads and width of the GPT ``spec`` trains (preset, then the size flags)."""
-    preset = PRESETS[spec.model]
-    return {**{k: preset[k] for k in SIZE_FLAGS}, **size_overrides(spec)}
-
-
-def size_problems(spec: RunSpec) -> None:
-    """UserError listing every bad --n-layer / --n-head / --n-embd (each >= 1; heads divide the width)."""
-    given = size_overrides(spec)
-    bad = [f"--{k.replace('_', '-')} {v}: must be >= 1" for k, v in given.items() if v < 1]
-    size = model_size(spec)
-    if not bad and size["n_embd"] % size["n_head"]:
-        bad.append(
-            f"--n-embd {size['n_embd']} is not a multiple of --n-head {size['n_head']} (each head gets "
-            "n_embd / n_head channels); choose e.g. --n-embd "
-            f"{size['n_head'] * max(1, round(size['n_embd'] / size['n_head']))}"
-        )
-    if bad:
-        raise UserError("; ".join(bad))
-
-
-def check_spec(spec: RunSpec) -> None:
-    """Refuse option combinations no backend runs (before any process group is set up)."""
-    if spec.model.startswith("hf:"):
-        bad = [
-            flag
-            for flag, on in (("--rotary", spec.rotary), ("--fsdp", spec.fsdp), ("--deepspeed", spec.deepspeed))
-            if on
-        ]
-        bad += [f"--{k.replace('_', '-')}" for k in size_overrides(spec)]
-        if bad:
-            raise UserError(
-                f"--model {spec.model}: {', '.join(bad)} cannot be combined with a Hugging Face model "
-                "(its config.json sets the architecture; for DeepSpeed or FSDP use "
-                "seqwarm.integrations.hf.trainer.CurriculumTrainer)"
-            )
-    elif spec.model not in PRESETS:
-        raise UserError(
-            f"--model {spec.model!r}: choose one of {', '.join(PRESETS)}, or hf:PATH (a local Hugging Face config.json)"
-        )
-    else:
-        size_problems(spec)
-    if spec.pipeline_stages and not spec.deepspeed:
-        raise UserError("--pipeline-stages needs --deepspeed (the pipeline is DeepSpeed's PipelineEngine)")
-    if spec.deepspeed and spec.fsdp:
-        raise UserError(
-            "--deepspeed and --fsdp both shard the model: choose one (ZeRO-3 in the DeepSpeed config "
-            "is the DeepSpeed counterpart of --fsdp)"
-        )
-    env_rank = os.environ.get("LOCAL_RANK")
-    if spec.local_rank is not None and env_rank is not None and int(env_rank) != spec.local_rank:
-        raise UserError(
-            f"--local_rank={spec.local_rank} but the launcher set LOCAL_RANK={env_rank}: launch with "
-            "deepspeed or torchrun, which set both alike"
-        )
-    if spec.deepspeed:
-        from seqwarm.integrations.deepspeed.curriculum import require_deepspeed
-
-        require_deepspeed()
 
 
 # --------------------------------------------------------------------------------------------------

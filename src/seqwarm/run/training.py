@@ -16,22 +16,28 @@ a Hugging Face model), locks the run folder and runs :class:`seqwarm.trainer.loo
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from seqwarm.config import RunConfig
+from seqwarm.config.defaults import CURRICULUM_FRACTION, default_train_config
+from seqwarm.config.settings import flag_for
 from seqwarm.curriculum.plan import Plan, data_use, make_plan
+from seqwarm.run.checks import check_spec, model_overrides
 from seqwarm.run.command import command_line
-from seqwarm.run.spec import RunSpec, check_spec, resolve_config, size_overrides
+from seqwarm.run.spec import RunSpec, recipe_config, resolve_config
+from seqwarm.trainer.memory import check_memory, estimate_memory
 from seqwarm.trainer.metrics import format_results
 from seqwarm.util.errors import UserError
+from seqwarm.util.units import human_count
 
 if TYPE_CHECKING:  # seqwarm.trainer.loop imports torch: only when a run starts
     from seqwarm.trainer.record import TrainResult
 
-__all__ = ["run_training"]
+__all__ = ["run_training", "recipe_note"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,12 +53,12 @@ def run_training(spec: RunSpec) -> TrainResult:
     boundary, every rank at the same one, with a checkpoint: :class:`~seqwarm.trainer.stop.RunStopped`
     (exit code 75), whose message holds the command that continues it (:mod:`seqwarm.trainer.stop`).
     """
-    from seqwarm.trainer.distributed import barrier, cleanup, init_distributed
+    from seqwarm.trainer import distributed
     from seqwarm.trainer.stop import StopRequest
 
     check_spec(spec)
     stop = StopRequest(minutes=spec.exit_duration_in_mins)  # the wall-clock limit counts from here
-    info = init_distributed(spec.device)
+    info = distributed.init_distributed(spec.device, spec.dist_timeout_s)
     if not info.is_main:
         logging.getLogger().setLevel(logging.ERROR)
     try:
@@ -63,10 +69,53 @@ def run_training(spec: RunSpec) -> TrainResult:
                 with deepspeed_process_group(spec.device):
                     return _run(spec, info, stop)
             result = _run(spec, info, stop)
-        barrier(info)  # no rank tears the process group down while another still sends (or is still saving)
+        distributed.barrier(info)  # no rank tears the group down while another still sends (or saves)
         return result
+    except Exception as exc:  # under torchrun: a peer that died, raised or stalled is named, never waited for
+        if not info.enabled or isinstance(exc, distributed.RankFailed):
+            raise
+        if not distributed.collective_failure(exc):
+            distributed.note_failure(info, exc)
+            raise
+        raise distributed.rank_failure(info, exc) from None
     finally:
-        cleanup(info)
+        distributed.cleanup(info)
+
+
+def recipe_note(spec: RunSpec) -> str | None:
+    """The console line saying that, and why, a run without ``--config`` trains the built-in recipe
+    scaled to its budget, batch or length (:func:`seqwarm.config.defaults.default_train_config`); None when
+    it trains the recipe as written, or a config file of its own (which is never scaled)."""
+    if spec.config:
+        return None
+    written, scaled = default_train_config(), recipe_config(spec)
+    before, after = written["curriculum_learning"], scaled["curriculum_learning"]
+    changes = [
+        f"{key} {old[key]} -> {new[key]}"
+        for old, new in ((before, after), (before["schedule_config"], after["schedule_config"]))
+        for key in old
+        if not isinstance(old[key], dict) and old[key] != new[key]
+    ]
+    if not changes:
+        return None
+    settings, recipe = spec.settings, written["seqwarm"]
+    causes = [
+        f"{flag_for(key)} {human_count(settings[key]) if key == 'train_tokens' else settings[key]}"
+        for key, default in (
+            ("train_tokens", recipe["train_tokens"]),
+            ("train_batch_size", written["train_batch_size"]),
+            ("seq_length", recipe["seq_length"]),
+        )
+        if settings.get(key) is not None and settings[key] != default
+    ]
+    length = scaled["seqwarm"]["seq_length"]
+    if settings.get("seq_length") is None and length != recipe["seq_length"]:
+        causes.append(f"--model {spec.model} (length {length})")
+    return (
+        f"recipe:      the built-in recipe, scaled to {' and '.join(causes)}: {', '.join(changes)} (the "
+        f"curriculum keeps its share: {CURRICULUM_FRACTION:.0%} of the steps the budget takes at full length; "
+        "--config FILE trains a recipe as written)"
+    )
 
 
 def _print_plan(cfg: RunConfig, start_step: int, train_windows: int | None = None) -> Plan | None:
@@ -109,8 +158,33 @@ def _data_dir(spec: RunSpec, info) -> Path:
         barrier(info)
         data_dir = embedded_data_dir()
     if not data_dir.exists():
-        raise UserError(f"--data {data_dir}: no such folder (create it with `seqwarm prepare --out {data_dir}`)")
+        raise UserError(
+            f"--data {data_dir}: no such folder (make it from your text with "
+            f"`seqwarm prepare --input TEXT --out {data_dir}`; TEXT: .txt/.jsonl files or folders of them)"
+        )
     return data_dir
+
+
+def _check_memory(spec: RunSpec, cfg: RunConfig, model_cfg, info) -> None:
+    """:func:`seqwarm.trainer.memory.check_memory` for this run's model, batch, precision and sharding."""
+    from seqwarm.trainer.distributed import device_for
+
+    device = device_for(info, spec.device)
+    zero = (cfg.deepspeed or {}).get("zero_optimization") or {}
+    sharded = spec.fsdp or (spec.deepspeed and isinstance(zero, dict) and int(zero.get("stage") or 0) > 0)
+    half = cfg.precision in ("fp16", "bf16") or (not cfg.precision_named and device.type == "cuda")
+    estimate = estimate_memory(
+        model_cfg.num_params(),
+        vocab_rows=getattr(model_cfg, "padded_vocab_size", model_cfg.vocab_size),
+        n_embd=model_cfg.n_embd,
+        n_layer=model_cfg.n_layer,
+        micro_batch=cfg.micro_batch_size,
+        seq_length=model_cfg.seq_length,
+        half=half,
+        shards=info.world_size if sharded else 1,
+    )
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", "1") or 1) if info.enabled else 1
+    check_memory(estimate, device, local_processes=local, sharded=sharded)
 
 
 def _run(spec: RunSpec, info, stop) -> TrainResult:
@@ -152,7 +226,12 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, info, say, stop) -> TrainRe
         from seqwarm.data.megatron import open_megatron
 
         data = open_megatron(
-            spec.data_path, split=spec.split, tokenizer=spec.tokenizer, vocab_size=spec.vocab_size, eod_id=spec.eod_id
+            spec.data_path,
+            split=spec.split,
+            split_rounding=spec.split_rounding,
+            tokenizer=spec.tokenizer,
+            vocab_size=spec.vocab_size,
+            eod_id=spec.eod_id,
         )
     else:
         data = open_prepared(_data_dir(spec, info))
@@ -169,7 +248,7 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, info, say, stop) -> TrainRe
             vocab_size=data.vocab_size,
             seq_length=cfg.seq_length,
             rotary=spec.rotary,
-            **size_overrides(spec),
+            **model_overrides(spec),
         )
         if spec.deepspeed:
             from seqwarm.integrations.deepspeed.run import DeepSpeedEngineBuilder
@@ -177,6 +256,7 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, info, say, stop) -> TrainRe
             builder = DeepSpeedEngineBuilder(pipeline_stages=stages if stages > 1 else 0)
         else:
             builder = TorchEngineBuilder(fsdp=spec.fsdp, compile=cfg.compile)
+    _check_memory(spec, cfg, model_cfg, info)  # before the model is built: too big is an exit 2, not an OOM
     run = Run(cfg, spec, data, model_cfg, dist_info=info, builder=builder, stop=stop)
     spec = replace(spec, start_over=False)  # done: the old record is moved aside (a stopped run continues)
     resuming = bool(spec.resume) and folder.holds_run  # --resume auto on a folder with no run: a new one
@@ -192,6 +272,9 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, info, say, stop) -> TrainRe
     recorded = record_session(run, run.resumed_from if resumed else None, folder.moved_to) if info.is_main else []
     for line in format_start(run):
         say(line, flush=True)
+    note = recipe_note(spec)
+    if note:
+        say(note, flush=True)
     if resumed:
         say(f"resuming at step {run.engine.global_steps:,} ({run.engine.progress.tokens:,} tokens)", flush=True)
     for line in recorded:

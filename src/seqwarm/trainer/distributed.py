@@ -3,21 +3,45 @@
 Nothing here is a distribution layer of its own: DDP and FSDP2 (``fully_shard``) do the work. The
 backend is nccl on GPU and gloo on CPU. The curriculum, batch shaping and schedules never import this
 module: every rank computes the same length from the same clock.
+
+A rank that dies, raises or stalls must not hang the others. Every collective waits at most
+``--dist-timeout-s`` seconds (:data:`DEFAULT_DIST_TIMEOUT_S`; ``init_process_group``'s ``timeout``); a
+rank that raises leaves its error in torchrun's store (:func:`note_failure`); a rank whose collective
+fails (a peer gone, or the timeout) asks the store which ranks are still there and raises
+:class:`RankFailed`, naming the rank that failed (:func:`rank_failure`). torchrun then ends the rest.
+``SEQWARM_FAULT=RANK:STEP:ACTION`` (exit, raise or sleep) makes one rank fail before step STEP + 1, for
+the tests of this (:func:`injected_fault`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import time
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from seqwarm.util.errors import UserError
+from seqwarm.util.errors import SeqwarmError, UserError
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_DIST_TIMEOUT_S = 600.0
+"""How long a collective waits for the other ranks before it fails (``--dist-timeout-s``): long enough
+for the slowest checkpoint save or evaluation that one rank does while the others wait."""
+
+ANSWER_WAIT_S = 5.0
+"""After a failed collective, how long a rank waits for the other survivors to say they are alive."""
+
+EXIT_RANK_FAILED = 1
+"""The exit code of a rank whose peer died, raised or stalled (torchrun itself then exits 1)."""
+
+_KEY = "seqwarm/rank/"
 
 
 @dataclass(frozen=True)
@@ -40,8 +64,9 @@ def launched_by_torchrun() -> bool:
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ
 
 
-def init_distributed(device: str = "auto") -> DistInfo:
-    """Join the process group torchrun describes in the environment (a no-op for one process)."""
+def init_distributed(device: str = "auto", timeout_s: float | None = None) -> DistInfo:
+    """Join the process group torchrun describes in the environment (a no-op for one process); a
+    collective waits at most ``timeout_s`` seconds (None: :data:`DEFAULT_DIST_TIMEOUT_S`)."""
     # grow segments instead of caching fixed blocks: a growing sequence length fragments the cache
     # (set before the first CUDA allocation; the user's own setting wins)
     os.environ.setdefault("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
@@ -57,7 +82,8 @@ def init_distributed(device: str = "auto") -> DistInfo:
     if use_cuda:
         torch.cuda.set_device(local)
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend)
+        timeout = timedelta(seconds=DEFAULT_DIST_TIMEOUT_S if timeout_s is None else float(timeout_s))
+        dist.init_process_group(backend=backend, timeout=timeout)
     return DistInfo(rank, world, local, backend)
 
 
@@ -128,3 +154,105 @@ def gather_floats(values: list[float], info: DistInfo, device: torch.device) -> 
     out = [torch.empty_like(t) for _ in range(info.world_size)]
     dist.all_gather(out, t)
     return [o.tolist() for o in out]
+
+
+# -- a rank that fails ----------------------------------------------------------------------------------
+class RankFailed(SeqwarmError):
+    """A collective failed because another rank died, raised or stalled; the message names it."""
+
+    exit_code = EXIT_RANK_FAILED
+
+
+_COLLECTIVE = re.compile(
+    r"gloo|nccl|connection (closed|reset) by peer|broken pipe|timed out|timeout|socket|ProcessGroup", re.I
+)
+
+
+def collective_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective that failed (a peer gone, the timeout), not an error of this rank."""
+    if isinstance(exc, getattr(dist, "DistError", ())) and not isinstance(exc, getattr(dist, "DistStoreError", ())):
+        return True
+    return isinstance(exc, RuntimeError) and bool(_COLLECTIVE.search(str(exc)))
+
+
+def _store() -> Any:
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # no group, or a torch without it: the message names no rank
+        return None
+
+
+def note_failure(info: DistInfo, exc: BaseException) -> None:
+    """Leave this rank's error in the store, for the message of the ranks it leaves behind (best effort)."""
+    store = _store() if info.enabled else None
+    if store is not None:
+        try:
+            store.set(f"{_KEY}{info.rank}", f"raised {type(exc).__name__}: {exc}"[:300])
+        except Exception:
+            pass
+
+
+def rank_failure(info: DistInfo, exc: BaseException, step: int | None = None) -> RankFailed:
+    """The error of a rank whose collective failed: it says it is alive in the store, waits up to
+    :data:`ANSWER_WAIT_S` for the others, and names each rank that raised (with its error) or never
+    answered (it died or stalled)."""
+    others = [r for r in range(info.world_size) if r != info.rank]
+    said: dict[int, str] = {}
+    store = _store()
+    if store is not None:
+        try:
+            store.set(f"{_KEY}{info.rank}", "alive")
+            deadline = time.monotonic() + ANSWER_WAIT_S
+            while True:
+                for r in others:
+                    if r not in said and store.check([f"{_KEY}{r}"]):
+                        said[r] = store.get(f"{_KEY}{r}").decode(errors="replace")
+                if len(said) == len(others) or any(v != "alive" for v in said.values()):
+                    break
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+        except Exception:  # the store went with the failed rank: say what is known
+            pass
+    failed = [f"rank {r} {v}" for r, v in said.items() if v != "alive"]
+    if not failed:
+        silent = [str(r) for r in others if r not in said]
+        failed = [f"rank {', '.join(silent)} did not answer (died or stalled)"] if silent else []
+    who = "; ".join(failed) or "another rank failed"
+    at = f" at step {step + 1:,}" if step is not None else ""
+    first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+    return RankFailed(
+        f"rank {info.rank}: a collective{at} failed: {who} ({first}). The run stops; its newest checkpoint is "
+        "whole: fix the cause and continue with --resume (a stalled collective fails after --dist-timeout-s)"
+    )
+
+
+def injected_fault(info: DistInfo, step: int) -> None:
+    """The test hook ``SEQWARM_FAULT=RANK:STEP:ACTION``: on rank RANK, before step STEP + 1, ``exit``
+    (die without a word), ``raise`` (a RuntimeError) or ``sleep`` (stall for an hour)."""
+    spec = os.environ.get("SEQWARM_FAULT")
+    if not spec:
+        return
+    rank, at, action = spec.split(":")
+    if int(rank) != info.rank or int(at) != step:
+        return
+    if action == "exit":
+        os._exit(9)
+    if action == "raise":
+        raise RuntimeError(f"SEQWARM_FAULT: rank {info.rank} raised before step {step + 1}")
+    if action == "sleep":
+        time.sleep(3600)
+
+
+def mean_over_ranks(
+    losses: list[float], steps: list[int], lengths: list[int], info: DistInfo, device: torch.device
+) -> list[float]:
+    """Each step's loss averaged over the ranks (one gather for all of them); every rank must have trained
+    each step at the same curriculum length (RuntimeError naming the step otherwise)."""
+    n = len(losses)
+    per_rank = gather_floats([*losses, *map(float, lengths)], info, device)
+    for i, step in enumerate(steps):
+        seen = {int(r[n + i]) for r in per_rank}
+        if len(seen) != 1:
+            raise RuntimeError(f"ranks disagree on the curriculum length at step {step}: {sorted(seen)}")
+    return [sum(r[i] for r in per_rank) / len(per_rank) for i in range(n)]

@@ -27,17 +27,18 @@ from seqwarm.curriculum.clock import stop_reason
 from seqwarm.data.indexed import data_fingerprint
 from seqwarm.trainer.backends import EngineBuilder, TorchEngineBuilder, accumulate_step
 from seqwarm.trainer.checkpoint import first_nonfinite, list_checkpoints, rng_state, set_rng_state
-from seqwarm.trainer.distributed import DistInfo, device_for, gather_floats
+from seqwarm.trainer.distributed import DistInfo, device_for, gather_floats, mean_over_ranks
 from seqwarm.trainer.evaluator import Evaluator
 from seqwarm.trainer.feed import DeviceFeed
 from seqwarm.trainer.history import append_event
-from seqwarm.trainer.metrics import MetricsLogger, adam_stats, truncate_metrics
+from seqwarm.trainer.metrics import MetricsLogger, adam_stats, optimizer_states, step_point, truncate_metrics
 from seqwarm.trainer.plots import plot_run
 from seqwarm.trainer.record import TrainResult, jsonable, versions
 from seqwarm.trainer.resume import check_resume_config, saved_section
 from seqwarm.trainer.stop import RunStopped, StopNow, StopRequest
 from seqwarm.trainer.trackers import forget_wandb_run, tracker_config
-from seqwarm.util.errors import SeqwarmError, UserError
+from seqwarm.trainer.trial import trial_step
+from seqwarm.util.errors import SeqwarmError
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +56,7 @@ class TrainingDiverged(SeqwarmError):
 RECORDED_OPTIONS = (
     "out", "data", "model", "seed", "device", "eval_interval", "eval_iters", "save_interval", "keep_checkpoints",
     "log_interval", "allow_config_change", "progress_bar", "tensorboard", "tensorboard_dir", "wandb_project",
-    "wandb_run_name", "exit_duration_in_mins",
+    "wandb_run_name", "exit_duration_in_mins", "dist_timeout_s",
 )  # fmt: skip
 """The run spec's fields recorded under ``options`` in ``RUN/config.json`` (the run's options, not its recipe)."""
 
@@ -122,6 +123,11 @@ class Run:
             self.device,
             label_style=built.label_style,
             interval=opts.eval_interval,
+            document_masking=cfg.document_masking,
+            megatron=cfg.lr.rule == "megatron",
+            accumulation=cfg.gradient_accumulation_steps,
+            data_parallel=(dp_rank, dp_world),
+            dist_info=self.info,
         )
         data.windows("val", model_cfg.seq_length)  # a val split too short for one window fails now, not at the end
         if self.is_main and not list_checkpoints(self.ckpt_dir):  # nothing to resume: a new W&B run
@@ -133,6 +139,7 @@ class Run:
             log_interval=max(1, opts.log_interval),
             progress_bar=opts.progress_bar,
             tensorboard=opts.tensorboard,
+            point_interval=opts.tensorboard_log_interval,
             curves=plot_run,
             trackers=tracker_config(
                 cfg.deepspeed,
@@ -143,6 +150,9 @@ class Run:
                 wandb_run_name=opts.wandb_run_name,
             ),
         )
+        self._optimizer_states = (
+            (lambda: optimizer_states(self.optimizer)) if opts.log_optimizer_states_to_tensorboard else None
+        )
         self.batches = data.train_batches(
             model_cfg.seq_length,
             cfg.micro_batch_size,
@@ -150,6 +160,7 @@ class Run:
             rank=dp_rank,
             world_size=dp_world,
             label_style=built.label_style,
+            **({"document_masking": True} if cfg.document_masking else {}),
         )
         # seqwarm's GPT: a trivial loss mask / positions are its defaults, so they need not be copied
         self.feed = DeviceFeed(self.batches, self.device, drop_trivial=built.label_style == "megatron")
@@ -172,7 +183,7 @@ class Run:
                 "train_tokens": data.meta["splits"]["train"]["tokens"],
                 "val_tokens": data.meta["splits"]["val"]["tokens"],
                 **(
-                    {"megatron": {k: data.meta[k] for k in ("sources", "split", "eod_id")}}
+                    {"megatron": {k: data.meta[k] for k in ("sources", "split", "split_rounding", "eod_id")}}
                     if data.meta.get("format") == "megatron"
                     else {}
                 ),
@@ -199,7 +210,7 @@ class Run:
         if tf32:  # fp32 weights and reductions, TF32 tensor-core matmuls (~8x fp32 on an A100/H100)
             torch.set_float32_matmul_precision("high")
         self.precision_info = {"precision": cfg.precision, "source": source, "tf32_matmul": tf32}
-        logger.info("precision %s (%s)%s", cfg.precision, source, ", TF32 matmuls" if tf32 else "")
+        logger.debug("precision %s (%s)%s", cfg.precision, source, ", TF32 matmuls" if tf32 else "")  # --verbose
         return cfg
 
     def elapsed(self) -> float:
@@ -293,9 +304,8 @@ class Run:
         return val
 
     def _probe_memory(self) -> None:
-        """The engine's :meth:`~seqwarm.curriculum.engine.CurriculumEngine.probe_memory` on random tokens at the
-        full length; RNG restored, no data drawn, so the run is bit-identical with or without it. Its second
-        run, timed (the first pays the start-up: allocations, first calls), is the ETA's first long step."""
+        """The engine's :meth:`~seqwarm.curriculum.engine.CurriculumEngine.probe_memory` at the full length
+        (:func:`~seqwarm.trainer.trial.trial_step`); its timed run is the ETA's first long step."""
         probe = getattr(self.engine, "probe_memory", None)
         wanted = self.memory_probe
         if wanted is None:  # on a CPU, a compiled run would compile the trial's graph too (20-70 s): skip it
@@ -303,50 +313,21 @@ class Run:
         if not callable(probe) or not wanted:
             return
         length, micro = self.model_cfg.seq_length, self.cfg.micro_batch_size
-        ids = torch.randint(0, self.data.vocab_size, (micro, length), generator=torch.Generator().manual_seed(0))
-        ids = ids.to(self.device)
-        saved = rng_state()
-        try:
-            probe({"input_ids": ids, "labels": ids})
-            t0 = time.perf_counter()
-            probe({"input_ids": ids, "labels": ids})
-            if self.device.type == "cuda":  # its kernels done, for its time
-                torch.cuda.synchronize(self.device)
-            self.log.trial(micro * length * self.info.world_size, time.perf_counter() - t0)
-        except torch.cuda.OutOfMemoryError:
-            raise UserError(
-                f"out of GPU memory on a trial step at the full length {length} with micro-batch {micro} "
-                f"(before step {self.engine.global_steps + 1}): lower train_micro_batch_size_per_gpu (raise "
-                "gradient_accumulation_steps to keep the global batch), train in bf16 (--precision bf16), "
-                "shard with --fsdp, or choose a smaller --model"
-            ) from None
-        finally:
-            set_rng_state(saved)
+        seconds = trial_step(
+            probe,
+            length=length,
+            micro=micro,
+            vocab_size=self.data.vocab_size,
+            device=self.device,
+            step=self.engine.global_steps + 1,
+        )
+        self.log.trial(micro * length * self.info.world_size, seconds)
         if self.device.type == "cuda":
-            logger.info(
-                "trial step at length %d x %d fits: peak %.2f GiB",
-                length,
-                micro,
-                torch.cuda.max_memory_allocated(self.device) / 2**30,
-            )
+            peak = torch.cuda.max_memory_allocated(self.device) / 2**30
+            logger.info("trial step at length %d x %d fits: peak %.2f GiB", length, micro, peak)
 
     def _next_batch(self) -> dict:
         return self.feed.next_batch(self.engine.cut)
-
-    def _mean_over_ranks(self, losses: list[float], steps: list[int], lengths: list[int]) -> list[float]:
-        """Each step's loss averaged over ranks (one gather for all of them); every rank must have
-        trained each step at the same curriculum length."""
-        n = len(losses)
-        per_rank = gather_floats(
-            [*losses, *map(float, lengths)],
-            self.info,
-            self.device if self.info.backend == "nccl" else torch.device("cpu"),
-        )
-        for i, step in enumerate(steps):
-            seen = {int(r[n + i]) for r in per_rank}
-            if len(seen) != 1:
-                raise RuntimeError(f"ranks disagree on the curriculum length at step {step}: {sorted(seen)}")
-        return [sum(r[i] for r in per_rank) / len(per_rank) for i in range(n)]
 
     def _checked_losses(self, pending: list[tuple]) -> list[float]:
         """The losses of ``pending`` (step, length, loss) entries: one host transfer, one gather across
@@ -357,7 +338,10 @@ class Run:
         else:
             losses = [float(v) for v in values]
         if self.info.enabled:
-            losses = self._mean_over_ranks(losses, [e[0] for e in pending], [int(e[1] or 0) for e in pending])
+            device = self.device if self.info.backend == "nccl" else torch.device("cpu")
+            losses = mean_over_ranks(
+                losses, [e[0] for e in pending], [int(e[1] or 0) for e in pending], self.info, device
+            )
         for (step, length, _), loss in zip(pending, losses):
             if not math.isfinite(loss):
                 raise TrainingDiverged(
@@ -369,8 +353,10 @@ class Run:
     def _log_pending(self, pending: list[tuple]) -> None:
         """Read the losses of the steps since the last read and add the steps to the log window."""
         if pending:
-            for (*_, window), loss in zip(pending, self._checked_losses([e[:3] for e in pending])):
+            for (*_, window, point), loss in zip(pending, self._checked_losses([e[:3] for e in pending])):
                 self.log.step(*window[:2], loss, window[2])
+                if point is not None:
+                    self.log.point({**point, "loss": loss})
             pending.clear()
 
     def train(self) -> TrainResult:
@@ -385,7 +371,8 @@ class Run:
         self.stop.install()  # a stop signal ends the run at the next step boundary, saved
         try:
             while reason is None:
-                if stopped := self.stop.agreed(self.info):  # on request: the same step on every rank, saved
+                # on request: the same step on every rank, saved
+                if stopped := self.stop.agreed(self.info, engine.global_steps):
                     self._log_pending(pending)  # the losses since the last read, checked
                     if engine.global_steps and self.saved_step != engine.global_steps:
                         self.save()
@@ -406,13 +393,10 @@ class Run:
                         )
                     continue
                 skips_in_a_row = 0
+                seconds = time.perf_counter() - t0
                 pending.append(
-                    (
-                        p.step,
-                        engine.current_seqlen,
-                        step_loss,
-                        (p.tokens, p.tokens - tokens_before, time.perf_counter() - t0),
-                    )
+                    (p.step, engine.current_seqlen, step_loss, (p.tokens, p.tokens - tokens_before, seconds))
+                    + (step_point(self.log.point_interval, engine, p, cfg, seconds, self._optimizer_states),)
                 )
                 reason = stop_reason(p, cfg)
                 last = reason is not None  # the run ends with this step: evaluated and saved below anyway

@@ -44,6 +44,9 @@ __all__ = [
     "format_results",
     "MetricsLogger",
     "adam_stats",
+    "optimizer_states",
+    "step_point",
+    "POINT_KEYS",
 ]
 
 logger = logging.getLogger(__name__)
@@ -122,11 +125,16 @@ class MetricsWriter:
             raise write_error(self.path, err) from err
         self._trackers = open_trackers(trackers or tracker_config({}, run_dir, tensorboard=tensorboard))
 
-    def write(self, row: Mapping[str, Any]) -> None:
+    def write(self, row: Mapping[str, Any], tracked: Mapping[str, Any] | None = None) -> None:
+        """Append ``row`` to metrics.jsonl and give the trackers ``tracked`` (default: the row)."""
         try:
             self._fh.write(json.dumps(row) + "\n")
         except OSError as err:  # a torn last row is dropped by read_metrics and by the resume's truncation
             raise write_error(self.path, err, "a row of metrics.jsonl") from err
+        self.point(row if tracked is None else tracked)
+
+    def point(self, row: Mapping[str, Any]) -> None:
+        """Give the trackers ``row`` only (a per-step point: not a row of metrics.jsonl)."""
         for tracker in self._trackers:
             tracker.log(row)
 
@@ -216,6 +224,65 @@ def adam_stats(optimizer) -> dict[str, float]:
     return {"adam_v_l1": l1, "adam_v_max": top}
 
 
+def optimizer_states(optimizer) -> dict[str, float]:
+    """Megatron-DeepSpeed's ``--log-optimizer-states-to-tensorboard`` numbers (its ``training_log``): over
+    every parameter with Adam state, the l2 and l1 norms and the largest absolute value of the variance
+    (``exp_avg_sq``), its square root, the momentum (``exp_avg``) and the weight, keyed by their tags
+    (:data:`~seqwarm.trainer.trackers.OPTIMIZER_STATE_TAGS`). Empty for an optimizer without Adam state."""
+    import torch
+
+    parts = {"variance": [], "variance_sqrt": [], "momentum": [], "weight": []}
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            if "exp_avg_sq" not in state or "exp_avg" not in state:
+                continue
+            v = state["exp_avg_sq"].detach().float()
+            for name, t in (
+                ("variance", v),
+                ("variance_sqrt", v.sqrt()),
+                ("momentum", state["exp_avg"]),
+                ("weight", param),
+            ):
+                t = t.detach().float()
+                parts[name].append(torch.stack([t.square().sum(), t.abs().sum(), t.abs().max()]))
+    if not parts["variance"]:
+        return {}
+    out: dict[str, float] = {}
+    for name, rows in parts.items():
+        sq, l1, top = torch.stack(rows).double().T.tolist() if len(rows) else ([], [], [])
+        out[f"optimizer/{name}_l2"] = math.sqrt(sum(sq))
+        out[f"optimizer/{name}_l1"] = sum(l1)
+        out[f"optimizer/{name}_abs_max"] = max(top)
+    return out
+
+
+def step_point(
+    interval: int, engine, progress, cfg, seconds: float, states: Callable[[], dict[str, float]] | None
+) -> dict[str, Any] | None:
+    """Step ``progress.step``'s point for the trackers when one is due (every ``interval`` steps), but its
+    loss, which the loop reads with the others at the next log row (no host read at every step);
+    ``states`` (on every rank: sharded optimizer states reduce together) adds the optimizer's."""
+    if not interval or progress.step % interval:
+        return None
+    point = {
+        "step": progress.step,
+        "samples": progress.samples,
+        "tokens": progress.tokens,
+        "seqlen": engine.current_seqlen,
+        "lr": engine.lr,
+        "batch_size": cfg.train_batch_size,
+        "loss_scale": float(getattr(engine, "loss_scale", 1.0)),
+        "iteration_time": seconds,
+    }
+    return {**point, **states()} if states is not None else point
+
+
+POINT_KEYS = ("tokens", "samples", "seqlen", "lr", "loss", "batch_size", "loss_scale", "iteration_time")
+"""What a per-step point (a row of kind ``step``) carries besides its step; the ``--log-interval`` row then
+gives the trackers only what the points do not (grad norm, tokens/s, Adam statistics)."""
+
+
 class MetricsLogger:
     """Rows, console and progress bar of one run (rank 0 only). ``curves(run_dir)`` draws
     ``RUN/curves.png`` at the end (the loop passes :func:`seqwarm.trainer.plots.plot_run`, which reads
@@ -232,7 +299,11 @@ class MetricsLogger:
         tensorboard: bool = True,
         trackers: TrackerConfig | None = None,
         curves: Callable[[Path], Any] | None = None,
+        point_interval: int = 0,
     ):
+        self.point_interval = max(0, point_interval)
+        """Trackers get a point every this many steps (Megatron's --tensorboard-log-interval; 0: none, the
+        --log-interval rows alone, averaged over their window)."""
         self.run_dir, self.budget_tokens, self.is_main = Path(run_dir), budget_tokens, is_main
         self.log_interval, self.progress_bar, self.tensorboard = max(1, log_interval), progress_bar, tensorboard
         self.trackers, self.curves = trackers, curves
@@ -314,7 +385,11 @@ class MetricsLogger:
         tps = self._window_tokens / max(self._window_time, 1e-9)
         row = {"kind": "train", **head, "loss": sum(self._losses) / len(self._losses), "tokens_per_s": tps, **tail}
         if self.writer is not None:
-            self._write(row)
+            tracked = None
+            if self.point_interval:  # the points carry the per-step numbers; the window adds the rest
+                tracked = {k: v for k, v in row.items() if k not in POINT_KEYS or k in ("tokens", "samples")}
+                tracked["kind"] = "window"
+            self._write(row, tracked)
             self._console(row, tps, last_val)
         self._window_tokens, self._window_time, self._losses = 0, 0.0, []
         return row
@@ -323,11 +398,21 @@ class MetricsLogger:
         if self.writer is not None:
             self._write(row)
 
-    def _write(self, row: dict[str, Any]) -> None:
+    def _write(self, row: dict[str, Any], tracked: dict[str, Any] | None = None) -> None:
         key = (row["kind"], row["step"])
         if key not in self._written:
             self._written.add(key)
-            self.writer.write(row)  # type: ignore[union-attr]
+            self.writer.write(row, tracked)  # type: ignore[union-attr]
+
+    def point_due(self, step: int) -> bool:
+        """Whether step ``step`` gets a per-step point (rank 0 with trackers; every point_interval steps)."""
+        return self.writer is not None and bool(self.point_interval) and step % self.point_interval == 0
+
+    def point(self, row: dict[str, Any]) -> None:
+        """A step's point for the trackers: ``step`` and :data:`POINT_KEYS` (kind ``step``), optimizer states."""
+        if self.writer is not None and ("step", row["step"]) not in self._written:
+            self._written.add(("step", row["step"]))
+            self.writer.point({"kind": "step", **row})
 
     def _console(self, row: dict[str, Any], tps: float, last_val: float | None) -> None:
         eta = None

@@ -1,8 +1,9 @@
 """A nanoGPT-style GPT-2 whose forward takes ``curriculum_seqlen`` (DeepSpeed's legacy contract).
 
 Architecture: token embeddings + learned position embeddings (or rotary embeddings when
-``rotary=True``), pre-LayerNorm blocks (causal self-attention, GELU MLP), a final LayerNorm and an
-LM head tied to the token embeddings. GPT-2 initialisation: normal(0, 0.02) weights, zero biases,
+``rotary=True``, on ``rotary_percent`` of each head), pre-LayerNorm blocks (causal self-attention, GELU
+MLP), a final LayerNorm and an LM head tied to the token embeddings. GPT-2 initialisation:
+normal(0, ``init_std`` = 0.02) weights, zero biases,
 residual output projections scaled by ``1/sqrt(2 * n_layer)``.
 
 The model knows nothing about distribution or the curriculum schedule; it only honours a
@@ -46,8 +47,13 @@ class GPTConfig:
     rotary: bool = False
     """Rotary position embeddings in attention instead of learned absolute position embeddings."""
     rotary_base: float = 10000.0
+    rotary_percent: float = 1.0
+    """The share of each head's channels rotated (Megatron's ``--rotary-percent``, GPT-NeoX's ``rotary_pct``):
+    the first ``int(head_size * rotary_percent)``, which must be even; the others pass through unrotated."""
     layer_norm_eps: float = 1e-5
     init_std: float = 0.02
+    """Standard deviation of the normal initialisation (Megatron's ``--init-method-std``; the residual
+    output projections get ``init_std / sqrt(2 * n_layer)``, as Megatron's ``scaled_init_method_normal``)."""
     vocab_multiple: int = 1
     """Embedding / LM-head rows are ``vocab_size`` rounded up to a multiple of this (the presets: 64).
     The padded rows never get probability: logits are cut to ``vocab_size``."""
@@ -64,6 +70,13 @@ class GPTConfig:
                 f"rotary embeddings need an even head size, got n_embd/n_head = "
                 f"{self.n_embd}/{self.n_head} = {self.n_embd // self.n_head}"
             )
+        if self.rotary and not (0.0 < self.rotary_percent <= 1.0 and self.rotary_dim >= 2 and self.rotary_dim % 2 == 0):
+            raise ValueError(
+                f"GPTConfig.rotary_percent {self.rotary_percent!r} rotates {self.rotary_dim} of the "
+                f"{self.n_embd // self.n_head} channels of a head: it must be in (0, 1] and rotate an even number >= 2"
+            )
+        if not self.init_std > 0:
+            raise ValueError(f"GPTConfig.init_std must be > 0, got {self.init_std!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"GPTConfig.dropout must be in [0, 1), got {self.dropout!r}")
 
@@ -73,6 +86,11 @@ class GPTConfig:
         if name not in PRESETS:
             raise ValueError(f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
         return cls(**{**PRESETS[name], **overrides})
+
+    @property
+    def rotary_dim(self) -> int:
+        """Channels of each head that rotary embeddings rotate (Megatron's ``rotary_dim``)."""
+        return int(self.n_embd // self.n_head * self.rotary_percent)
 
     @property
     def padded_vocab_size(self) -> int:
@@ -98,17 +116,21 @@ class GPTConfig:
 
 
 def _rotary_tables(cfg: GPTConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    head = cfg.n_embd // cfg.n_head
-    inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, head, 2, dtype=torch.float32) / head))
-    angles = torch.outer(torch.arange(cfg.seq_length, dtype=torch.float32), inv_freq)  # (S, hd/2)
+    rot = cfg.rotary_dim  # the head size, or its rotary_percent share
+    inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+    angles = torch.outer(torch.arange(cfg.seq_length, dtype=torch.float32), inv_freq)  # (S, rot/2)
     return angles.cos(), angles.sin()
 
 
 def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[i], x[i + hd/2]) of x (B, H, T, hd) by the angles in cos/sin."""
+    """Rotate pairs (x[i], x[i + rot/2]) of the first rot = 2 * cos.shape[-1] channels of x (B, H, T, hd)
+    by the angles in cos/sin; the channels after them pass through (a rotary_percent below 1)."""
+    rot = 2 * cos.shape[-1]
+    x, rest = (x, None) if rot == x.shape[-1] else (x[..., :rot], x[..., rot:])
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
-    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return out if rest is None else torch.cat((out, rest), dim=-1)
 
 
 class CausalSelfAttention(nn.Module):
@@ -159,6 +181,21 @@ class Block(nn.Module):
     def forward(self, x, rope, mask):
         x = x + self.attn(self.ln_1(x), rope, mask)
         return x + self.mlp(self.ln_2(x))
+
+
+def _document_mask(document_ids: torch.Tensor, t: int, mask: torch.Tensor | None) -> torch.Tensor:
+    """Block-diagonal causal attention (True = may attend) from per-token ids ``(B, T)``: a query sees the
+    keys at or before it that carry its id; intersected with ``mask`` (boolean or additive) when given."""
+    if tuple(document_ids.shape[-1:]) != (t,) or document_ids.dim() != 2:
+        raise ValueError(f"document_ids must be (batch, {t}), got shape {list(document_ids.shape)}")
+    same = document_ids[:, :, None] == document_ids[:, None, :]  # (B, T, T)
+    causal = torch.ones(t, t, dtype=torch.bool, device=document_ids.device).tril()
+    docs = (same & causal)[:, None]  # (B, 1, T, T); the diagonal is always True: no empty row
+    if mask is None:
+        return docs
+    if mask.dtype == torch.bool:
+        return mask & docs
+    return mask.masked_fill(~docs, float("-inf"))
 
 
 class GPT(nn.Module):
@@ -226,6 +263,7 @@ class GPT(nn.Module):
         position_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
         curriculum_seqlen: int | None = None,
+        document_ids: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Loss (mean over ``loss_mask``; mean over labels != -100 without one, bit for bit the loss of an
         all-ones mask, so a loop may leave a trivial mask out) or logits.
@@ -234,8 +272,10 @@ class GPT(nn.Module):
         :func:`seqwarm.curriculum.batch.truncate_batch`, so the loss equals the loss on a truncated batch.
         ``attention_mask`` may be a ``(B, S)`` padding mask (1 = real token) or a 4-D
         ``(B|1, 1, S, S)`` mask in PyTorch's convention (True = may attend, or an additive float
-        mask); Megatron's masks are the inverse (True = masked): pass ``~mask``. Without a mask the
-        attention is causal via ``is_causal=True`` and no mask is materialised.
+        mask); Megatron's masks are the inverse (True = masked): pass ``~mask``. ``document_ids``
+        ``(B, S)`` (document masking, the ``window`` mode): a token attends only to earlier tokens of
+        the same id, a block-diagonal causal mask built here (and intersected with ``attention_mask``).
+        Without either the attention is causal via ``is_causal=True`` and no mask is materialised.
         """
         if curriculum_seqlen is not None:
             cut = truncate_batch(
@@ -247,6 +287,7 @@ class GPT(nn.Module):
                         loss_mask=loss_mask,
                         position_ids=position_ids,
                         attention_mask=attention_mask,
+                        document_ids=document_ids,
                     ).items()
                     if v is not None
                 },
@@ -255,6 +296,7 @@ class GPT(nn.Module):
             input_ids = cut["input_ids"]
             labels, loss_mask = cut.get("labels"), cut.get("loss_mask")
             position_ids, attention_mask = cut.get("position_ids"), cut.get("attention_mask")
+            document_ids = cut.get("document_ids")
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must be (batch, seq), got shape {list(input_ids.shape)}")
         b, t = input_ids.shape
@@ -273,6 +315,8 @@ class GPT(nn.Module):
         else:  # sliced to the current length: (T, hd/2)
             rope = (self.rope_cos[:t], self.rope_sin[:t])
         mask = None if attention_mask is None else self._attention_mask(attention_mask, t)
+        if document_ids is not None:
+            mask = _document_mask(document_ids, t, mask)
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, rope, mask)

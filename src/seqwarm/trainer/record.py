@@ -86,6 +86,13 @@ def record_session(run: Any, saved: dict[str, Any] | None, moved_to: Path | None
     return [f"changed since the checkpoint of step {step:,} (in history.jsonl): {format_changes(changed)}"]
 
 
+def _tokenizer_name(tokenizer: Any) -> str:
+    """A data folder's tokenizer as the start line names it: its name (``bpe:8192``), not its record."""
+    if isinstance(tokenizer, dict):
+        return str(tokenizer.get("name") or json.dumps(tokenizer))
+    return str(tokenizer)
+
+
 def format_start(run: Any) -> list[str]:
     """The lines a run prints before its first step (a :class:`seqwarm.trainer.loop.Run`)."""
     m = run.resolved["model"]
@@ -96,7 +103,7 @@ def format_start(run: Any) -> list[str]:
         f"{m['n_layer']} layers, "
         f"d {m['n_embd']}, {m['n_head']} heads, length {m['seq_length']}, vocab {m['vocab_size']}",
         f"data:        {d['folder']} ({d['train_tokens']:,} train / {d['val_tokens']:,} val tokens, "
-        f"{d['tokenizer'] if isinstance(d['tokenizer'], str) else json.dumps(d['tokenizer'])})",
+        f"tokenizer {_tokenizer_name(d['tokenizer'])})",
         f"device:      {run.device}, {torch.get_num_threads()} threads, world size {run.info.world_size}"
         + (f" ({run.resolved['parallelism']})" if run.resolved["parallelism"] != "none" else ""),
     ]
@@ -114,10 +121,11 @@ def format_start(run: Any) -> list[str]:
 def finish_lines(result: TrainResult) -> list[str]:
     """The lines a run prints when it is done."""
     s = result.summary
+    steps = f"{s['steps']:,} step{'' if s['steps'] == 1 else 's'}"
     return [
         f"done: {result.stop_reason}",
         f"final full-length val loss {s['final_val_loss']:.4f} (ppl {s['final_val_ppl']:.1f}) after "
-        f"{s['steps']:,} steps, {s['tokens']:,} tokens, {format_duration(s['wall_time_s'])} "
+        f"{steps}, {s['tokens']:,} tokens, {format_duration(s['wall_time_s'])} "
         f"({s['tokens_per_s'] or 0:,.0f} tok/s)",
         f"results: {result.run_dir}/summary.json, metrics.jsonl, curves.png",
     ]

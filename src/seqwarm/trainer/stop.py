@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from seqwarm.trainer.distributed import DistInfo
+from seqwarm.trainer.distributed import DistInfo, injected_fault
 from seqwarm.util.errors import SeqwarmError
 
 __all__ = ["EXIT_STOPPED", "REPEAT_WINDOW_S", "STOP_SIGNALS", "TIME_UP", "RunStopped", "StopNow", "StopRequest"]
@@ -167,9 +167,13 @@ class StopRequest:
             return f"--exit-duration-in-mins {self.exit_duration_s / 60:g} reached"  # type: ignore[operator]
         return signal_name(code) if code else None
 
-    def agreed(self, info: DistInfo) -> str | None:
+    def agreed(self, info: DistInfo, step: int | None = None) -> str | None:
         """Why every rank stops now, or None: the same answer on every rank (call it on all of them, at the
-        same point of every step). A rank that was not signalled itself stops with the others."""
+        same point of every step; ``step``: the steps taken, for the test hook
+        :func:`~seqwarm.trainer.distributed.injected_fault`). A rank that was not signalled itself stops
+        with the others."""
+        if step is not None:
+            injected_fault(info, step)
         code = self.code()
         if info.enabled and dist.is_initialized():  # the largest code of any rank
             if self._group is None:  # a CPU group beside nccl: the flag never waits for the GPU

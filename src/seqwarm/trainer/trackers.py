@@ -7,11 +7,22 @@ They are asked for the way DeepSpeed users already ask: the config's ``tensorboa
 logged twice — or by flags (``--tensorboard-dir``, ``--wandb-project``, ``--wandb-run-name``).
 TensorBoard is on by default (``RUN/tensorboard``) when installed.
 
+A tool's own environment variables win over seqwarm's defaults (a flag or a config block still wins over
+them): ``WANDB_PROJECT``, ``WANDB_NAME``, ``WANDB_DIR``, ``WANDB_RUN_GROUP`` and ``WANDB_ENTITY`` are left
+to ``wandb.init`` to read, and TensorBoard writes to ``TENSORBOARD_LOGGING_DIR`` (Transformers' variable)
+or ``AIP_TENSORBOARD_LOG_DIR`` (Vertex AI's) when set, instead of ``RUN/tensorboard``.
+
 Every number is logged under seqwarm's tag (``train/loss``, ``curriculum/seqlen``) at the optimizer
 step, and under Megatron-DeepSpeed's tag (``lm-loss-training/lm loss``, ``seqlen/curriculum_seqlen``,
-``lm-loss-validation/lm loss validation``, ...) three times: against steps, and as ``TAG vs samples``
-and ``TAG vs tokens`` against samples and tokens trained, so dashboards built on Megatron-DeepSpeed
-runs keep working. A tracker that is asked for and not installed gets one warning naming the extra.
+``seqlen/actual_seq_length``, ``batch-size/batch-size``, ``loss-scale/loss-scale``,
+``iteration-time/iteration-time``, ``lm-loss-validation/lm loss validation``, ...) three times: against
+steps, and as ``TAG vs samples`` and ``TAG vs tokens`` against samples and tokens trained, so dashboards
+built on Megatron-DeepSpeed runs keep working. Rows of kind ``step`` are the per-step points (every
+``--tensorboard-log-interval`` steps, as Megatron-DeepSpeed's ``training_log`` writes them), with the
+optimizer's state norms (``optimizer/variance_l2``, ..., against steps and as ``... vs tokens``) when
+``--log-optimizer-states-to-tensorboard`` asks for them; a row of kind ``window`` is what the
+``--log-interval`` row adds to them (grad norm, tokens/s, Adam statistics). A tracker that is asked for
+and not installed gets one warning naming the extra.
 """
 
 from __future__ import annotations
@@ -33,6 +44,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "SEQWARM_TAGS",
     "MEGATRON_TAGS",
+    "OPTIMIZER_STATE_TAGS",
     "TrackerConfig",
     "tracker_config",
     "scalars",
@@ -61,8 +73,21 @@ MEGATRON_TAGS = {
     "seqlen": "seqlen/curriculum_seqlen",
     "val_loss": "lm-loss-validation/lm loss validation",
     "val_ppl": "lm-loss-validation/lm loss validation ppl",
+    "actual_seqlen": "seqlen/actual_seq_length",
+    "batch_size": "batch-size/batch-size",
+    "loss_scale": "loss-scale/loss-scale",
+    "iteration_time": "iteration-time/iteration-time",
 }
-"""metrics.jsonl key -> Megatron-DeepSpeed's tag (also logged as ``TAG vs samples`` / ``TAG vs tokens``)."""
+"""metrics.jsonl key -> Megatron-DeepSpeed's tag (also logged as ``TAG vs samples`` / ``TAG vs tokens``);
+``actual_seqlen`` is the row's ``seqlen`` (the length trained: Megatron sets ``actual_seq_length`` to the
+curriculum's length), ``iteration_time`` seconds per step."""
+OPTIMIZER_STATE_TAGS = tuple(
+    f"optimizer/{what}_{norm}"
+    for norm in ("l2", "l1", "abs_max")
+    for what in ("variance", "variance_sqrt", "momentum", "weight")
+)
+"""Megatron-DeepSpeed's ``--log-optimizer-states-to-tensorboard`` tags (Adam's ``exp_avg_sq``, its square
+root, ``exp_avg`` and the weights: l2 and l1 norms, largest absolute value), against steps and tokens."""
 TRACKER_BLOCKS = TRACKER_DS_KEYS
 """The DeepSpeed config blocks seqwarm's trackers take over."""
 
@@ -70,8 +95,12 @@ TRACKER_BLOCKS = TRACKER_DS_KEYS
 def scalars(row: Mapping[str, Any]) -> Iterator[tuple[str, float, int]]:
     """``(tag, value, x)`` of every number a metrics row holds, under every tag it is logged as."""
     step, samples, tokens = int(row["step"]), row.get("samples"), row.get("tokens")
-    # an eval row's seqlen is the evaluation length (full), not the curriculum's
-    skip = ("seqlen",) if row.get("kind") == "eval" else ()
+    kind = row.get("kind")
+    # an eval row's seqlen is the evaluation length (full), not the curriculum's; a window row's position
+    # (tokens) is its step point's
+    skip = {"eval": ("seqlen", "actual_seqlen"), "window": ("tokens",)}.get(kind, ())
+    if kind != "eval" and "seqlen" in row:
+        row = {**row, "actual_seqlen": row["seqlen"]}
     for key, tag in SEQWARM_TAGS.items():
         value = row.get(key)
         if key not in skip and isinstance(value, (int, float)) and math.isfinite(value):
@@ -85,7 +114,13 @@ def scalars(row: Mapping[str, Any]) -> Iterator[tuple[str, float, int]]:
             yield f"{tag} vs samples", float(value), samples
         if isinstance(tokens, int):
             yield f"{tag} vs tokens", float(value), tokens
-    if row.get("kind") == "train" and isinstance(samples, int) and isinstance(tokens, int):
+    for tag in OPTIMIZER_STATE_TAGS:
+        value = row.get(tag)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            yield tag, float(value), step
+            if isinstance(tokens, int):
+                yield f"{tag} vs tokens", float(value), tokens
+    if kind in ("train", "step") and isinstance(samples, int) and isinstance(tokens, int):
         yield "steps-vs-samples/y=steps,x=samples", float(step), samples
         yield "steps-vs-samples/y=samples,x=steps", float(samples), step
         yield "steps-vs-tokens/y=steps,x=tokens", float(step), tokens
@@ -101,7 +136,10 @@ class TrackerConfig:
     tensorboard_asked: bool = False
     """Asked for explicitly (a config block or --tensorboard-dir): warn when tensorboard is missing."""
     wandb: Mapping[str, Any] | None = None
-    """``wandb.init`` arguments (project, name, group, entity), or None."""
+    """``wandb.init`` arguments (project, name, group, entity, dir), or None; one left None is read by W&B
+    from its environment variable."""
+    wandb_id_dir: Path | None = None
+    """The run folder that keeps the W&B run id (a resumed run logs into the same W&B run)."""
     csv_dir: Path | None = None
     """One ``TAG.csv`` per tag here (DeepSpeed's csv_monitor), or None."""
 
@@ -116,6 +154,18 @@ def _monitor_dir(block: Mapping[str, Any], default: Path) -> Path:
     return base / str(block["job_name"]) if block.get("job_name") else base
 
 
+TENSORBOARD_DIR_VARIABLES = ("TENSORBOARD_LOGGING_DIR", "AIP_TENSORBOARD_LOG_DIR")
+"""Environment variables naming a TensorBoard log folder (Transformers', Vertex AI's), first set wins over
+``RUN/tensorboard``."""
+
+WANDB_VARIABLES = {"project": "WANDB_PROJECT", "name": "WANDB_NAME", "dir": "WANDB_DIR"}
+"""The ``wandb.init`` arguments seqwarm has a default for, and the W&B variable that replaces that default."""
+
+
+def _env_tensorboard_dir() -> Path | None:
+    return next((Path(os.environ[v]).expanduser() for v in TENSORBOARD_DIR_VARIABLES if os.environ.get(v)), None)
+
+
 def tracker_config(
     ds: Mapping[str, Any],
     run_dir: Path,
@@ -125,34 +175,35 @@ def tracker_config(
     wandb_project: str | None = None,
     wandb_run_name: str | None = None,
 ) -> TrackerConfig:
-    """The trackers a run's DeepSpeed config blocks and flags ask for (flags win over blocks)."""
+    """The trackers a run's DeepSpeed config blocks and flags ask for (flags win over blocks, blocks over
+    the tools' environment variables, which win over seqwarm's defaults)."""
     run_dir = Path(run_dir)
     tb_block = _block(ds, "tensorboard")
     tb_dir = None
     if tensorboard:
-        tb_dir = (
-            Path(tensorboard_dir)
-            if tensorboard_dir
-            else _monitor_dir(tb_block, run_dir / "tensorboard")
-            if tb_block
-            else run_dir / "tensorboard"
-        )
+        default = _env_tensorboard_dir() or run_dir / "tensorboard"
+        tb_dir = Path(tensorboard_dir) if tensorboard_dir else _monitor_dir(tb_block, default) if tb_block else default
     wb_block = _block(ds, "wandb")
     wandb = None
     if wb_block or wandb_project or wandb_run_name:
         wb = wb_block or {}
+        defaults = {"project": "seqwarm", "name": run_dir.name, "dir": str(run_dir)}
+        for key, variable in WANDB_VARIABLES.items():
+            if os.environ.get(variable):  # wandb.init reads it
+                defaults[key] = None
         wandb = {
-            "project": wandb_project or wb.get("project") or "seqwarm",
-            "name": wandb_run_name or run_dir.name,
+            "project": wandb_project or wb.get("project") or defaults["project"],
+            "name": wandb_run_name or defaults["name"],
             "group": wb.get("group"),
             "entity": wb.get("team"),
-            "dir": str(run_dir),
+            "dir": defaults["dir"],
         }
     csv_block = _block(ds, "csv_monitor")
     return TrackerConfig(
         tensorboard_dir=tb_dir,
         tensorboard_asked=bool(tensorboard_dir or tb_block),
         wandb=wandb,
+        wandb_id_dir=run_dir if wandb is not None else None,
         csv_dir=_monitor_dir(csv_block, run_dir / "csv") if csv_block else None,
     )
 
@@ -202,13 +253,14 @@ def forget_wandb_run(run_dir: str | Path) -> None:
 
 
 class _Wandb:
-    def __init__(self, init: Mapping[str, Any]):
+    def __init__(self, init: Mapping[str, Any], id_dir: Path | None = None):
         import wandb
 
         args = dict(init)
-        if init.get("dir") and not os.environ.get("WANDB_RUN_ID"):  # the user's (or a sweep agent's) id wins
+        id_dir = id_dir or init.get("dir")
+        if id_dir and not os.environ.get("WANDB_RUN_ID"):  # the user's (or a sweep agent's) id wins
             # one W&B run per run folder: a resumed run continues it
-            args.update(id=wandb_run_id(init["dir"]), resume="allow")
+            args.update(id=wandb_run_id(id_dir), resume="allow")
         self.run = wandb.init(**{k: v for k, v in args.items() if v is not None})
         for key in ("samples", "tokens"):  # the "TAG vs samples" / "vs tokens" curves use their own x axis
             for tag in MEGATRON_TAGS.values():
@@ -272,7 +324,7 @@ def open_trackers(cfg: TrackerConfig) -> list[Any]:
             )
     if cfg.wandb is not None:
         try:
-            out.append(_Wandb(cfg.wandb))
+            out.append(_Wandb(cfg.wandb, cfg.wandb_id_dir))
         except ImportError:
             logger.warning(
                 "warning: Weights & Biases was asked for (wandb block or --wandb-project) but wandb is "

@@ -18,6 +18,7 @@ from seqwarm.experiments.compare import (
     CompareOptions,
     run_compare,
 )
+from seqwarm.experiments.report import TIME_NOTE
 from seqwarm.run.spec import RunSpec
 from seqwarm.util.units import human_count
 
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     elif report["reached"]:
         print(
             f"speedup to the baseline's final val loss {report['target']:.4f}: "
-            f"{report['speedup_tokens']:.2f}x in tokens, {report['speedup_time']:.2f}x in wall-clock"
+            f"{report['speedup_tokens']:.2f}x in tokens (wall-clock {report['speedup_time']:.2f}x: {TIME_NOTE})"
         )
     else:
         print(f"the curriculum never reached the baseline's final val loss {report['target']:.4f} (speedup: null)")

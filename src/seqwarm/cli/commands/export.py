@@ -4,8 +4,16 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
+import warnings
+from collections.abc import Iterator
 
 from seqwarm.cli.commands.common import count
+
+OTHER_LIBRARIES = ("transformers", "deepspeed", "torch", "accelerate", "huggingface_hub", "safetensors")
+"""Libraries whose warnings an export silences: notices about their own set-up (DeepSpeed's "Setting
+accelerator to CPU", Transformers' deprecations, its "Writing model shards" bar), nothing the user can act on."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,8 +39,45 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from seqwarm.evaluation.export import export_hf  # imports torch: not at `seqwarm --help`
+    with quiet_other_libraries():
+        from seqwarm.evaluation.export import export_hf  # imports torch: not at `seqwarm --help`
 
-    result = export_hf(args.run_dir, args.hf, checkpoint=args.checkpoint, data=args.data, force=args.force)
+        result = export_hf(args.run_dir, args.hf, checkpoint=args.checkpoint, data=args.data, force=args.force)
     print(result.summary())
     return 0
+
+
+def _below_error(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.ERROR
+
+
+@contextlib.contextmanager
+def quiet_other_libraries() -> Iterator[None]:
+    """While it runs, :data:`OTHER_LIBRARIES` print errors only: their Python warnings are ignored, DeepSpeed's
+    logger (which prints to stdout, set up when Transformers imports it) and Transformers' logger keep
+    errors, and Transformers' progress bars are off; everything is put back after. seqwarm's own warnings
+    are kept."""
+    deepspeed = logging.getLogger("DeepSpeed")  # DeepSpeed's logger: the filter outlives its set-up at import
+    deepspeed.addFilter(_below_error)
+    hf_logging = None
+    try:
+        with warnings.catch_warnings():
+            for module in OTHER_LIBRARIES:
+                warnings.filterwarnings("ignore", module=rf"{module}(\.|$)")
+            try:
+                from transformers.utils import logging as hf_logging
+            except ImportError:  # export itself says which extra to install
+                hf_logging = None
+            if hf_logging is not None:
+                verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+                hf_logging.set_verbosity_error()
+                hf_logging.disable_progress_bar()
+            try:
+                yield
+            finally:
+                if hf_logging is not None:
+                    hf_logging.set_verbosity(verbosity)
+                    if bars:
+                        hf_logging.enable_progress_bar()
+    finally:
+        deepspeed.removeFilter(_below_error)

@@ -1,16 +1,27 @@
-"""``seqwarm plan CONFIG``: the run ahead of time — lengths, tokens and LR at every length change."""
+"""``seqwarm plan [CONFIG] [train flags]``: the run ``seqwarm train`` does with the same arguments, ahead of
+time — lengths, tokens and LR at every length change. Without a config it plans the built-in recipe, scaled
+to the budget, batch and length as ``train`` scales it (:func:`seqwarm.run.training.recipe_note`)."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
-from seqwarm.cli.commands.common import add_setting_flags, overrides_from_args, positive_int
-from seqwarm.config import load_config
+from seqwarm.cli.commands.common import positive_int
+from seqwarm.cli.commands.spec_flags import spec_from_args
+from seqwarm.cli.commands.train import add_train_flags
+from seqwarm.config import RunConfig, load_config
+from seqwarm.config.defaults import PRESETS
 from seqwarm.config.describe import describe
 from seqwarm.curriculum.plan import Plan, make_plan
+from seqwarm.run.checks import check_spec
+from seqwarm.run.spec import RunSpec, policy_problems, recipe_config, resolve_config
+from seqwarm.run.training import recipe_note
 from seqwarm.trainer.plots import plot_plan
+from seqwarm.util.errors import UserError
+from seqwarm.util.problems import ConfigError, Problem
 from seqwarm.util.units import human_count
 
 MAX_TABLE_ROWS = 24
@@ -20,14 +31,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan",
         help="print the run ahead of time (lengths, tokens, LR, steps to the budget)",
-        description="Replay the curriculum, token budget and LR schedule of CONFIG without "
-        "training: where the length changes, how many steps reach --train-tokens, the tokens "
-        "used by the end of the curriculum and the end of LR warmup.",
+        description="The run `seqwarm train` does with the same arguments, without training: where the "
+        "curriculum length changes, how many steps reach --train-tokens, the tokens used by the end of the "
+        "curriculum and the end of LR warmup. Takes every train flag (those that do not change the plan, "
+        "such as --data or --out, are accepted and ignored); without a config, the built-in recipe scaled as "
+        "train scales it.",
     )
-    p.add_argument("config", metavar="CONFIG", help="DeepSpeed JSON config (seqwarm/DeepSpeed format)")
-    add_setting_flags(p, exclude=("precision", "weight_decay", "gradient_clipping", "compile"))
+    p.add_argument(
+        "config_file",
+        nargs="?",
+        type=Path,
+        metavar="CONFIG",
+        help="DeepSpeed JSON config, the same as --config (default: the built-in recipe)",
+    )
+    add_train_flags(p)
     p.add_argument("--world-size", type=positive_int, default=1, help="data-parallel ranks")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--json", action="store_true", help="print one JSON object, on one line, instead of the table")
     p.add_argument("--plot", metavar="FILE.png", help="draw length and LR against steps and tokens")
     p.set_defaults(func=run)
 
@@ -82,20 +101,56 @@ def print_plan(plan: Plan, out=None) -> None:
         print(f"{notes[key]} {value}", file=out)
 
 
+def _resolve(spec: RunSpec, world_size: int) -> tuple[RunConfig, list[Problem]]:
+    """The config ``train`` resolves for ``spec`` (the recipe scaled as train scales it). A valid config that
+    train's loop refuses (no budget, a batch-size ramp, ...) is planned all the same: its problems come back
+    to be shown as warnings; any other problem is the error train gives."""
+    try:
+        return resolve_config(spec, world_size=world_size), []
+    except ConfigError as err:
+        error = err
+    source = str(spec.config) if spec.config else recipe_config(spec)
+    cfg = load_config(source, overrides=dict(spec.settings), world_size=world_size)
+    length = cfg.full_length or PRESETS.get(spec.model, {}).get("seq_length")
+    if cfg.seq_length is None and length:
+        cfg = load_config(source, overrides={**spec.settings, "seq_length": length}, world_size=world_size)
+    refused = policy_problems(cfg)
+    if not refused or any(p not in refused for p in error.problems):
+        raise error
+    return cfg, refused
+
+
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, overrides=overrides_from_args(args), world_size=args.world_size)
+    if args.config_file and args.config and args.config_file != args.config:
+        raise UserError(
+            f"CONFIG {args.config_file} and --config {args.config}: two configs; give one (CONFIG is --config)"
+        )
+    spec = spec_from_args(args, config=args.config_file or args.config)
+    check_spec(spec)  # what train refuses first (an unknown --model, --fsdp with --deepspeed, ...)
+    cfg, refused = _resolve(spec, args.world_size)
     plan = make_plan(cfg, keep_series=bool(args.plot))
+    note = recipe_note(spec)
     if args.plot:
         plot_plan(plan, args.plot)
     if args.json:
-        print(json.dumps(plan.to_dict(), indent=1))
+        print(json.dumps({**plan.to_dict(), "recipe": note}))
     else:
         for line in describe(cfg):
             print(line)
+        if note:
+            print(note)
         print()
         print_plan(plan)
         if args.plot:
             print(f"plot written to {args.plot}")
+    for problem in refused:
+        print(f"warning: train refuses this run: {problem}", file=sys.stderr)
+    no_budget = cfg.train_tokens is None and cfg.train_iters is None and cfg.train_samples is None
+    said = [] if refused else cfg.warnings  # resolve_config logged the config's own warnings when it passed
     for message in plan.warnings:
+        if message in said:
+            continue
+        if no_budget and message.startswith("the curriculum takes "):  # a plan made up to the curriculum end
+            continue
         print(f"warning: {message}", file=sys.stderr)
     return 0

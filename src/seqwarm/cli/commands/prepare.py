@@ -24,7 +24,8 @@ def register(subparsers) -> None:
         nargs="+",
         metavar="PATH",
         default=None,
-        help=".txt files (one document each), .jsonl files (one document per line), .parquet files "
+        help=".txt files (one document each; a single .txt file alone is split into documents at blank "
+        "lines), .jsonl files (one document per line), .parquet files "
         "(one per row), folders written by datasets' save_to_disk, or folders of them "
         "(recursive, sorted); repeatable. Default: the embedded corpus",
     )
@@ -60,6 +61,13 @@ def register(subparsers) -> None:
         default=None,
         metavar="NAME",
         help="text column of .parquet files and datasets folders (default: the --json-key value)",
+    )
+    p.add_argument(
+        "--split-on",
+        default=None,
+        metavar="TEXT",
+        help="split every .txt input into documents at this separator, e.g. '<|endoftext|>' (default: a "
+        "single .txt input is split at blank lines, several are one document each)",
     )
     p.add_argument(
         "--vocab-file",
@@ -101,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         eod_token=args.eod_token,
         vocab_file=args.vocab_file,
         merges_file=args.merges_file,
+        split_on=args.split_on,
         workers=args.workers,
         seed=args.seed,
         force=args.force,

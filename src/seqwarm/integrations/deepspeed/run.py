@@ -113,6 +113,13 @@ class DeepSpeedEngineBuilder:
                 f"or choose DeepSpeed's accelerator with DS_ACCELERATOR={device.type}"
             )
         pipeline = self.pipeline_stages > 0
+        if pipeline and (cfg.document_masking or cfg.curriculum is not None and cfg.curriculum.mode == "window"):
+            what = "--document-masking" if cfg.document_masking else "curriculum mode 'window'"
+            raise UserError(
+                f"--pipeline-stages {self.pipeline_stages} with {what}: the pipeline stages pass only the "
+                "hidden states, not the document_ids the attention mask is built from; drop "
+                "--pipeline-stages, or use curriculum mode truncate / reshape without document masking"
+            )
         ds_config = deepspeed_config(cfg, pipeline=pipeline)
         # deepspeed.comm wraps the torch.distributed group already set up (the PipelineModule needs it)
         self.deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())

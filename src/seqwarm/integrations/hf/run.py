@@ -163,6 +163,14 @@ class HFEngineBuilder(TorchEngineBuilder):
                 "curriculum_seqlen (it would train at full length); use curriculum_mode 'truncate' or "
                 "'reshape'"
             )
+        if cfg.document_masking or cfg.curriculum is not None and cfg.curriculum.mode == "window":
+            what = "--document-masking" if cfg.document_masking else "curriculum_mode 'window'"
+            raise UserError(
+                f"{what} with --model hf:: seqwarm builds per-document attention only in its own GPT; a "
+                "Hugging Face model would attend across the whole row (its padding-free attention needs "
+                "flash-attention on a GPU). Use a GPT preset (--model tiny, ...), or curriculum_mode "
+                "'truncate' / 'reshape' without document masking"
+            )
         lm = model_cfg.build().to(device)
         wrapped = wrap_model(CausalLMLoss(lm), info, False, device)
         optimizer = build_optimizer(lm, cfg)
