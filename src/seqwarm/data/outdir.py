@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import glob
 import json
 import os
@@ -30,6 +29,7 @@ from pathlib import Path
 
 from seqwarm.data.indexed import META_FILE, META_FORMAT
 from seqwarm.util.errors import UserError
+from seqwarm.util.lock import take_lock
 
 RUN_SIGNS = ("checkpoints", "metrics.jsonl", "summary.json", "config.json")
 """Entries of a training run folder: ``--force`` never replaces a folder holding one of them."""
@@ -100,36 +100,15 @@ def lock_path(real: Path) -> Path:
     return real.parent / f".{real.name}.lock"
 
 
-def _holder(path: Path) -> str:
-    try:
-        return path.read_text(encoding="ascii", errors="replace").strip() or "unknown"
-    except OSError:
-        return "unknown"
-
-
 def _acquire(path: Path, out: Path, wait: bool) -> int:
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
-        except BlockingIOError:
-            os.close(fd)
-            raise UserError(
-                f"--out {str(out)!r} is being written by another seqwarm prepare (pid {_holder(path)}); "
-                "wait for it to finish, stop it, or choose another --out"
-            ) from None
-        except BaseException:
-            os.close(fd)
-            raise
-        try:
-            same = os.stat(path).st_ino == os.fstat(fd).st_ino
-        except FileNotFoundError:
-            same = False
-        if same:
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{os.getpid()}\n".encode())
-            return fd
-        os.close(fd)  # the holder released and removed the file between our open and flock: again
+    return take_lock(
+        path,
+        lambda pid: UserError(
+            f"--out {str(out)!r} is being written by another seqwarm prepare (pid {pid}); "
+            "wait for it to finish, stop it, or choose another --out"
+        ),
+        wait=wait,
+    )
 
 
 @contextlib.contextmanager

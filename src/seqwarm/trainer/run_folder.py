@@ -29,7 +29,6 @@ The lock needs nothing heavy, so torch (and the modules that import it) is impor
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 from collections.abc import Iterator
@@ -39,6 +38,7 @@ from typing import TYPE_CHECKING
 
 from seqwarm.trainer.history import checkpoint_evidence, move_aside
 from seqwarm.util.errors import UserError
+from seqwarm.util.lock import take_lock
 
 if TYPE_CHECKING:  # seqwarm.trainer.distributed imports torch: only when a run prepares its folder
     from seqwarm.trainer.distributed import DistInfo
@@ -52,14 +52,6 @@ LOCK_FILE = ".seqwarm.lock"
 
 class RunLocked(UserError):
     """Another live process holds the run folder's lock."""
-
-
-def _holder(path: Path) -> str:
-    try:
-        text = path.read_text(encoding="ascii", errors="replace").strip()
-    except OSError:
-        return "unknown"
-    return text or "unknown"
 
 
 _HELD: dict[str, tuple[int, int]] = {}
@@ -82,28 +74,13 @@ class RunLock:
             _HELD[key] = (fd, count + 1)
             self._fd = fd
             return
-        while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                raise RunLocked(
-                    f"{self.folder} is in use by another seqwarm run (pid {_holder(self.path)}); "
-                    "wait for it to finish, stop it, or choose another --out"
-                ) from None
-            except BaseException:
-                os.close(fd)
-                raise
-            try:
-                same = os.stat(self.path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if same:
-                break
-            os.close(fd)  # the holder released and removed the file between our open and flock: again
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        fd = take_lock(
+            self.path,
+            lambda pid: RunLocked(
+                f"{self.folder} is in use by another seqwarm run (pid {pid}); "
+                "wait for it to finish, stop it, or choose another --out"
+            ),
+        )
         self._fd = fd
         _HELD[key] = (fd, 1)
 
