@@ -66,3 +66,23 @@ def test_plan_without_a_budget_warns_only_of_what_is_real(capsys):
     err = capsys.readouterr().err
     assert "takes 100%" not in err
     assert "warning: train refuses this run: train_tokens = null: no budget" in err
+
+
+def test_plan_prints_the_shapes_and_compiles_and_a_missing_warmup(capsys):
+    """The shapes line (the reshape mode's many shapes thinned to the first and last), the compile count
+    with its reason, and 'none' instead of 'LR warmup ends: step 0' without a warmup."""
+    flags = ["--train-tokens", "200k", "--lr-warmup-iters", "0"]
+    assert main(["plan", *flags, "--curriculum-mode", "reshape"]) == 0
+    out = capsys.readouterr().out
+    shapes = next(line for line in out.splitlines() if line.startswith("shapes:"))
+    plan = plan_json([*flags, "--curriculum-mode", "reshape"], capsys)
+    first, last = plan["shapes"][0], plan["shapes"][-1]
+    assert f"{len(plan['shapes'])} training micro-batch shapes" in shapes and len(plan["shapes"]) > 8
+    assert f" {first[0]}x{first[1]}, " in shapes and f", {last[0]}x{last[1]};" in shapes and "..." in shapes
+    assert f"validation {plan['val_shape'][0]}x{plan['val_shape'][1]}" in shapes
+    assert f"compiles with --compile:   {plan['compiles']}  (" in out and "no_grad" in out
+    assert "LR warmup:                 none" in out and "LR warmup ends:            step 0" not in out
+    window = plan_json([*flags, "--curriculum-mode", "window"], capsys)
+    assert len(window["shapes"]) == 1 and window["shapes"][0] == window["val_shape"]
+    bucket = plan_json([*flags, "--length-bucket", "64"], capsys)
+    assert [c for _, c in bucket["shapes"]] == [64, 128, 192, 256]

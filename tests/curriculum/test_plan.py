@@ -252,3 +252,80 @@ def test_check_config_warns_what_train_would_refuse(tmp_path, capsys):
     assert main(["check-config", str(path)]) == 0
     err = capsys.readouterr().err
     assert "`seqwarm train` refuses it: rampup_batch_size" in err and "no budget" not in err
+
+
+def _mode_config(mode: str | None, **seqwarm) -> dict:
+    """A small config: curriculum 8 -> 64 in steps of 8 over 16 steps, micro-batch 3 (reshape leaves
+    remainders), 200k tokens (the curriculum ends well before the budget)."""
+    cur = {
+        "enabled": True,
+        "curriculum_type": "seqlen",
+        "min_difficulty": 8,
+        "max_difficulty": 64,
+        "schedule_type": "fixed_linear",
+        "schedule_config": {"total_curriculum_step": 16, "difficulty_step": 8},
+    }
+    extra = {"curriculum_mode": mode} if mode else {}
+    return {
+        "train_batch_size": 6,
+        "train_micro_batch_size_per_gpu": 3,
+        "curriculum_learning": cur,
+        "seqwarm": {"seq_length": 64, "train_tokens": 200_000, **extra, **seqwarm},
+    }
+
+
+def _cut_shapes(plan, cut) -> list[tuple[int, int]]:
+    """The shapes the cut op really makes of a dummy (3, 64) batch at each length the plan trains at."""
+    import torch
+
+    ids = torch.arange(3 * 64).reshape(3, 64)
+    batch = {"input_ids": ids, "labels": ids.clone(), "position_ids": torch.arange(64).expand(3, 64)}
+    seen = [tuple(cut(batch, p.seqlen)["input_ids"].shape) for p in plan.points]
+    return list(dict.fromkeys(seen))
+
+
+@pytest.mark.parametrize("mode", ["truncate", "reshape", "window", "inject", "bucket"])
+def test_plan_shapes_are_those_the_cut_ops_make(mode):
+    from seqwarm.curriculum.batch import bucket_batch, reshape_batch, truncate_batch, window_batch
+
+    cuts = {
+        "truncate": truncate_batch,
+        "inject": truncate_batch,  # the loop hands the model the first L columns
+        "reshape": reshape_batch,
+        "window": window_batch,
+        "bucket": lambda batch, length: bucket_batch(batch, length, 24),
+    }
+    settings = {"length_bucket": 24} if mode == "bucket" else {}
+    plan = make_plan(load_config(_mode_config(None if mode == "bucket" else mode, **settings)))
+    assert [p.seqlen for p in plan.points][:2] == [8, 16] and plan.points[-1].seqlen == 64
+    assert plan.shapes == _cut_shapes(plan, cuts[mode])
+    assert plan.val_shape == (3, 64)
+    expected_count = {"truncate": 8, "inject": 8, "reshape": 8, "window": 1, "bucket": 3}[mode]
+    assert len(plan.shapes) == expected_count, plan.shapes  # 8 lengths; window one; buckets 24, 48, 64
+
+
+def test_plan_compile_count_follows_the_mode():
+    def count(mode, **settings):
+        return make_plan(load_config(_mode_config(mode, **settings))).compiles
+
+    # one graph for every length + validation; inject +1 for curriculum_seqlen; window: one input set at
+    # every length (its positions are kept); reshape: a second row count, and position_ids kept where rows
+    # cross two windows
+    assert (count("truncate"), count("inject"), count(None), count("window")) == (2, 3, 3, 2)
+    assert count("reshape") == 5
+    assert count(None, length_bucket=24) == 3  # loss_mask kept where the bucket masks columns: 2 input sets
+    assert count(None, length_bucket=8) == 2  # every length a multiple of 8: nothing masked, one input set
+    no_curriculum = load_config({**_mode_config("truncate"), "curriculum_learning": {"enabled": False}})
+    plan = make_plan(no_curriculum)
+    assert (plan.shapes, plan.compiles) == ([(3, 64)], 2)
+
+
+def test_plan_without_a_budget_does_not_warn_of_the_curriculum_share():
+    """Planned only to the end of the curriculum, the curriculum is the whole plan: no '100%' warning."""
+    cfg = _mode_config("truncate")
+    del cfg["seqwarm"]["train_tokens"]
+    plan = make_plan(load_config(cfg))
+    assert plan.curriculum_end_step == plan.total_steps
+    assert not any("of the run's steps" in w for w in plan.warnings)
+    short = _mode_config("truncate", train_tokens=3_500)  # a real budget the curriculum nearly fills
+    assert any("of the run's steps" in w for w in make_plan(load_config(short)).warnings)

@@ -114,3 +114,37 @@ def test_compare_two_seeds_of_tiny_runs(tmp_path, byte_data, capsys):
     assert "## Seeds" in (out / "report.md").read_text()
     assert main(args) == 0  # everything is reused
     assert capsys.readouterr().out.count("reusing the finished run") == 4
+
+
+@pytest.mark.slow
+def test_compare_modes_trains_the_baseline_once_per_seed_and_reports_one_row_per_mode(tmp_path, byte_data, capsys):
+    cfg = small_config(tmp_path / "c.json", train_tokens=800, total_step=3)  # 8 runs: keep each one short
+    out = tmp_path / "cmp"
+    args = ["compare", *FAST, "--config", str(cfg), "--data", str(byte_data), "--eval-interval", "2", "--out", str(out)]
+    args += ["--seed", "5", "--seeds", "2", "--modes", "truncate,reshape,window"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    modes = ("truncate", "reshape", "window")
+    for arm in ("baseline", *modes):  # every arm of every seed trained exactly once, in its own folder
+        assert printed.count(f"=== {arm}: ") == printed.count(f"=== seed-6/{arm}: ") == 1
+        for folder in (out / arm, out / "seed-6" / arm):
+            assert run_state(folder) == "finished"
+            recorded = json.loads((folder / "config.json").read_text())["run"]["curriculum"]
+            assert (recorded or {}).get("mode") == (None if arm == "baseline" else arm)
+    assert not (out / "curriculum").exists()
+    report = json.loads((out / "report.json").read_text())
+    assert report["arms"] == ["baseline", *modes] and list(report["modes"]) == list(modes)
+    for mode in modes:
+        m = report["modes"][mode]
+        assert m["curriculum"]["status"] == "trained" and m["aggregate"]["n_seeds"] == 2
+        assert [r["run_dirs"] for r in m["seeds"]] == [
+            {"baseline": str(out / "baseline"), "curriculum": str(out / mode)},
+            {"baseline": str(out / "seed-6" / "baseline"), "curriculum": str(out / "seed-6" / mode)},
+        ]
+    assert report["curriculum"]["run_dir"] == str(out / "truncate")  # the one-mode keys: the first mode's
+    table = (out / "report.md").read_text().split("## Modes against the baseline")[1].split("## Runs")[0]
+    assert [row.split("|")[1].strip() for row in table.splitlines() if row.startswith("| ")][1:] == ["baseline", *modes]
+    lines = [line.split()[0] for line in printed.splitlines() if "steps, spikes" in line]
+    assert lines == ["baseline", *modes]
+    assert main(args) == 0  # finished runs in DIR/<mode> are reused
+    assert capsys.readouterr().out.count("reusing the finished run") == 8

@@ -309,6 +309,19 @@ def test_a_finished_run_of_another_model_size_is_not_reused(tmp_path, byte_data)
         check_same_run(run, RunSpec(out=run, data=str(byte_data), model="nano", n_layer=1))
 
 
+def test_a_run_recorded_before_document_masking_is_reused_and_one_with_it_on_is_not(tmp_path, byte_data):
+    run = tmp_path / "run"
+    run.mkdir()
+    spec = RunSpec(out=run, data=str(byte_data), model="nano")
+    recorded = json.loads(json.dumps(resolve_config(spec).to_dict(), default=str))
+    del recorded["document_masking"]  # runs recorded before the setting had it off
+    (run / "config.json").write_text(json.dumps({"run": recorded}))
+    check_same_run(run, spec)
+    (run / "config.json").write_text(json.dumps({"run": {**recorded, "document_masking": True}}))
+    with pytest.raises(UserError, match="different document_masking"):
+        check_same_run(run, spec)
+
+
 # -- plans (no training) -----------------------------------------------------------------------------
 
 

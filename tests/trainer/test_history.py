@@ -133,6 +133,21 @@ def test_the_same_global_batch_may_be_split_otherwise():
         check_resume_config("ckpt", old, _resolved(train_batch_size=16, gradient_accumulation_steps=4))
 
 
+def test_a_resume_that_turns_document_masking_on_or_off_names_the_change():
+    off, on = _resolved(document_masking=False), _resolved(document_masking=True)
+    with pytest.raises(UserError, match="run.document_masking false -> true.*--allow-config-change"):
+        check_resume_config("ckpt", off, on)
+    with pytest.raises(UserError, match="run.document_masking true -> false"):
+        check_resume_config("ckpt", on, off)
+    check_resume_config("ckpt", off, on, allow_config_change=True)
+    assert config_changes(off, on) == {"run.document_masking": [False, True]}  # what the resume prints
+    before = _resolved()  # recorded before runs recorded it: masking was off
+    check_resume_config("ckpt", before, off)
+    assert config_changes(before, off) == {}
+    with pytest.raises(UserError, match="run.document_masking false -> true"):
+        check_resume_config("ckpt", before, on)
+
+
 def test_a_metrics_line_that_is_not_a_row_is_named_and_never_dropped_by_a_resume(tmp_path, caplog):
     path = tmp_path / "metrics.jsonl"
     good = [{"kind": "train", "step": 1}, {"kind": "eval", "step": 2}]

@@ -48,7 +48,9 @@ def test_document_masking_comes_from_the_config_and_is_checked():
         load_config({**base, "seqwarm": {"document_masking": "yes"}})
 
 
-def test_window_mode_is_refused_for_a_hugging_face_model_with_one_line(tmp_path, byte_data, capsys):
+def test_window_mode_is_refused_for_a_hugging_face_attention_that_cannot_mask_with_one_line(
+    tmp_path, byte_data, capsys
+):
     pytest.importorskip("transformers")
     model = tmp_path / "hf"
     model.mkdir()
@@ -61,10 +63,12 @@ def test_window_mode_is_refused_for_a_hugging_face_model_with_one_line(tmp_path,
         "vocab_size": 300,
         "bos_token_id": 0,
         "eos_token_id": 0,
+        "attn_implementation": "paged|eager",  # continuous batching's: no mask from position_ids
     }
     (model / "config.json").write_text(json.dumps(config))
     cfg = small_config(tmp_path / "c.json")
     args = ["train", *FAST_TRAIN_FLAGS, "--config", str(cfg), "--data", str(byte_data), "--out", str(tmp_path / "r")]
     code = main([*args, "--model", f"hf:{model}", "--curriculum-mode", "window"])
     err = capsys.readouterr().err
-    assert code == 2 and "curriculum_mode 'window'" in err and "Traceback" not in err
+    assert code == 2 and "curriculum_mode 'window'" in err and "'sdpa' (the default)" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1

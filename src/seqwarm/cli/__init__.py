@@ -8,7 +8,9 @@ sets ``func`` (``func(args) -> int`` exit code) as its default. User mistakes ra
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
+import io
 import logging
 import os
 import sys
@@ -106,6 +108,11 @@ def parse(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> arg
 
 
 def main(argv: list[str] | None = None) -> int:
+    _tolerant_stdout()
+    problem = _argument_encoding_problem(sys.argv[1:] if argv is None else argv)
+    if problem:
+        print(f"seqwarm: error: {problem}", file=sys.stderr)
+        return 2
     parser = build_parser()
     args = parse(parser, argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, format="%(message)s", stream=sys.stderr)
@@ -139,6 +146,40 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{err.filename}: " if err.filename else ""
         print(f"seqwarm {args.command}: error: {where}{err.strerror or err}", file=sys.stderr)
         return 2
+
+
+def _utf8(encoding: str | None) -> bool:
+    return (encoding or "").lower().replace("-", "").replace("_", "") in ("utf8", "utf8sig")
+
+
+def _tolerant_stdout() -> None:
+    """On a console that is not UTF-8 (``LC_ALL=C PYTHONUTF8=0``), print what it cannot show as ``\\u2192``
+    escapes instead of failing on the first dash or arrow of a report line (stderr does so already)."""
+    stream = sys.stdout
+    if not _utf8(getattr(stream, "encoding", None)) and isinstance(stream, io.TextIOWrapper):
+        with contextlib.suppress(ValueError, OSError):
+            stream.reconfigure(errors="backslashreplace")
+
+
+def _argument_encoding_problem(argv: list[str]) -> str | None:
+    """Why the arguments cannot be used as given: a non-ASCII one when this Python decodes them (and file
+    names) in a legacy encoding, not UTF-8 (``LC_ALL=C`` with ``PYTHONUTF8=0``, an ISO-8859 locale). The
+    libraries runs write through (PyTorch, TensorBoard, tokenizers) encode names as UTF-8, so such a path
+    would be written under another name or fail half-way."""
+    encoding = sys.getfilesystemencoding()
+    if _utf8(encoding):
+        return None
+    odd = next((a for a in argv if not a.isascii()), None)
+    if odd is None:
+        return None
+    shown = odd.encode(encoding, "surrogateescape").decode("ascii", "backslashreplace")
+    return (
+        f"the argument '{shown}' is not ASCII, and this Python reads arguments and file names as {encoding} "
+        f"(locale {os.environ.get('LC_ALL') or os.environ.get('LC_CTYPE') or os.environ.get('LANG') or 'C'}"
+        f"{', PYTHONUTF8=0' if os.environ.get('PYTHONUTF8') == '0' else ''}), not UTF-8. "
+        "Run seqwarm in Python's UTF-8 mode: PYTHONUTF8=1 (or python -X utf8 -m seqwarm), or a UTF-8 locale "
+        "such as LC_ALL=C.UTF-8"
+    )
 
 
 def _silence_stdout() -> None:

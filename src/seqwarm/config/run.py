@@ -101,7 +101,8 @@ class RunConfig:
     rounding."""
     document_masking: bool = False
     """Attention inside each document (documents end at EOD) and positions restarting at each, in training
-    and validation (``seqwarm.document_masking`` / ``--document-masking``); seqwarm's GPT only."""
+    and validation (``seqwarm.document_masking`` / ``--document-masking``); seqwarm's GPT, or an ``hf:``
+    model through restarting ``position_ids`` (:mod:`seqwarm.integrations.hf.blocks`)."""
     length_bucket: int | None = None
     """Cut each batch to the curriculum length rounded up to a multiple of this, with the loss masked past
     the length (``seqwarm.length_bucket`` / ``--length-bucket``; None: cut to the length itself). The same

@@ -246,8 +246,8 @@ SETTINGS: tuple[Setting, ...] = (
         "--document-masking",
         "on",
         "attention stays inside each document of a packed window (block-diagonal causal, documents end at "
-        "EOD) and positions restart at each document, in training and validation; seqwarm's GPT only "
-        "(default: the config's seqwarm.document_masking, else off)",
+        "EOD) and positions restart at each document, in training and validation; seqwarm's GPT, or an hf: "
+        "model through restarting position_ids (default: the config's seqwarm.document_masking, else off)",
         "batch",
     ),
     # optimizer, clipping, precision

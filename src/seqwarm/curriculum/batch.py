@@ -29,6 +29,8 @@ from typing import Any
 
 import torch
 
+from seqwarm.curriculum.clock import bucket_length  # pure arithmetic, kept torch-free for the plan
+
 __all__ = [
     "truncate_batch",
     "reshape_batch",
@@ -123,12 +125,6 @@ def truncate_batch(batch: Mapping[str, Any], seqlen: int) -> dict[str, Any]:
         elif _is_per_token(key, t, b, s):
             out[key] = t[:, :seqlen]
     return out
-
-
-def bucket_length(seqlen: int, multiple: int, full: int) -> int:
-    """The columns :func:`bucket_batch` keeps: ``seqlen`` rounded up to a multiple of ``multiple``, at most
-    ``full`` (a length at or past ``full`` keeps every column)."""
-    return min(full, -(-seqlen // multiple) * multiple)
 
 
 def bucket_batch(batch: Mapping[str, Any], seqlen: int, multiple: int) -> dict[str, Any]:

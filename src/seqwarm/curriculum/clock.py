@@ -154,6 +154,12 @@ def micro_batch_shape(rows: int, seq: int, seqlen: int, mode: str | None) -> tup
     return rows, seqlen
 
 
+def bucket_length(seqlen: int, multiple: int, full: int) -> int:
+    """The columns :func:`bucket_batch` keeps: ``seqlen`` rounded up to a multiple of ``multiple``, at most
+    ``full`` (a length at or past ``full`` keeps every column)."""
+    return min(full, -(-seqlen // multiple) * multiple)
+
+
 def tokens_per_step(cfg: Any, seqlen: int) -> int:  # cfg: a RunConfig (layer 3, not imported here)
     """Tokens one optimizer step trains at length ``seqlen`` (global, all ranks).
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from seqwarm.config import RunConfig
 from seqwarm.curriculum.checks import CUSTOM
-from seqwarm.curriculum.clock import Progress, advance, stop_reason, tokens_per_step
+from seqwarm.curriculum.clock import Progress, advance, bucket_length, micro_batch_shape, stop_reason, tokens_per_step
 from seqwarm.curriculum.lr import (
     decay_tokens_from_iters,
     decay_tokens_from_samples,
@@ -60,6 +60,15 @@ class Plan:
     warnings: list[str] = field(default_factory=list)
     conversions: dict[str, int] = field(default_factory=dict)
     """DeepSpeed's curriculum-learning tutorial's unit conversions for the settings given, e.g. lr_decay_tokens."""
+    shapes: list[tuple[int, int]] = field(default_factory=list)
+    """The distinct ``(rows, columns)`` of the training micro-batches the model is given (per rank), in order
+    of first use (:func:`train_shapes`)."""
+    val_shape: tuple[int, int] | None = None
+    """``(rows, columns)`` of a validation micro-batch: always at full length."""
+    compiles: int = 0
+    """Graphs ``--compile`` traces for the training steps and validation (:func:`compile_count`)."""
+    compiles_why: str = ""
+    """What :attr:`compiles` counts, in words."""
     warmup_reached: float | None = None
     """With an LR warmup the run stops before finishing: the share of the peak LR reached at its last
     step (None when there is no warmup or it ends)."""
@@ -124,10 +133,92 @@ def make_plan(cfg: RunConfig, *, keep_series: bool = False) -> Plan:
     plan.total_steps, plan.total_tokens, plan.total_samples = progress.step, progress.tokens, progress.samples
     plan.stop_reason = reason
     plan.conversions = conversions(cfg)
+    lengths = list(dict.fromkeys(p.seqlen for p in plan.points))  # distinct, in order of first use
+    plan.shapes = train_shapes(cfg, lengths)
+    plan.val_shape = (cfg.micro_batch_size, full)
+    plan.compiles, plan.compiles_why = compile_count(cfg, lengths)
     if cfg.lr.warmup_unit and plan.warmup_end_step is None and not no_budget:
         plan.warmup_reached = lr / cfg.lr.lr if cfg.lr.lr else 0.0
-    _plan_warnings(cfg, plan)
+    _plan_warnings(cfg, plan, no_budget=no_budget)
     return plan
+
+
+def _step_shape(cfg: RunConfig, seqlen: int) -> tuple[int, int]:
+    """``(rows, columns)`` of one micro-batch at ``seqlen`` as the model is given it: the mode's cut
+    (:func:`~seqwarm.curriculum.clock.micro_batch_shape`), or with a length bucket the length rounded up to
+    the bucket (the loss masked past it). Inject mode: the loop hands the model the first L columns."""
+    full = cfg.full_length
+    if cfg.curriculum is None:
+        return cfg.micro_batch_size, full
+    rows, columns = micro_batch_shape(cfg.micro_batch_size, full, seqlen, cfg.curriculum.mode)
+    if cfg.length_bucket:
+        columns = bucket_length(seqlen, cfg.length_bucket, full)
+    return rows, columns
+
+
+def train_shapes(cfg: RunConfig, seqlens: list[int]) -> list[tuple[int, int]]:
+    """The distinct ``(rows, columns)`` micro-batch shapes of training steps at the lengths ``seqlens``, in
+    order of first use: truncate and inject keep the rows; reshape re-chunks them (``rows * S // L`` rows);
+    window keeps ``(rows, S)`` at every length; a length bucket rounds the columns up to its multiples."""
+    return list(dict.fromkeys(_step_shape(cfg, length) for length in seqlens))
+
+
+def _inputs(cfg: RunConfig, seqlen: int) -> frozenset[str]:
+    """The optional inputs the loop passes at ``seqlen`` beyond ``input_ids`` / ``labels``, with the default
+    data (positions ``0..S-1`` in every window, a loss mask of ones): the feed leaves a trivial
+    ``position_ids`` / ``loss_mask`` out (``seqwarm.trainer.feed.lean_batch``), so a length at which one
+    turns trivial calls the model with other arguments, which Dynamo traces apart."""
+    cur, full = cfg.curriculum, cfg.full_length
+    if cur is not None and cur.mode == "window":  # at every length, the full length too: the loop keeps
+        return frozenset({"document_ids", "position_ids"})  # window's positions even where they are trivial
+    if cur is None or seqlen >= full:
+        keys: set[str] = set()
+    elif cfg.length_bucket:
+        keys = {"loss_mask"} if bucket_length(seqlen, cfg.length_bucket, full) > seqlen else set()
+    elif cur.mode == "reshape":
+        keys = {"position_ids"} if full % seqlen else set()  # rows across two windows restart their ids
+    else:
+        keys = set()
+    if cfg.document_masking:  # document ids always, positions restarting at every document
+        keys |= {"document_ids", "position_ids"}
+    return frozenset(keys)
+
+
+def compile_count(cfg: RunConfig, seqlens: list[int]) -> tuple[int, str]:
+    """Graphs ``--compile`` (``torch.compile`` of seqwarm's GPT, Dynamo's default ``dynamic=None``) traces for
+    training at ``seqlens`` and full-length validation, and why.
+
+    What the code does: the engine marks dim 1 (the length) of every training input
+    ``torch._dynamo.maybe_mark_dynamic``, so one graph serves every length (Dynamo specializes sizes 0 and 1:
+    a length of 1 gets its own); the rows are not marked, so a second row count (reshape) recompiles once
+    with the rows dynamic (Dynamo's automatic dynamic shapes); each set of inputs (:func:`_inputs`) is a
+    graph of its own; in inject mode the int ``curriculum_seqlen`` is specialized on its first value and
+    made dynamic when it changes (one more graph); validation runs under ``no_grad``, a guard: one more.
+    Counted for contiguous inputs, as the CUDA feed copies them; the trial step on CUDA (full length,
+    before step 1, not marked) adds one, and on a CPU the cut batches are strided views, so reaching the
+    full length retraces once more in truncate and inject mode."""
+    groups: dict[frozenset[str], list[tuple[int, int]]] = {}
+    for length in seqlens:
+        groups.setdefault(_inputs(cfg, length), []).append(_step_shape(cfg, length))
+    train = 0
+    rows_vary = False
+    for shapes in groups.values():
+        rows = {r for r, _ in shapes}
+        train += 1 + (len(rows) > 1) + (len(rows) > 1 and 1 in rows) + any(c == 1 for _, c in shapes)
+        rows_vary = rows_vary or len(rows) > 1
+    cur = cfg.curriculum
+    injected = cur is not None and cur.mode in (None, "inject") and not cfg.length_bucket and len(seqlens) > 1
+    parts = [f"{train} for training (the length dim is marked dynamic: one graph serves every length"]
+    if len(groups) > 1:
+        parts[0] += f"; {len(groups)} sets of inputs, as position_ids / loss_mask turn trivial and are left out"
+    if rows_vary:
+        parts[0] += "; +1 when the row count first changes"
+    parts[0] += ")"
+    if injected:
+        parts.append("1 when curriculum_seqlen first changes (an int is specialized on its first value)")
+    parts.append("1 for full-length validation (no_grad)")
+    why = " + ".join(parts) + "; on CUDA +1 for the trial step before step 1"
+    return train + injected + 1, why
 
 
 def data_use(plan: Plan, train_windows: int) -> tuple[str, str | None]:
@@ -165,7 +256,9 @@ def conversions(cfg: RunConfig) -> dict[str, int]:
     return out
 
 
-def _plan_warnings(cfg: RunConfig, plan: Plan) -> None:
+def _plan_warnings(cfg: RunConfig, plan: Plan, *, no_budget: bool = False) -> None:
+    """The plan's advice. ``no_budget``: the plan stops where the curriculum ends, so the curriculum's
+    share of the run says nothing (it is the whole plan) and is not warned about."""
     cur = cfg.curriculum
     w = plan.warnings
     if cur is not None and plan.curriculum_end_step is None:
@@ -174,7 +267,12 @@ def _plan_warnings(cfg: RunConfig, plan: Plan) -> None:
             f"before reaching max_difficulty {cur.max_difficulty} (total_curriculum_step "
             f"{cur.total_curriculum_step:,})"
         )
-    elif cur is not None and plan.curriculum_end_step and plan.curriculum_end_step > 0.8 * plan.total_steps:
+    elif (
+        cur is not None
+        and not no_budget
+        and plan.curriculum_end_step
+        and plan.curriculum_end_step > 0.8 * plan.total_steps
+    ):
         w.append(
             f"the curriculum takes {plan.curriculum_end_step / plan.total_steps:.0%} of the run's steps: "
             "little training happens at full length"

@@ -23,6 +23,7 @@ import math
 import os
 import shutil
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -49,6 +50,7 @@ from seqwarm.data.outdir import (
 from seqwarm.data.tokenizer import build_tokenizer, parse_tokenizer_name
 from seqwarm.util.atomic import WriteError, write_json
 from seqwarm.util.errors import UserError
+from seqwarm.util.units import counted
 from seqwarm.util.version import __version__
 
 logger = logging.getLogger(__name__)
@@ -58,10 +60,17 @@ DEFAULT_SEED = 1234
 DEFAULT_CHUNK_BYTES = 1 << 20  # text per worker task: big enough to amortise IPC, small enough to balance
 
 
+CACHE_VARIABLE = "SEQWARM_CACHE"
+"""The environment variable naming the folder the embedded corpus is prepared into."""
+
+_FELL_BACK: set[str] = set()
+"""Cache folders this process already said it could not write (said once, not once per call)."""
+
+
 def cache_dir() -> Path:
     """Where the embedded corpus is prepared once: $SEQWARM_CACHE, else $XDG_CACHE_HOME/seqwarm."""
-    if os.environ.get("SEQWARM_CACHE"):
-        return Path(os.environ["SEQWARM_CACHE"])
+    if os.environ.get(CACHE_VARIABLE):
+        return Path(os.environ[CACHE_VARIABLE])
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "seqwarm"
 
@@ -72,21 +81,86 @@ def embedded_data_dir(tokenizer: str = DEFAULT_TOKENIZER) -> Path:
     The folder name carries the tokenizer and the seqwarm version, so an upgrade prepares afresh. A cached
     folder is reused only if its ``meta.json`` records the same corpus parts and package versions as are
     installed now (:func:`seqwarm.data.corpus.corpus_identity`); otherwise it is prepared again, so a
-    cache made from part of the corpus is never taken for the whole.
+    cache made from part of the corpus is never taken for the whole. A cache folder that cannot be
+    written (a read-only home) is still read when it holds the prepared corpus; else the corpus is
+    prepared in a folder of this user's under the system's temporary folder, said once
+    (:func:`writable_cache_dir`).
     """
-    folder = cache_dir() / f"embedded-{tokenizer.replace(':', '')}-v{__version__}"
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    name = f"embedded-{tokenizer.replace(':', '')}-v{__version__}"
+    configured = cache_dir() / name
+    if _cached_identity(configured) == corpus.corpus_identity():
+        # Prepared data is swapped in whole, so a meta.json means a complete folder: no lock needed,
+        # and a read-only cache (a container image's) is used as it is.
+        return configured
+    folder = writable_cache_dir() / name
     with out_lock(folder, wait=True):  # a second process waits for the first one's cache, then reuses it
         return _embedded_locked(folder, tokenizer)
+
+
+def writable_cache_dir() -> Path:
+    """:func:`cache_dir`, created if needed; when it cannot be written and $SEQWARM_CACHE does not name
+    it, ``seqwarm-cache-UID`` under the system's temporary folder (with a warning, once). UserError when
+    neither can be written, or $SEQWARM_CACHE names a folder that cannot be."""
+    configured = cache_dir()
+    err = _write_problem(configured)
+    if err is None:
+        return configured
+    fix = f"set {CACHE_VARIABLE}=DIR to a writable folder, or pass --data DIR (a folder written by seqwarm prepare)"
+    if os.environ.get(CACHE_VARIABLE):  # asked for by name: never written elsewhere behind the user's back
+        raise UserError(f"{CACHE_VARIABLE}={str(configured)!r}: cannot write there ({err}); {fix}")
+    try:
+        fallback = Path(tempfile.gettempdir()) / f"seqwarm-cache-{os.getuid()}"
+    except OSError as no_tmp:  # no usable temporary folder at all (TMPDIR, /tmp, /var/tmp, the cwd)
+        raise UserError(
+            f"cannot write the cache folder {str(configured)!r} ({err}) nor any temporary folder ({no_tmp}); {fix}"
+        ) from None
+    err_fallback = _write_problem(fallback, private=True)
+    if err_fallback is not None:
+        raise UserError(
+            f"cannot write the cache folder {str(configured)!r} ({err}) nor {str(fallback)!r} ({err_fallback}); {fix}"
+        )
+    if str(configured) not in _FELL_BACK:
+        _FELL_BACK.add(str(configured))
+        logger.warning(
+            "warning: the cache folder %s cannot be written (%s); the embedded corpus is kept in %s instead "
+            "(prepared again if that folder is cleared). Set %s=DIR to keep it elsewhere",
+            configured,
+            err,
+            fallback,
+            CACHE_VARIABLE,
+        )
+    return fallback
+
+
+def _write_problem(folder: Path, *, private: bool = False) -> str | None:
+    """Why ``folder`` cannot be created or written (None when it can). ``private``: a folder in a shared
+    temporary folder, created for this user alone and refused when someone else owns it."""
+    try:
+        folder.mkdir(mode=0o700 if private else 0o777, parents=True, exist_ok=True)
+        if private and (folder.is_symlink() or folder.stat().st_uid != os.getuid()):
+            return "it belongs to another user"
+        # Creating a file is the only sure test: os.access says yes to root on a read-only mount's folder
+        # with write bits, and to anyone on a folder whose file system is full.
+        probe = folder / f".write-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        probe.unlink()
+    except OSError as err:
+        return err.strerror or str(err)
+    return None
+
+
+def _cached_identity(folder: Path) -> Any:
+    """The corpus parts a prepared folder's ``meta.json`` records (None when it has none or is unreadable)."""
+    try:
+        return json.loads((folder / META_FILE).read_text(encoding="utf-8")).get("corpus", {}).get("packages")
+    except (OSError, ValueError, AttributeError):
+        return None
 
 
 def _embedded_locked(folder: Path, tokenizer: str) -> Path:
     meta_path = folder / META_FILE
     if meta_path.exists():
-        try:
-            held = json.loads(meta_path.read_text()).get("corpus", {}).get("packages")
-        except (OSError, ValueError, AttributeError):
-            held = None
+        held = _cached_identity(folder)
         if held == corpus.corpus_identity():
             return folder
         logger.warning(
@@ -150,10 +224,10 @@ class PrepareResult:
         lines = [
             f"wrote {self.out}: tokenizer {m['tokenizer']['name']} (vocab {m['vocab_size']}, "
             f"EOD {m['eod_id']}, {m['dtype']})",
-            f"  train: {tr['documents']:,} documents, {tr['tokens']:,} tokens",
-            f"  val:   {va['documents']:,} documents, {va['tokens']:,} tokens",
+            f"  train: {counted(tr['documents'], 'document')}, {counted(tr['tokens'], 'token')}",
+            f"  val:   {counted(va['documents'], 'document')}, {counted(va['tokens'], 'token')}",
             f"  tokenized {self.input_bytes / 1e6:.1f} MB in {self.tokenize_seconds:.1f} s with "
-            f"{self.workers} worker(s): {self.mb_per_second:.2f} MB/s, {self.tokens_per_second:,.0f} tokens/s"
+            f"{counted(self.workers, 'worker')}: {self.mb_per_second:.2f} MB/s, {self.tokens_per_second:,.0f} tokens/s"
             + (f"; tokenizer training {self.tokenizer_seconds:.1f} s" if self.tokenizer_seconds else "")
             + f"; total {self.total_seconds:.1f} s",
         ]
@@ -332,7 +406,9 @@ def _prepare_locked(
             + (f" (inputs: {', '.join(map(str, inputs))})" if inputs else "")
         )
     val_mask = choose_val_documents(num_docs, val_fraction, seed)
-    logger.info("%d documents, %.1f MB; %d held out for validation", num_docs, total_bytes / 1e6, int(val_mask.sum()))
+    logger.info(
+        "%s, %.1f MB; %d held out for validation", counted(num_docs, "document"), total_bytes / 1e6, int(val_mask.sum())
+    )
 
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
@@ -341,7 +417,7 @@ def _prepare_locked(
         # Pass 2: the tokenizer (bpe:N learns from the training documents only).
         t0 = time.perf_counter()
         if kind == "bpe":
-            logger.info("training the %s tokenizer on %d documents ...", tokenizer, int((~val_mask).sum()))
+            logger.info("training the %s tokenizer on %s ...", tokenizer, counted(int((~val_mask).sum()), "document"))
             train_texts = (t for i, (_, t) in enumerate(documents()) if not val_mask[i])
             tok = build_tokenizer(
                 tokenizer,

@@ -1,11 +1,13 @@
 """``seqwarm compare``: the baseline and the curriculum run on the same data, seed, model and token budget.
 
 :func:`plan_compare` turns a shared :class:`~seqwarm.run.spec.RunSpec` and the :class:`CompareOptions`
-into two runs (``DIR/baseline`` with the curriculum off, ``DIR/curriculum``), :func:`run_compare` runs
-them one after the other (reusing a finished run, resuming one that has checkpoints) and
-:func:`build_report` reads their metrics into the report (speedups to the baseline's final validation
-loss, stability, final losses). The arithmetic is in :mod:`seqwarm.experiments.curves`; figures and
-markdown in :mod:`seqwarm.experiments.report`.
+into two runs (``DIR/baseline`` with the curriculum off, ``DIR/curriculum``), or with ``--modes`` into the
+baseline and one curriculum run per mode (``DIR/truncate``, ``DIR/reshape``, ``DIR/window``);
+:func:`run_compare` runs them one after the other (reusing a finished run, resuming one that has
+checkpoints), :func:`build_report` reads a baseline and a curriculum run's metrics into the report
+(speedups to the baseline's final validation loss, stability, final losses) and :func:`with_modes`
+puts the reports of several modes against the one baseline side by side. The arithmetic is in
+:mod:`seqwarm.experiments.curves`; figures and markdown in :mod:`seqwarm.experiments.report`.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ from seqwarm.util.version import __version__
 logger = logging.getLogger(__name__)
 
 RUNS = ("baseline", "curriculum")
+MODES = ("truncate", "reshape", "window")
+"""What ``--modes`` takes: the curriculum modes that cut or window the batch before the model. ``inject``
+is left out: on seqwarm's GPT it is truncate done inside the forward (the default mode there), so
+plain ``compare`` (or ``compare --curriculum-mode inject``) measures it."""
 QUICK_FRACTION = 0.3
 """--quick trains this fraction of the config's token budget (curriculum and LR schedule shrunk alike)."""
 QUICK_EVAL_ITERS = 4
@@ -82,23 +88,34 @@ class CompareOptions:
     seeds: int = 1
     """Seeds per arm: the spec's seed S, then S+1, ... (the first pair in DIR/baseline and DIR/curriculum,
     the others in DIR/seed-S/); the report gives each seed and the median and min–max over them."""
+    modes: tuple[str, ...] = ()
+    """Curriculum modes to compare (from :data:`MODES`), each an arm of its own in DIR/<mode> against the
+    one baseline (empty: the single ``curriculum`` arm, in the config's or --curriculum-mode's mode)."""
 
 
 @dataclass
 class ComparePlan:
     out: Path
     runs: dict[str, RunSpec]
+    """The first seed's runs by arm: ``baseline`` and ``curriculum``, or ``baseline`` and each mode."""
     settings: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     seed_runs: dict[int, dict[str, RunSpec]] = field(default_factory=dict)
-    """The two runs of every seed, the first seed's being :attr:`runs` (empty: that one seed only)."""
+    """The runs of every seed, the first seed's being :attr:`runs` (empty: that one seed only)."""
+
+    @property
+    def curricula(self) -> tuple[str, ...]:
+        """The arms compared with the baseline: ``("curriculum",)`` or the ``--modes``."""
+        return tuple(name for name in self.runs if name != "baseline")
 
     def by_seed(self) -> dict[int, dict[str, RunSpec]]:
         return self.seed_runs or {int(self.runs["baseline"].seed): self.runs}
 
-    def for_seed(self, seed: int) -> ComparePlan:
-        """The plan of one seed's pair of runs, as a one-seed comparison."""
-        return replace(self, runs=self.by_seed()[seed], seed_runs={})
+    def for_seed(self, seed: int, arm: str = "curriculum") -> ComparePlan:
+        """One seed's baseline and curriculum arm ``arm``, as a one-seed, two-run comparison (the arm is
+        named ``curriculum`` in it, so :func:`build_report` reads any mode alike)."""
+        runs = self.by_seed()[seed]
+        return replace(self, runs={"baseline": runs["baseline"], "curriculum": runs[arm]}, seed_runs={})
 
 
 def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
@@ -119,6 +136,7 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
         raise UserError(f"--smooth-steps {options.smooth_steps}: must be >= 1 (1 = no smoothing)")
     if options.seeds < 1:
         raise UserError(f"--seeds {options.seeds}: must be a whole number >= 1 (3 or more to measure the spread)")
+    _check_modes(base, options.modes)
     for given, flag in (
         (base.settings.get("curriculum") is False, "--no-curriculum"),
         (base.resume, "--resume"),
@@ -177,17 +195,25 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
         )
     cur_raw = scale_schedule_steps(raw, fraction / k)
     base_path = write_json(out / "configs" / "baseline.json", scale_schedule_steps(raw, fraction))
-    cur_path = write_json(out / "configs" / "curriculum.json", cur_raw)
     runs = {
-        "baseline": with_changes(base, **changes, **shared, config=base_path, out=out / "baseline", curriculum=False),
-        "curriculum": with_changes(
+        "baseline": with_changes(base, **changes, **shared, config=base_path, out=out / "baseline", curriculum=False)
+    }
+    # every curriculum arm is the same run but for its mode (and its folder): one arm without --modes
+    for arm, mode in ((m, m) for m in options.modes) if options.modes else (("curriculum", None),):
+        runs[arm] = with_changes(
             base,
             **cur_changes,
             **{**shared, "eval_interval": max(1, round(eval_interval / k))},
-            config=cur_path,
-            out=out / "curriculum",
-        ),
-    }
+            **({"curriculum_mode": mode} if mode else {}),
+            config=write_json(out / "configs" / f"{arm}.json", cur_raw),
+            out=out / arm,
+        )
+    if options.modes:
+        notes.append(
+            f"--modes: one curriculum run per mode ({', '.join(options.modes)}) in {out}/<mode>, each "
+            "with that curriculum_mode (over the config's own), against one baseline trained once per "
+            "seed; everything else is the same in every arm"
+        )
     settings = {
         "quick": bool(options.quick),
         "budget_fraction": fraction,
@@ -199,6 +225,8 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
         "eval_iters": shared["eval_iters"],
         "log_interval": shared["log_interval"],
     }
+    if options.modes:  # only then, so a one-mode report.json keeps exactly its keys
+        settings["modes"] = list(options.modes)
     seeds = [base.seed + i for i in range(options.seeds)]
     settings["seeds"] = seeds
     seed_runs = {seeds[0]: runs}
@@ -207,6 +235,26 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
             name: with_changes(spec, seed=seed, out=out / f"seed-{seed}" / name) for name, spec in runs.items()
         }
     return ComparePlan(out, runs, settings, notes, seed_runs)
+
+
+def _check_modes(base: RunSpec, modes: tuple[str, ...]) -> None:
+    """Refuse --modes values outside :data:`MODES`, a mode named twice, and --modes with --curriculum-mode."""
+    if not modes:
+        return
+    unknown = [m for m in modes if m not in MODES]
+    if unknown:
+        raise UserError(
+            f"--modes {','.join(modes)}: {', '.join(map(repr, unknown))} is not a mode to compare; choose "
+            f"from {', '.join(MODES)} (comma-separated, e.g. --modes {','.join(MODES)})"
+        )
+    twice = sorted({m for m in modes if modes.count(m) > 1})
+    if twice:
+        raise UserError(f"--modes {','.join(modes)}: {', '.join(twice)} named twice; name each mode once")
+    if base.settings.get("curriculum_mode") is not None:
+        raise UserError(
+            f"--modes and --curriculum-mode {base.settings['curriculum_mode']} together: --modes sets each "
+            "arm's mode itself; drop --curriculum-mode (or drop --modes to compare that one mode)"
+        )
 
 
 def _scaled_lr_units(lr, step_factor: float, amount_factor: float) -> dict[str, Any]:
@@ -244,7 +292,7 @@ def _scaled_batch(cfg, base_cfg, k: int, m: float, changes: dict[str, Any]) -> d
 
 
 def run_compare(base: RunSpec, options: CompareOptions, *, echo=print) -> dict[str, Any]:
-    """Plan, run (or reuse / resume) both runs of every seed, and write the report. Returns its dict."""
+    """Plan, run (or reuse / resume) every arm of every seed, and write the report. Returns its dict."""
     plan = plan_compare(base, options)
     state_path = plan.out / "compare_state.json"
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
@@ -252,15 +300,20 @@ def run_compare(base: RunSpec, options: CompareOptions, *, echo=print) -> dict[s
     for note in plan.notes:
         echo(f"note: {note}")
     first = plan.settings["seeds"][0]
-    reports = {}
+    reports: dict[str, dict[int, dict[str, Any]]] = {arm: {} for arm in plan.curricula}
     for seed, runs in plan.by_seed().items():
         # the first seed's keys are the one-seed keys, so an earlier one-seed comparison is extended
-        keys = {name: name if seed == first else f"seed-{seed}/{name}" for name in RUNS}
-        for name in RUNS:
+        keys = {name: name if seed == first else f"seed-{seed}/{name}" for name in runs}
+        for name in runs:  # the baseline first, once per seed, then each curriculum arm
             status[keys[name]] = run_one(keys[name], runs[name], state.get(keys[name], {}), echo)
             write_json(state_path, {**state, **status})
-        reports[seed] = build_report(plan.for_seed(seed), {name: status[keys[name]] for name in RUNS})
-    report = with_seed_spread(reports)
+        for arm in plan.curricula:
+            pair = {"baseline": status[keys["baseline"]], "curriculum": status[keys[arm]]}
+            reports[arm][seed] = build_report(plan.for_seed(seed, arm), pair)
+    if options.modes:
+        report = with_modes({arm: with_seed_spread(reports[arm]) for arm in plan.curricula})
+    else:
+        report = with_seed_spread(reports["curriculum"])
     write_report(plan.out, report)
     return report
 
@@ -299,6 +352,33 @@ def with_seed_spread(reports: dict[int, dict[str, Any]]) -> dict[str, Any]:
     return report
 
 
+SHARED_KEYS = ("seqwarm_version", "date", "machine", "out", "settings", "notes", "definitions", "baseline")
+"""The keys every mode's report shares with the others (the same baseline, plan and machine)."""
+
+
+def with_modes(by_mode: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The reports of several modes against one baseline (each from :func:`with_seed_spread`), as one.
+
+    The first mode's report is the top level, so readers of a one-mode ``report.json`` still find its
+    keys (``curriculum`` is that mode's run); ``modes`` holds every mode's own keys (``curriculum``,
+    speedups, ``stability``, ``seeds``, ``aggregate``, ...) and ``arms`` the order of the arms.
+    """
+    modes = list(by_mode)
+    check_same_data([Path(d) for r in by_mode.values() for row in r["seeds"] for d in row["run_dirs"].values()])
+    report = dict(by_mode[modes[0]])
+    report["arms"] = ["baseline", *modes]
+    report["modes"] = {mode: {k: v for k, v in r.items() if k not in SHARED_KEYS} for mode, r in by_mode.items()}
+    report["commands"] = {"baseline": report["commands"]["baseline"]}
+    report["commands"].update({mode: r["commands"]["curriculum"] for mode, r in by_mode.items()})
+    report["commands"]["curriculum"] = report["commands"][modes[0]]  # the one-mode key, for old readers
+    report["definitions"] = {
+        **report["definitions"],
+        "modes": f"each mode is compared with the same baseline run of each seed; the top-level "
+        f"curriculum keys are the first mode's ({modes[0]}), every mode's are under modes",
+    }
+    return report
+
+
 def eval_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Evaluation rows in order, one per step (a resumed run may log the final step twice)."""
     by_step: dict[int, dict[str, Any]] = {}
@@ -334,6 +414,7 @@ def _run_summary(
         "lr": (run_cfg.get("lr") or {}).get("lr"),
         "total_curriculum_step": (cur or {}).get("schedule_config", {}).get("total_curriculum_step") if cur else None,
         "num_params": summary.get("num_params") or config.get("model", {}).get("num_params"),
+        "curriculum_mode": (cur or {}).get("mode") if cur else None,
         "evals": {
             "step": [r["step"] for r in evals],
             "tokens": [r["tokens"] for r in evals],

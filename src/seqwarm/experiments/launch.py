@@ -22,7 +22,7 @@ from seqwarm.config.reader import read_config_dict
 from seqwarm.run.checks import model_size
 from seqwarm.run.spec import RunSpec, recipe_config, resolve_config
 from seqwarm.run.training import run_training
-from seqwarm.trainer.resume import RESUME_KEYS
+from seqwarm.trainer.resume import RECORDED_SINCE, RESUME_KEYS
 from seqwarm.trainer.run_folder import LOCK_FILE, run_lock
 from seqwarm.util.errors import UserError
 
@@ -149,7 +149,7 @@ def check_same_run(run_dir: Path, spec: RunSpec) -> None:
     if isinstance(old_cl, dict) and isinstance(new_cl, dict) and new_cl.get("mode") is None:
         # the run records the mode "auto" resolved to (inject/truncate); the same config resolves the same
         new_run["curriculum"] = {**new_cl, "mode": old_cl.get("mode")}
-    changed = [k for k in RESUME_KEYS if old.get("run", {}).get(k) != new_run.get(k)]
+    changed = [k for k in RESUME_KEYS if old.get("run", {}).get(k, RECORDED_SINCE.get(k)) != new_run.get(k)]
     opts = old.get("options", {})
     if opts.get("model") not in (None, spec.model):
         changed.append("model")

@@ -18,7 +18,7 @@ from typing import Any
 from seqwarm.experiments import curves, spread
 from seqwarm.trainer.metrics import format_duration, read_metrics
 from seqwarm.trainer.plots import COMPARE_RUNS as RUNS
-from seqwarm.trainer.plots import plot_compare_stability, plot_compare_val
+from seqwarm.trainer.plots import compare_arm, compare_arms, plot_compare_stability, plot_compare_val
 from seqwarm.util.atomic import write_json, write_text
 from seqwarm.util.units import human_count
 
@@ -43,17 +43,37 @@ def write_report(out: Path, report: dict[str, Any]) -> list[Path]:
             report,
             stability_curves(report),
             out / FIGURES[1],
-            [stability_curves(report, r["run_dirs"]) for r in report.get("seeds", [])[1:]],
+            [stability_curves(report, dirs) for dirs in seed_run_dirs(report)[1:]],
         ),
     ]
-    return paths + [write_text(out / "report.md", render_markdown(report))]
+    md = render_modes_markdown(report) if report.get("modes") else render_markdown(report)
+    return paths + [write_text(out / "report.md", md)]
+
+
+def _arm_seed_rows(report: dict[str, Any], name: str) -> list[tuple[dict[str, Any], str]]:
+    """Arm ``name``'s seed rows with the row key the arm has in them (a mode is ``curriculum`` in its own)."""
+    modes = report.get("modes") or {}
+    if name in modes:
+        return [(r, "curriculum") for r in modes[name].get("seeds") or []]
+    return [(r, name) for r in report.get("seeds") or []]
+
+
+def seed_run_dirs(report: dict[str, Any]) -> list[dict[str, str]]:
+    """Every seed's run folder of every arm, first seed first."""
+    out: list[dict[str, str]] = []
+    for name in compare_arms(report):
+        for i, (row, key) in enumerate(_arm_seed_rows(report, name)):
+            if i == len(out):
+                out.append({})
+            out[i][name] = row["run_dirs"][key]
+    return out
 
 
 def seed_val_curves(report: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each arm's validation curves of every seed and their point-by-point median (for the figure)."""
     out = {}
-    for name in RUNS:
-        each = [r["evals"][name] for r in report.get("seeds") or []]
+    for name in compare_arms(report):
+        each = [r["evals"][key] for r, key in _arm_seed_rows(report, name)]
         tok, loss = spread.median_curve([(e["tokens"], e["val_loss"]) for e in each])
         sec, _ = spread.median_curve([(e["elapsed_s"], e["val_loss"]) for e in each])
         out[name] = {"each": each, "median": {"tokens": tok, "elapsed_s": sec, "val_loss": loss}}
@@ -67,8 +87,8 @@ def stability_curves(
     (``run_dirs``: another seed's runs; default the report's own, the first seed's)."""
     window = report["stability"]["smooth_steps"]
     out: dict[str, dict[str, tuple[list[float], list[float]]]] = {}
-    for name in RUNS:
-        folder = (run_dirs or {}).get(name) or report[name]["run_dir"]
+    for name in compare_arms(report):
+        folder = (run_dirs or {}).get(name) or compare_arm(report, name)["run_dir"]
         rows = [r for r in read_metrics(Path(folder) / "metrics.jsonl") if r.get("kind") == "train"]
         if not rows:
             continue
@@ -170,22 +190,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines.append(f"- {note}")
     if report.get("notes"):
         lines.append("")
-    lines += [
-        "## Runs",
-        "",
-        "| run | steps | tokens | wall-clock | tokens/s | final val loss | final val ppl | global batch | "
-        "peak LR | total_curriculum_step | status |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for name in RUNS:
-        r = report[name]
-        lines.append(
-            f"| {name} | {_f(r['steps'], ',')} | {human_count(r['tokens'])} | "
-            f"{format_duration(r['wall_time_s'])} | {_f(r['tokens_per_s'], ',.0f')} | "
-            f"{_f(r['final_val_loss'])} | {_f(r['final_val_ppl'], '.1f')} | "
-            f"{_f(r['global_batch_size'], 'd')} | {_f(r['lr'], 'g')} | "
-            f"{r['total_curriculum_step'] if r['total_curriculum_step'] else '–'} | {r['status']} |"
-        )
+    lines += ["## Runs", ""] + _runs_table(report, RUNS)
     lines += ["", "## Speedup to the baseline's final validation loss", ""]
     if report.get("target") is None:
         lines.append(report.get("target_note", "no target"))
@@ -222,17 +227,42 @@ def render_markdown(report: dict[str, Any]) -> str:
             ]
             ahead = sum(g["difference"] < 0 for g in gap)
             lines += ["", f"The curriculum is ahead (lower loss) at {ahead} of these {len(gap)} points."]
-    stab = report["stability"]
-    lines += [
-        "",
-        "## Stability",
-        "",
+    lines += ["", "## Stability", ""] + _stability_table(report, RUNS)
+    lines += ["", f"_{report['definitions']['stability']}_", ""]
+    lines += _seeds_section(report)
+    lines += _figures_and_commands(report, RUNS)
+    return "\n".join(lines)
+
+
+def _runs_table(report: dict[str, Any], arms: Any) -> list[str]:
+    """One row per arm: steps, tokens, time, final loss, batch, LR, curriculum length (first seed)."""
+    lines = [
+        "| run | steps | tokens | wall-clock | tokens/s | final val loss | final val ppl | global batch | "
+        "peak LR | total_curriculum_step | status |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name in arms:
+        r = compare_arm(report, name)
+        lines.append(
+            f"| {name} | {_f(r['steps'], ',')} | {human_count(r['tokens'])} | "
+            f"{format_duration(r['wall_time_s'])} | {_f(r['tokens_per_s'], ',.0f')} | "
+            f"{_f(r['final_val_loss'])} | {_f(r['final_val_ppl'], '.1f')} | "
+            f"{_f(r['global_batch_size'], 'd')} | {_f(r['lr'], 'g')} | "
+            f"{r['total_curriculum_step'] if r['total_curriculum_step'] else '–'} | {r['status']} |"
+        )
+    return lines
+
+
+def _stability_table(report: dict[str, Any], arms: Any) -> list[str]:
+    """One row per arm: loss ratio, spikes, gradient and Adam second-moment norms (first seed)."""
+    threshold = report["stability"]["threshold"]
+    lines = [
         "| run | max loss ratio (smoothed) | max loss ratio (raw) | spikes > "
-        f"{stab['threshold']:g} | spike steps | max grad norm | max Adam v l1 | max Adam v max |",
+        f"{threshold:g} | spike steps | max grad norm | max Adam v l1 | max Adam v max |",
         "|---|---:|---:|---:|---|---:|---:|---:|",
     ]
-    for name in RUNS:
-        s = stab[name]
+    for name in arms:
+        s = compare_arm(report, name)["stability"]
         steps = ", ".join(map(str, s["spike_steps"][:10])) + (" …" if len(s["spike_steps"]) > 10 else "")
         lines.append(
             f"| {name} | {_f(s['max_loss_ratio'], '.3f')} (step {s['max_loss_ratio_step']}) | "
@@ -240,9 +270,11 @@ def render_markdown(report: dict[str, Any]) -> str:
             f"{_f(s['max_grad_norm'], '.3g')} | {_f(s['max_adam_v_l1'], '.3g')} | "
             f"{_f(s['max_adam_v_max'], '.3g')} |"
         )
-    lines += ["", f"_{report['definitions']['stability']}_", ""]
-    lines += _seeds_section(report)
-    lines += [
+    return lines
+
+
+def _figures_and_commands(report: dict[str, Any], arms: Any) -> list[str]:
+    lines = [
         "## Figures",
         "",
         f"![validation loss]({FIGURES[0]})",
@@ -255,8 +287,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         "",
         "```",
     ]
-    lines += [report["commands"][name] for name in RUNS]
-    lines += [
+    lines += [report["commands"][name] for name in arms]
+    return lines + [
         "```",
         "",
         f"Caveats: {_seeds_label(report)}; wall-clock includes evaluations and checkpoints and depends on "
@@ -264,4 +296,123 @@ def render_markdown(report: dict[str, Any]) -> str:
         "progress by the full-length validation loss.",
         "",
     ]
+
+
+# --------------------------------------------------------------------------------------------------
+# --modes: every mode against the one baseline
+
+
+def _exceeds(verdict: dict[str, Any]) -> str:
+    """The table's word for :func:`seqwarm.experiments.spread.verdict`."""
+    if verdict.get("exceeds_spread") is None:
+        return "– (one seed)" if verdict.get("text", [""])[0].startswith("One seed") else "–"
+    if not verdict["exceeds_spread"]:
+        return "no (ranges overlap)"
+    return "yes, mode lower" if verdict["lower"] == "curriculum" else "yes, baseline lower"
+
+
+def mode_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per arm of a ``--modes`` report, over the seeds: final loss, speedups, steps, spikes and
+    whether the difference exceeds the seed spread (the baseline's row has no speedup or verdict)."""
+    modes = report["modes"]
+    first = modes[next(iter(modes))]["aggregate"]
+    rows = [
+        {
+            "arm": "baseline",
+            "final_val_loss": first["final_val_loss"]["baseline"],
+            "steps": first["steps"]["baseline"],
+            "spikes": first["spikes"]["baseline"],
+            "diverged": first["diverged"]["baseline"],
+            "n_seeds": first["n_seeds"],
+        }
+    ]
+    for mode, r in modes.items():
+        agg = r["aggregate"]
+        rows.append(
+            {
+                "arm": mode,
+                "final_val_loss": agg["final_val_loss"]["curriculum"],
+                "speedup_tokens": agg["speedup_tokens"],
+                "reached": agg["reached"],
+                "speedup_time": agg["speedup_time"],
+                "steps": agg["steps"]["curriculum"],
+                "spikes": agg["spikes"]["curriculum"],
+                "diverged": agg["diverged"]["curriculum"],
+                "n_seeds": agg["n_seeds"],
+                "exceeds_spread": agg["verdict"]["exceeds_spread"],
+                "exceeds": _exceeds(agg["verdict"]),
+                "verdict": agg["verdict"]["text"],
+            }
+        )
+    return rows
+
+
+def render_modes_markdown(report: dict[str, Any]) -> str:
+    """report.md of ``compare --modes``: one row per mode against the baseline, then the first seed's runs."""
+    arms = compare_arms(report)
+    seeds = report["settings"].get("seeds") or [None]
+    first = seeds[0]
+    threshold = report["stability"]["threshold"]
+    lines = [
+        f"# seqwarm compare: baseline vs curriculum modes {', '.join(arms[1:])}",
+        "",
+        f"{report['date']} · seqwarm {report['seqwarm_version']} · {report['machine']['platform']}, "
+        f"{report['machine']['cpus']} CPUs · {_seeds_label(report)}",
+        "",
+    ]
+    lines += [f"- {note}" for note in report.get("notes", [])] + ([""] if report.get("notes") else [])
+    lines += [
+        "## Modes against the baseline",
+        "",
+        "Target on each seed: that seed's baseline final full-length validation loss. Each cell is the median "
+        f"(min–max) over {len(seeds)} seed(s).",
+        "",
+        f"| arm | final val loss | speedup_tokens | reached | speedup_time | optimizer steps | spikes > {threshold:g} "
+        "| diverged | exceeds seed spread |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in mode_rows(report):
+        n = r["n_seeds"]
+        if r["arm"] == "baseline":
+            middle = "– | – | –"
+        else:
+            middle = (
+                f"{_spread_cell(r['speedup_tokens'], '.2f', 'x')} | {r['reached']}/{n} | "
+                f"{_spread_cell(r['speedup_time'], '.2f', 'x')}"
+            )
+        lines.append(
+            f"| {r['arm']} | {_spread_cell(r['final_val_loss'], '.4f')} | {middle} | "
+            f"{_spread_cell(r['steps'], ',.0f')} | {_spread_cell(r['spikes'], 'g')} | {r['diverged']}/{n} | "
+            f"{r.get('exceeds', '–')} |"
+        )
+    lines += ["", f"Wall-clock speedups are {TIME_NOTE}.", ""]
+    for r in mode_rows(report)[1:]:
+        lines += [f"- **{r['arm']}**: {' '.join(r['verdict'])}"]
+    lines += ["", f"_{report['definitions']['target']}_", ""]
+    if "spread" in report["definitions"]:
+        lines += [f"_{report['definitions']['spread']}_", ""]
+    lines += [f"## Runs (seed {first})", ""] + _runs_table(report, arms)
+    lines += ["", f"## Stability (seed {first})", ""] + _stability_table(report, arms)
+    lines += ["", f"_{report['definitions']['stability']}_", ""]
+    if len(seeds) > 1:
+        lines += [
+            "## Seeds",
+            "",
+            "| seed | arm | final val loss | speedup_tokens | spikes |",
+            "|---:|---|---:|---:|---:|",
+        ]
+        for i, seed in enumerate(seeds):
+            base = report["modes"][arms[1]]["seeds"][i]
+            lines.append(
+                f"| {seed} | baseline | {_f(base['final_val_loss']['baseline'])} | – | {base['spikes']['baseline']} |"
+            )
+            for mode in arms[1:]:
+                row = report["modes"][mode]["seeds"][i]
+                sp = _x(row["speedup_tokens"]) if row["speedup_tokens"] else "never reached"
+                lines.append(
+                    f"| {seed} | {mode} | {_f(row['final_val_loss']['curriculum'])} | {sp} | "
+                    f"{row['spikes']['curriculum']} |"
+                )
+        lines += [""]
+    lines += _figures_and_commands(report, arms)
     return "\n".join(lines)

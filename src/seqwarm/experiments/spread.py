@@ -49,6 +49,7 @@ def seed_row(seed: int, report: Mapping[str, Any]) -> dict[str, Any]:
         "target": report.get("target"),
         "final_val_loss": {arm: report[arm]["final_val_loss"] for arm in ARMS},
         "spikes": {arm: report["stability"][arm]["spikes"] for arm in ARMS},
+        "steps": {arm: report[arm].get("steps") for arm in ARMS},
         "diverged": {arm: report[arm]["diverged"] for arm in ARMS},
         "evals": {arm: report[arm]["evals"] for arm in ARMS},
     }
@@ -63,6 +64,7 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "speedup_time": spread(r.get("speedup_time") for r in rows),
         "final_val_loss": {arm: spread(r["final_val_loss"][arm] for r in rows) for arm in ARMS},
         "spikes": {arm: spread(r["spikes"][arm] for r in rows) for arm in ARMS},
+        "steps": {arm: spread((r.get("steps") or {}).get(arm) for r in rows) for arm in ARMS},
         "diverged": {arm: sum(bool(r["diverged"][arm]) for r in rows) for arm in ARMS},
     }
     out["verdict"] = verdict(out)

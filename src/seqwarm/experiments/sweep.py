@@ -1,11 +1,16 @@
 """``seqwarm sweep``: the baseline and the curriculum over a grid of peak LR, batch scale, clipping,
-LR warmup and position embeddings, several seeds each.
+LR warmup, position embeddings, curriculum mode and document masking, several seeds each.
 
 A *cell* is one point of the grid; each cell is laid out as a ``seqwarm compare --seeds N`` of its own
 (``DIR/CELL/baseline``, ``DIR/CELL/curriculum``, ``DIR/CELL/seed-S/...``), planned by
 :func:`seqwarm.experiments.compare.plan_compare`, except that at batch scale K *both* arms train at K x
 the global batch (the curriculum's and the LR schedule's step counts divided by K, so they cover the
 same samples). Finished runs are reused and runs with checkpoints resumed, so a killed sweep continues.
+
+The curriculum mode and document masking are axes only when given more than one value (one value is
+a setting of every run, as in ``seqwarm train``, and leaves the cell names as they were). Cells that
+differ only in mode share their baseline, as ``compare --modes`` does: ``DIR/CELL/baseline`` and
+``DIR/CELL/<mode>``, the cell of each mode named ``CELL_mode-<mode>`` in the report.
 
 Every run reports its final full-length validation loss, whether it diverged (non-finite loss, a
 smoothed loss-ratio spike — see :data:`seqwarm.experiments.compare.STABILITY_DEFINITION` — or a
@@ -15,16 +20,19 @@ seed's baseline final loss.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from seqwarm.curriculum.schedule import CURRICULUM_MODES
 from seqwarm.experiments import curves, spread
 from seqwarm.experiments.compare import (
     DEFAULT_SMOOTH_STEPS,
     DEFAULT_SPIKE_THRESHOLD,
+    MODES,
     RUNS,
     CompareOptions,
     eval_rows,
@@ -57,6 +65,10 @@ class SweepOptions:
     """LR warmup lengths in iterations at batch scale 1 (None: the config's)."""
     pos: tuple[str, ...] = ("learned",)
     """Position embeddings: learned and/or rotary."""
+    curriculum_mode: tuple[str | None, ...] = (None,)
+    """Curriculum modes (None: the config's); several make an axis whose cells share their baseline."""
+    document_masking: tuple[bool | None, ...] = (None,)
+    """Document masking off and/or on, in both arms (None: the config's)."""
     seeds: int = 1
     """Seeds per cell and arm."""
     spike_threshold: float = DEFAULT_SPIKE_THRESHOLD
@@ -87,53 +99,87 @@ def plan_sweep(base: RunSpec, options: SweepOptions) -> list[dict[str, Any]]:
     bad = [f"--pos {p}: choose learned or rotary" for p in options.pos if p not in POSITIONS]
     bad += [f"--scale-batch {k}: must be >= 1" for k in options.scale_batch if k < 1]
     bad += [f"--lr {v:g}: must be positive" for v in options.lr if not v > 0]
+    modes = options.curriculum_mode
+    if len(modes) > 1:  # an axis: each mode's arm is a folder named after it, as in `compare --modes`
+        bad += [
+            f"--curriculum-mode {_mode_text(m)}: as a grid axis choose from {', '.join(MODES)}"
+            for m in modes
+            if m not in MODES
+        ]
+    else:
+        bad += [
+            f"--curriculum-mode {m}: choose from {', '.join(CURRICULUM_MODES)}"
+            for m in modes
+            if m and m not in CURRICULUM_MODES
+        ]
+    for flag, axis in (("--curriculum-mode", modes), ("--document-masking", options.document_masking)):
+        if len(set(axis)) < len(axis):
+            bad.append(f"{flag}: a value is named twice; name each once")
     if bad:
         raise UserError("; ".join(bad))
+    mode_axis = len(options.curriculum_mode) > 1  # one value: a setting of every run, not an axis
+    mask_axis = len(options.document_masking) > 1
     cells = []
-    for lr in options.lr or (None,):
-        for k in options.scale_batch:
-            for clip in options.clip_grad:
-                for warmup in options.lr_warmup_iters:
-                    for pos in options.pos:
-                        name = cell_name(lr, k, clip, warmup, pos)
-                        changes = {
-                            key: v
-                            for key, v in (("lr", lr), ("gradient_clipping", clip), ("lr_warmup_iters", warmup))
-                            if v is not None
-                        }
-                        spec = with_changes(base, rotary=pos == "rotary", **changes)
-                        plan = plan_compare(
-                            spec,
-                            CompareOptions(
-                                out=Path(options.out) / name,
-                                scale_batch=k,
-                                seeds=options.seeds,
-                                spike_threshold=options.spike_threshold,
-                                smooth_steps=options.smooth_steps,
-                                eval_interval=options.eval_interval,
-                                eval_iters=options.eval_iters,
-                                log_interval=options.log_interval,
-                            ),
-                        )
-                        seeds = {}
-                        for seed, runs in plan.by_seed().items():
-                            cur = runs["curriculum"]  # at K x batch; the baseline is the same without curriculum
-                            seeds[seed] = {
-                                "baseline": with_changes(cur, curriculum=False, out=Path(cur.out).parent / "baseline"),
-                                "curriculum": cur,
-                            }
-                        cells.append(
-                            {
-                                "name": name,
-                                "lr": lr,
-                                "scale_batch": k,
-                                "clip_grad": clip,
-                                "lr_warmup_iters": warmup,
-                                "pos": pos,
-                                "runs": seeds,
-                            }
-                        )
+    for lr, k, clip, warmup, pos, masking, mode in itertools.product(
+        options.lr or (None,),
+        options.scale_batch,
+        options.clip_grad,
+        options.lr_warmup_iters,
+        options.pos,
+        options.document_masking,
+        options.curriculum_mode,
+    ):
+        folder = cell_name(lr, k, clip, warmup, pos) + (f"_docmask-{'on' if masking else 'off'}" if mask_axis else "")
+        changes = {
+            key: v
+            for key, v in (
+                ("lr", lr),
+                ("gradient_clipping", clip),
+                ("lr_warmup_iters", warmup),
+                ("document_masking", masking),
+                ("curriculum_mode", None if mode_axis else mode),
+            )
+            if v is not None
+        }
+        if mode_axis:  # each arm's mode is the axis's, never a setting carried by the baseline
+            changes["curriculum_mode"] = None
+        spec = with_changes(base, rotary=pos == "rotary", **changes)
+        plan = plan_compare(
+            spec,
+            CompareOptions(
+                out=Path(options.out) / folder,
+                scale_batch=k,
+                seeds=options.seeds,
+                spike_threshold=options.spike_threshold,
+                smooth_steps=options.smooth_steps,
+                eval_interval=options.eval_interval,
+                eval_iters=options.eval_iters,
+                log_interval=options.log_interval,
+                # a mode axis: the cell is a `compare --modes` of one mode, its baseline shared by the modes
+                modes=(mode,) if mode_axis else (),
+            ),
+        )
+        arm = mode if mode_axis else "curriculum"
+        shared: dict[str, Any] = {}
+        if mode_axis:  # the first mode's config (every mode's holds the same, and its cell is planned first)
+            shared = {"curriculum_mode": None, "config": Path(options.out) / folder / "configs" / f"{modes[0]}.json"}
+        seeds = {}
+        for seed, runs in plan.by_seed().items():
+            cur = runs[arm]  # at K x batch; the baseline is the same without curriculum (and without a mode)
+            base_out = Path(cur.out).parent / "baseline"
+            seeds[seed] = {"baseline": with_changes(cur, curriculum=False, out=base_out, **shared), "curriculum": cur}
+        cell = {"name": folder + (f"_mode-{mode}" if mode_axis else ""), "lr": lr, "scale_batch": k}
+        cell.update(clip_grad=clip, lr_warmup_iters=warmup, pos=pos)
+        if mask_axis:
+            cell["document_masking"] = masking
+        if mode_axis:
+            cell["curriculum_mode"] = mode
+        cells.append({**cell, "runs": seeds})
     return cells
+
+
+def _mode_text(mode: str | None) -> str:
+    return "cfg" if mode is None else mode
 
 
 DIVERGED_DEFINITION = (
@@ -214,6 +260,8 @@ def run_sweep(base: RunSpec, options: SweepOptions, *, echo=print) -> dict[str, 
             "clip_grad": list(options.clip_grad),
             "lr_warmup_iters": list(options.lr_warmup_iters),
             "pos": list(options.pos),
+            "curriculum_mode": list(options.curriculum_mode),
+            "document_masking": list(options.document_masking),
             "seeds": options.seeds,
         },
         "cells": results,
@@ -312,9 +360,10 @@ def stability_limits(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for c in cells:
         if c.get("lr") is not None:
             key = (c["scale_batch"], c.get("clip_grad"), c.get("lr_warmup_iters"), c.get("pos"))
+            key += (c.get("curriculum_mode"), c.get("document_masking"))  # None unless the grid varies them
             groups.setdefault(key, []).append(c)
     out = []
-    for (k, clip, warmup, pos), group in groups.items():
+    for (k, clip, warmup, pos, mode, masking), group in groups.items():
         for arm in RUNS:
             stable = [c["lr"] for c in group if not c[arm]["diverged"]]
             failed = [c["lr"] for c in group if c[arm]["diverged"]]
@@ -324,6 +373,8 @@ def stability_limits(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "clip_grad": clip,
                     "lr_warmup_iters": warmup,
                     "pos": pos,
+                    **({"curriculum_mode": mode} if mode else {}),
+                    **({"document_masking": masking} if masking is not None else {}),
                     "arm": arm,
                     "lrs": sorted(c["lr"] for c in group),
                     "largest_stable_lr": max(stable) if stable else None,
@@ -426,8 +477,11 @@ def _render_limits(limits: list[dict[str, Any]]) -> list[str]:
         failed = (
             f"none up to {max(r['lrs']):g}" if r["smallest_diverged_lr"] is None else f"{r['smallest_diverged_lr']:g}"
         )
+        arm = r["arm"] + (f", {r['curriculum_mode']} cells" if r.get("curriculum_mode") else "")
+        if r.get("document_masking") is not None:
+            arm += f", document masking {'on' if r['document_masking'] else 'off'}"
         lines.append(
-            f"| x{r['scale_batch']} | {clip} | {warmup} | {r['pos'] or 'config'} | {r['arm']} | {stable} | {failed} |"
+            f"| x{r['scale_batch']} | {clip} | {warmup} | {r['pos'] or 'config'} | {arm} | {stable} | {failed} |"
         )
     return lines + ["", "_" + LIMITS_DEFINITION[0].upper() + LIMITS_DEFINITION[1:] + "_", ""]
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import signal
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -229,7 +230,9 @@ def rank_failure(info: DistInfo, exc: BaseException, step: int | None = None) ->
 
 def injected_fault(info: DistInfo, step: int) -> None:
     """The test hook ``SEQWARM_FAULT=RANK:STEP:ACTION``: on rank RANK, before step STEP + 1, ``exit``
-    (die without a word), ``raise`` (a RuntimeError) or ``sleep`` (stall for an hour)."""
+    (die without a word), ``raise`` (a RuntimeError) or ``sleep`` (stall for an hour; a SIGTERM, which
+    torchrun sends the survivors of a failed job, ends the stalled rank at once, where the run's graceful
+    stop would wait for a step that never comes and torchrun would kill it 30 s later)."""
     spec = os.environ.get("SEQWARM_FAULT")
     if not spec:
         return
@@ -241,6 +244,7 @@ def injected_fault(info: DistInfo, step: int) -> None:
     if action == "raise":
         raise RuntimeError(f"SEQWARM_FAULT: rank {info.rank} raised before step {step + 1}")
     if action == "sleep":
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(128 + signal.SIGTERM))
         time.sleep(3600)
 
 

@@ -31,7 +31,31 @@ from seqwarm.util.units import human_count
 logger = logging.getLogger(__name__)
 
 COMPARE_RUNS = ("baseline", "curriculum")
-COMPARE_COLORS = {"baseline": "tab:gray", "curriculum": "tab:blue"}
+COMPARE_COLORS = {
+    "baseline": "tab:gray",
+    "curriculum": "tab:blue",
+    "truncate": "tab:blue",
+    "reshape": "tab:orange",
+    "window": "tab:green",
+}
+
+
+def compare_arms(report: Mapping[str, Any]) -> list[str]:
+    """The arms of a compare report: ``baseline`` and ``curriculum``, or ``baseline`` and each mode."""
+    return list(report.get("arms") or COMPARE_RUNS)
+
+
+def compare_arm(report: Mapping[str, Any], name: str, key: str | None = None) -> Any:
+    """Arm ``name``'s run summary of a compare report (``key``: that arm's entry of a two-run key such as
+    ``tokens_to_target``, which a ``--modes`` report keeps per mode under ``modes``)."""
+    modes = report.get("modes") or {}
+    if name in modes:
+        return modes[name]["curriculum"] if key is None else (modes[name].get(key) or {}).get("curriculum")
+    return report[name] if key is None else (report.get(key) or {}).get(name)
+
+
+def _arm_color(name: str, index: int) -> str:
+    return COMPARE_COLORS.get(name, f"C{index % 10}")
 
 
 def pyplot():
@@ -159,14 +183,14 @@ def plot_plan(plan: Plan, path: str | Path) -> Path:
 
 
 def compare_label(report: Mapping[str, Any], name: str) -> str:
-    """The legend entry of run ``name`` (``baseline`` or ``curriculum``) of a compare report."""
-    run = report[name]
+    """The legend entry of arm ``name`` (``baseline``, ``curriculum`` or a mode) of a compare report."""
+    run = compare_arm(report, name)
     if name == "baseline":
         return "baseline (full length)"
     k = report["settings"].get("scale_batch", 1)
     m = report["settings"].get("scale_lr", 1)
     extra = f", {k}x batch, {m:g}x LR" if (k, m) != (1, 1) else ""
-    return f"curriculum (T={run.get('total_curriculum_step')}{extra})"
+    return f"{name} (T={run.get('total_curriculum_step')}{extra})"
 
 
 def plot_compare_val(
@@ -181,8 +205,9 @@ def plot_compare_val(
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.3), sharey=True)
     target = report.get("target")
-    for name in COMPARE_RUNS:
-        color, label = COMPARE_COLORS[name], compare_label(report, name)
+    arms = compare_arms(report)
+    for i, name in enumerate(arms):
+        color, label = _arm_color(name, i), compare_label(report, name)
         arm = (seeds or {}).get(name)
         if arm and len(arm["each"]) > 1:
             for ev in arm["each"]:
@@ -193,24 +218,29 @@ def plot_compare_val(
                 {"lw": 2.2, "color": color, "label": f"{label}: median of {len(arm['each'])} seeds"},
             )
         else:
-            ev, style = report[name]["evals"], {"marker": "o", "ms": 3, "color": color, "label": f"{label}, one seed"}
+            ev = compare_arm(report, name)["evals"]
+            style = {"marker": "o", "ms": 3, "color": color, "label": f"{label}, one seed"}
         axes[0].plot([t / 1e6 for t in ev["tokens"]], ev["val_loss"], **style)
         axes[1].plot([s / 60 for s in ev["elapsed_s"]], ev["val_loss"], **style)
     if target is not None:
         for ax, key, scale in ((axes[0], "tokens_to_target", 1e6), (axes[1], "time_to_target", 60)):
             first = f" (seed {report['seeds'][0]['seed']})" if len(report.get("seeds") or []) > 1 else ""
             ax.axhline(target, color="tab:red", ls="--", lw=1, label=f"target {target:.3f}{first}")
-            hit = report.get(key) or {}
-            for name in COMPARE_RUNS:
-                if hit.get(name) is not None:
-                    ax.axvline(hit[name] / scale, color=COMPARE_COLORS[name], ls=":", lw=1)
+            for i, name in enumerate(arms):
+                hit = compare_arm(report, name, key)
+                if hit is not None:
+                    ax.axvline(hit / scale, color=_arm_color(name, i), ls=":", lw=1)
     axes[0].set_xlabel("tokens trained (M)")
     axes[1].set_xlabel("wall-clock (minutes, incl. evaluation)")
     axes[0].set_ylabel("validation loss (full length)")
     agg = report.get("aggregate") or {}
     for ax, key, what in ((axes[0], "speedup_tokens", "tokens"), (axes[1], "speedup_time", "wall-clock")):
         sp, n = agg.get(key) or {}, agg.get("n_seeds", 1)
-        if n > 1:  # the median and range over the seeds; the target line is the first seed's
+        if report.get("modes"):  # one speedup per mode: the median over the seeds
+            each = [(m, (r.get("aggregate") or {}).get(key) or {}) for m, r in report["modes"].items()]
+            text = ", ".join(f"{m} {s['median']:.2f}x" if s.get("n") else f"{m} –" for m, s in each)
+            ax.set_title(f"against {what} (speedup{' median' if n > 1 else ''}: {text})", fontsize=10)
+        elif n > 1:  # the median and range over the seeds; the target line is the first seed's
             ax.set_title(
                 f"against {what} (speedup median {sp['median']:.2f}x, {sp['min']:.2f}–{sp['max']:.2f}x, "
                 f"{sp['n']} of {n} seeds reached)"
@@ -220,7 +250,7 @@ def plot_compare_val(
             )
         else:
             ax.set_title(f"against {what} (speedup {report[key]:.2f}x)" if report.get(key) else f"against {what}")
-    _zoom(axes[0], [v for n in COMPARE_RUNS for v in report[n]["evals"]["val_loss"]])
+    _zoom(axes[0], [v for n in arms for v in compare_arm(report, n)["evals"]["val_loss"]])
     for ax in axes:
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
@@ -259,13 +289,13 @@ def plot_compare_stability(
     threshold = report["stability"]["threshold"]
     fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
     panels = dict(zip(STABILITY_PANELS, [axes[0][0], axes[0][1], axes[0][2], axes[1][0], axes[1][1], axes[1][2]]))
-    for name in COMPARE_RUNS:
+    for i, name in enumerate(compare_arms(report)):
         for seed_curves in other_seeds:
             for key, (xs, ys) in seed_curves.get(name, {}).items():
                 if len(xs):
-                    panels[key].plot([t / 1e6 for t in xs], ys, color=COMPARE_COLORS[name], lw=0.6, alpha=0.3)
+                    panels[key].plot([t / 1e6 for t in xs], ys, color=_arm_color(name, i), lw=0.6, alpha=0.3)
         first = f", seed {report['seeds'][0]['seed']} (others thin)" if other_seeds else ""
-        style = {"color": COMPARE_COLORS[name], "label": compare_label(report, name) + first, "lw": 1}
+        style = {"color": _arm_color(name, i), "label": compare_label(report, name) + first, "lw": 1}
         for key, (xs, ys) in curves.get(name, {}).items():
             if len(xs):
                 panels[key].plot([t / 1e6 for t in xs], ys, **style)
@@ -296,8 +326,8 @@ def plot_compare_stability(
 
 def plot_sweep(cells: Sequence[Mapping[str, Any]], path: Path) -> Path:
     """Final full-length validation loss against peak LR: one line per arm and batch scale (and clipping,
-    warmup, position embeddings where the grid varies them), the median over seeds drawn, their min–max
-    shaded; a seed that diverged is marked with an x at its final loss (when finite)."""
+    warmup, position embeddings, curriculum mode and document masking where the grid varies them), the median
+    over seeds drawn, their min–max shaded; a seed that diverged is marked with an x at its final loss (when finite)."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     lines: dict[tuple, list[tuple[float, list[float], list[float]]]] = {}
@@ -308,11 +338,12 @@ def plot_sweep(cells: Sequence[Mapping[str, Any]], path: Path) -> Path:
             if lr is None:
                 continue
             key = (arm, c["scale_batch"], c.get("clip_grad"), c.get("lr_warmup_iters"), c.get("pos"))
+            key += (c.get("curriculum_mode"), c.get("document_masking"))  # None unless the grid varies them
             ok = [r["final_val_loss"] for r in runs if not r["diverged"] and _finite(r["final_val_loss"])]
             bad = [r["final_val_loss"] for r in runs if r["diverged"] and _finite(r["final_val_loss"])]
             lines.setdefault(key, []).append((lr, ok, bad))
-    varies = [i for i in (2, 3, 4) if len({k[i] for k in lines}) > 1]
-    names = {2: "clip", 3: "warmup", 4: "pos"}
+    varies = [i for i in (2, 3, 4, 5, 6) if len({k[i] for k in lines}) > 1]
+    names = {2: "clip", 3: "warmup", 4: "pos", 5: "mode", 6: "document masking"}
     for n, (key, points) in enumerate(sorted(lines.items(), key=lambda kv: tuple(map(str, kv[0])))):
         points.sort(key=lambda p: p[0])
         label = f"{key[0]}, {key[1]}x batch" + "".join(f", {names[i]} {key[i]}" for i in varies)

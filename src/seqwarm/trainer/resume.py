@@ -18,7 +18,7 @@ from typing import Any
 
 from seqwarm.util.errors import UserError
 
-__all__ = ["RESUME_KEYS", "check_resume_config", "config_changes", "format_changes", "saved_section"]
+__all__ = ["RECORDED_SINCE", "RESUME_KEYS", "check_resume_config", "config_changes", "format_changes", "saved_section"]
 
 RESUME_KEYS = (
     "train_batch_size",
@@ -34,7 +34,12 @@ RESUME_KEYS = (
     "train_samples",
     "count_tokens_by",
     "precision",
+    "document_masking",
 )
+
+RECORDED_SINCE = {"document_masking": False}
+"""Settings a run's record gained later, with the value every run recorded before had: a record without
+one is read as that value, not as a change."""
 
 
 LAYOUT_KEYS = ("micro_batch_size", "gradient_accumulation_steps")
@@ -45,7 +50,7 @@ LAYOUT_KEYS = ("micro_batch_size", "gradient_accumulation_steps")
 def check_resume_config(path: Any, saved: dict, resolved: dict, *, allow_config_change: bool = False) -> None:
     """UserError when the checkpoint at ``path`` (its recorded ``saved`` config) was written with another
     recipe or model than ``resolved`` (the run's), naming what differs."""
-    old, new = saved["run"], resolved["run"]
+    old, new = {**RECORDED_SINCE, **saved["run"]}, {**RECORDED_SINCE, **resolved["run"]}
     if (old.get("curriculum") or {}).get("mode", "") is None and new.get("curriculum"):
         # written before the resolved mode was recorded: the same config resolves to the same mode
         old = {**old, "curriculum": {**old["curriculum"], "mode": new["curriculum"]["mode"]}}
@@ -99,6 +104,8 @@ def config_changes(old: Any, new: Any, prefix: str = "") -> dict[str, list[Any]]
             out.update(config_changes(old.get(key), new.get(key), f"{prefix}{key}."))
         return out
     name = prefix.rstrip(".")
+    if old is None and name.startswith("run.") and RECORDED_SINCE.get(name[4:], old) == new:
+        return {}  # recorded before the setting was: it had its one value then
     return {} if old == new or name in IGNORED_CHANGES else {name: [old, new]}
 
 

@@ -39,3 +39,8 @@ def human_count(n: float | int | None, digits: int = 3) -> str:
         if abs(n) >= value:
             return f"{n / value:.{digits}g}{suffix}"
     return f"{n:g}" if isinstance(n, float) else str(n)
+
+
+def counted(n: int, noun: str, plural: str | None = None) -> str:
+    """``1 document``, ``2,115 documents``: a count with thousands separators and its noun, singular for 1."""
+    return f"{n:,} {noun if n == 1 else plural or noun + 's'}"

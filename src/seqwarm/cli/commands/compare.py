@@ -1,6 +1,7 @@
-"""``seqwarm compare``: the baseline and the curriculum run side by side, with speedups and stability.
+"""``seqwarm compare``: the baseline and the curriculum run side by side, with speedups and stability
+(``--modes``: the baseline and one curriculum run per mode).
 
-Every ``seqwarm train`` flag is accepted and applies to both runs. See
+Every ``seqwarm train`` flag is accepted and applies to every run. See
 :mod:`seqwarm.experiments.compare` for what is run and :mod:`seqwarm.experiments.report` for the report.
 """
 
@@ -14,11 +15,12 @@ from seqwarm.cli.commands.train import add_parser_with_train_flags
 from seqwarm.experiments.compare import (
     DEFAULT_SMOOTH_STEPS,
     DEFAULT_SPIKE_THRESHOLD,
+    MODES,
     QUICK_FRACTION,
     CompareOptions,
     run_compare,
 )
-from seqwarm.experiments.report import TIME_NOTE
+from seqwarm.experiments.report import TIME_NOTE, mode_rows
 from seqwarm.run.spec import RunSpec
 from seqwarm.util.units import human_count
 
@@ -33,7 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "one with checkpoints resumed), then write DIR/report.json, DIR/report.md and figures: full-length "
         "validation loss against tokens and wall-clock, tokens-to-target and time-to-target speedups (target: "
         "the baseline's final validation loss), loss-ratio spikes, gradient and Adam second-moment norms. "
-        "All `seqwarm train` flags apply to both runs.",
+        "With --modes truncate,reshape,window: the baseline and one curriculum run per mode (DIR/baseline, "
+        "DIR/truncate, ...), the report one row per mode against the baseline. "
+        "All `seqwarm train` flags apply to every run.",
     )
     g = p.add_argument_group("compare")
     g.add_argument("--out", metavar="DIR", help="folder for the two runs and the report (required)")
@@ -64,8 +68,18 @@ def register(sub: argparse._SubParsersAction) -> None:
         default=1,
         metavar="N",
         help="N seeds per arm (--seed S, then S+1, ...; the first pair in DIR/baseline and "
-        "DIR/curriculum, the others in DIR/seed-S/): the report gives every seed, the median and "
+        "DIR/curriculum (or DIR/<mode>), the others in DIR/seed-S/): the report gives every seed, the median and "
         "min-max, and whether the difference exceeds the seed spread (default 1: no spread measured)",
+    )
+    g.add_argument(
+        "--modes",
+        type=_modes,
+        default=(),
+        metavar="M,...",
+        help=f"compare curriculum modes side by side: the baseline and one curriculum run per mode, each in "
+        f"DIR/<mode> (seeds: DIR/seed-S/<mode>) and with that --curriculum-mode, against the one baseline "
+        f"(trained once per seed); the report has one row per mode. Modes: {', '.join(MODES)}, "
+        "comma-separated; not with --curriculum-mode",
     )
     g.add_argument(
         "--spike-threshold",
@@ -85,6 +99,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _modes(text: str) -> tuple[str, ...]:
+    """``--modes truncate,reshape``: the names, checked against MODES later (one clear error, exit 2)."""
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 def compare_inputs(args: argparse.Namespace) -> tuple[RunSpec, CompareOptions]:
     """The two runs' shared spec and the comparison's options from the parsed ``seqwarm compare`` flags."""
     options = CompareOptions(
@@ -98,6 +117,7 @@ def compare_inputs(args: argparse.Namespace) -> tuple[RunSpec, CompareOptions]:
         eval_iters=args.eval_iters,
         log_interval=args.log_interval,
         seeds=args.seeds,
+        modes=args.modes,
     )
     return spec_from_args(args, out=None), options
 
@@ -105,6 +125,8 @@ def compare_inputs(args: argparse.Namespace) -> tuple[RunSpec, CompareOptions]:
 def run(args: argparse.Namespace) -> int:
     with training_console():  # a closed stdout stops the console lines, not the runs
         report = run_compare(*compare_inputs(args))
+    if report.get("modes"):
+        return _print_modes(report)
     base, cur = report["baseline"], report["curriculum"]
     print()
     for name, r in (("baseline", base), ("curriculum", cur)):
@@ -134,3 +156,33 @@ def run(args: argparse.Namespace) -> int:
         print(line)
     print(f"report: {report['out']}/report.md (report.json, compare_val.png, compare_stability.png)")
     return 0
+
+
+def _print_modes(report: dict) -> int:
+    """The console summary of ``compare --modes``: one line per arm, over the seeds."""
+    seeds = report["settings"]["seeds"]
+    print()
+    print(f"over {len(seeds)} seed(s) {seeds}: median (min-max); target = each seed's baseline final val loss")
+    for r in mode_rows(report):
+        loss = _spread_text(r["final_val_loss"], ".4f")
+        steps = _spread_text(r["steps"], ".0f")
+        line = f"{r['arm']:<9} final val loss {loss}, {steps} steps, spikes {_spread_text(r['spikes'], 'g')}"
+        if r["diverged"]:
+            line += f", diverged on {r['diverged']}/{r['n_seeds']}"
+        if r["arm"] != "baseline":
+            line += (
+                f"; speedup_tokens {_spread_text(r['speedup_tokens'], '.2f', 'x')} "
+                f"(reached on {r['reached']}/{r['n_seeds']}), wall-clock {_spread_text(r['speedup_time'], '.2f', 'x')}"
+                f"; exceeds seed spread: {r['exceeds']}"
+            )
+        print(line)
+    print(f"(wall-clock: {TIME_NOTE})")
+    print(f"report: {report['out']}/report.md (report.json, compare_val.png, compare_stability.png)")
+    return 0
+
+
+def _spread_text(s: dict | None, fmt: str, unit: str = "") -> str:
+    if not s or s.get("median") is None:
+        return "-"
+    text = f"{format(s['median'], fmt)}{unit}"
+    return text if s["n"] == 1 else f"{text} ({format(s['min'], fmt)}-{format(s['max'], fmt)}{unit})"

@@ -25,6 +25,7 @@ from seqwarm.util.problems import ConfigError, Problem
 from seqwarm.util.units import human_count
 
 MAX_TABLE_ROWS = 24
+MAX_SHAPES_SHOWN = 8
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,6 +61,20 @@ def _table_rows(plan: Plan) -> tuple[list, bool]:
     return picked, True
 
 
+def _shapes_line(plan: Plan) -> str:
+    """The training micro-batch shapes (rows x columns, per rank): all when few, else the first and last."""
+    shown = [f"{r}x{c}" for r, c in plan.shapes]
+    if len(shown) > MAX_SHAPES_SHOWN:
+        half = MAX_SHAPES_SHOWN // 2
+        shown = [*shown[:half], "...", *shown[-half:]]
+    count = len(plan.shapes)
+    val = plan.val_shape
+    return (
+        f"{count} training micro-batch shape{'s' if count != 1 else ''} (rows x length, per rank): "
+        f"{', '.join(shown)}; validation {val[0]}x{val[1]}"
+    )
+
+
 def print_plan(plan: Plan, out=None) -> None:
     out = out or sys.stdout
     rows, thinned = _table_rows(plan)
@@ -81,7 +96,9 @@ def print_plan(plan: Plan, out=None) -> None:
             f"{human_count(plan.tokens_at_curriculum_end)} tokens",
             file=out,
         )
-    if plan.warmup_end_step is not None:
+    if plan.warmup_end_step == 0:  # no warmup configured: the clock marks its end before step 1
+        print("LR warmup:                 none (the peak LR from step 1; token decay starts at once)", file=out)
+    elif plan.warmup_end_step is not None:
         print(
             f"LR warmup ends:            step {plan.warmup_end_step:,}, at "
             f"{human_count(plan.warmup_end_tokens)} tokens (token decay starts there)",
@@ -92,6 +109,8 @@ def print_plan(plan: Plan, out=None) -> None:
             f"LR warmup ends:            never: the run stops first, at {plan.warmup_reached:.0%} of the peak LR",
             file=out,
         )
+    print(f"shapes:                    {_shapes_line(plan)}", file=out)
+    print(f"compiles with --compile:   {plan.compiles}  ({plan.compiles_why})", file=out)
     notes = {
         "lr_decay_tokens": "decay by tokens instead: --lr-decay-tokens",
         "lr_warmup_samples": "the token warmup as samples at min_difficulty: --lr-warmup-samples",
@@ -145,12 +164,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"plot written to {args.plot}")
     for problem in refused:
         print(f"warning: train refuses this run: {problem}", file=sys.stderr)
-    no_budget = cfg.train_tokens is None and cfg.train_iters is None and cfg.train_samples is None
     said = [] if refused else cfg.warnings  # resolve_config logged the config's own warnings when it passed
     for message in plan.warnings:
-        if message in said:
-            continue
-        if no_budget and message.startswith("the curriculum takes "):  # a plan made up to the curriculum end
-            continue
-        print(f"warning: {message}", file=sys.stderr)
+        if message not in said:
+            print(f"warning: {message}", file=sys.stderr)
     return 0

@@ -1,5 +1,5 @@
-"""``seqwarm sweep``: baseline and curriculum over a grid of peak LR, batch scale, clipping, warmup and
-position embeddings, several seeds each. See :mod:`seqwarm.experiments.sweep`.
+"""``seqwarm sweep``: baseline and curriculum over a grid of peak LR, batch scale, clipping, warmup,
+position embeddings, curriculum mode and document masking, several seeds each. See :mod:`seqwarm.experiments.sweep`.
 """
 
 from __future__ import annotations
@@ -35,18 +35,30 @@ def _list(kind: Callable[[str], Any], *, allow_cfg: bool = False) -> Callable[[s
     return parse
 
 
+def _on_off(text: str) -> tuple[bool, ...]:
+    """``--document-masking off,on``: the values as booleans."""
+    words = {"on": True, "off": False}
+    out = []
+    for part in text.split(","):
+        if part.strip() not in words:
+            raise argparse.ArgumentTypeError(f"{part.strip()!r} is not on or off (e.g. --document-masking off,on)")
+        out.append(words[part.strip()])
+    return tuple(out)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     p = add_parser_with_train_flags(
         sub,
         "sweep",
-        help="baseline and curriculum over a grid of LR, batch scale, clipping, warmup, positions",
+        help="baseline and curriculum over a grid of LR, batch scale, clipping, warmup, positions, modes",
         description="Train the baseline and the curriculum in every cell of a grid (each cell a `seqwarm compare "
         "--seeds N` of its own in DIR/CELL; at --scale-batch K both arms train at K x the global batch), then "
         "write DIR/sweep.json, DIR/sweep.md (final full-length val loss, diverged, max loss ratio, tokens-to-target "
         "per cell and arm; the largest LR each arm survives; every cell against the best baseline) and "
-        "DIR/sweep.png (final loss against LR). Finished runs are reused, so a killed sweep "
-        "continues. The grid flags take comma-separated lists; every other `seqwarm train` flag applies to all "
-        "runs.",
+        "DIR/sweep.png (final loss against LR). With several --curriculum-mode values the cells of each mode "
+        "share their baseline (DIR/CELL/baseline, DIR/CELL/<mode>, as `seqwarm compare --modes`). Finished runs "
+        "are reused, so a killed sweep continues. The grid flags take comma-separated lists; every other "
+        "`seqwarm train` flag applies to all runs.",
     )
     g = p.add_argument_group("sweep grid (comma-separated lists)")
     g.add_argument("--out", metavar="DIR", help="folder for the runs and the report (required)")
@@ -88,6 +100,27 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="P,...",
         help="position embeddings: learned, rotary or learned,rotary (default: rotary with --rotary, else learned)",
     )
+    g.add_argument(
+        "--curriculum-mode",
+        dest="sweep_mode",
+        type=_list(str),
+        default=(None,),
+        metavar="M,...",
+        help="curriculum modes: one (truncate, reshape, window, inject) applies to every run as in "
+        "`seqwarm train`; several (from truncate, reshape, window) are an axis whose cells share their "
+        "baseline, e.g. truncate,reshape,window (default: the config's)",
+    )
+    g.add_argument(
+        "--document-masking",
+        dest="sweep_masking",
+        type=_on_off,
+        nargs="?",
+        const=(True,),
+        default=(None,),
+        metavar="off,on",
+        help="document masking in both arms: alone or 'on', every run as in `seqwarm train`; 'off,on' "
+        "is an axis (default: the config's)",
+    )
     g.add_argument("--seeds", type=int, default=1, metavar="N", help="seeds per cell and arm (default 1)")
     g.add_argument(
         "--spike-threshold",
@@ -115,6 +148,8 @@ def sweep_inputs(args: argparse.Namespace) -> tuple[RunSpec, SweepOptions]:
         clip_grad=args.sweep_clip,
         lr_warmup_iters=args.sweep_warmup,
         pos=args.pos or (("rotary",) if args.rotary else ("learned",)),
+        curriculum_mode=args.sweep_mode,
+        document_masking=args.sweep_masking,
         seeds=args.seeds,
         spike_threshold=args.spike_threshold,
         smooth_steps=args.smooth_steps,

@@ -7,8 +7,12 @@ token budget, token-clock LR, full-length evaluation, checkpoints and exact resu
 presets. Differences the model imposes:
 
 - batches are HF-style (``labels = input_ids``; the model shifts): ``label_style="hf"``;
-- the curriculum cuts the batch (truncate or reshape): HF models ignore ``curriculum_seqlen``, so
-  ``curriculum_mode: inject`` is refused;
+- the curriculum cuts the batch (truncate or reshape) or splits its rows (window): HF models ignore
+  ``curriculum_seqlen``, so ``curriculum_mode: inject`` is refused;
+- document masking and the window mode reach the model as ``position_ids`` restarting at each document
+  or fragment (the padding-free convention, :mod:`seqwarm.integrations.hf.blocks`), after a probe row
+  shows the model really attends inside them (``sdpa``, ``eager``, ``flex_attention``; flash-attention
+  as one row);
 - the model's config sets the architecture: ``--rotary`` and ``--fsdp`` (which shards seqwarm's GPT
   blocks) are refused, and ``--deepspeed`` is not wired for it (use ``CurriculumTrainer`` with
   ``TrainingArguments(deepspeed=...)``).
@@ -19,6 +23,7 @@ Checkpoints hold the HF model's own state dict (``model.save_pretrained``-compat
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +32,7 @@ import torch
 import torch.nn as nn
 
 from seqwarm.config import RunConfig
+from seqwarm.integrations.hf.blocks import attn_implementation, block_forward, check_block_attention
 from seqwarm.integrations.hf.trainer import require_transformers
 from seqwarm.trainer.backends import Built, TorchEngineBuilder
 from seqwarm.trainer.distributed import DistInfo, wrap_model
@@ -34,6 +40,8 @@ from seqwarm.trainer.optim import build_optimizer
 from seqwarm.util.errors import UserError
 
 __all__ = ["HF_PREFIX", "HFEngineBuilder", "HFModelConfig", "CausalLMLoss", "hf_model_path", "hf_seq_length"]
+
+logger = logging.getLogger(__name__)
 
 HF_PREFIX = "hf:"
 _POSITION_KEYS = ("max_position_embeddings", "n_positions", "n_ctx")
@@ -129,7 +137,12 @@ class HFModelConfig:
 
 
 class CausalLMLoss(nn.Module):
-    """The HF model as seqwarm's loop calls a model: ``loss = model(**batch)`` (logits without labels)."""
+    """The HF model as seqwarm's loop calls a model: ``loss = model(**batch)`` (logits without labels).
+
+    ``document_ids`` ``(B, S)`` (document masking, the window mode): attention stays inside each run of
+    equal ids, passed to the model as restarting ``position_ids``
+    (:func:`~seqwarm.integrations.hf.blocks.block_forward`; the batch's own ``position_ids`` restart at the
+    same places and are not needed)."""
 
     def __init__(self, lm: nn.Module):
         super().__init__()
@@ -141,7 +154,13 @@ class CausalLMLoss(nn.Module):
         labels: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
         attention_mask: torch.Tensor | None = None,
+        document_ids: torch.Tensor | None = None,
     ):
+        if document_ids is not None:
+            if attention_mask is not None:  # transformers reads blocks from position_ids only without a mask
+                raise ValueError("document_ids with an attention_mask: HF models take blocks as position_ids alone")
+            loss, logits = block_forward(self.lm, input_ids, labels, document_ids)
+            return logits if labels is None else loss
         out = self.lm(input_ids=input_ids, labels=labels, position_ids=position_ids, attention_mask=attention_mask)
         return out.logits if labels is None else out.loss
 
@@ -160,18 +179,26 @@ class HFEngineBuilder(TorchEngineBuilder):
         if cfg.curriculum is not None and cfg.curriculum.mode == "inject":
             raise UserError(
                 f"curriculum mode 'inject': {model_cfg.architecture} takes **kwargs and ignores "
-                "curriculum_seqlen (it would train at full length); use curriculum_mode 'truncate' or "
-                "'reshape'"
-            )
-        if cfg.document_masking or cfg.curriculum is not None and cfg.curriculum.mode == "window":
-            what = "--document-masking" if cfg.document_masking else "curriculum_mode 'window'"
-            raise UserError(
-                f"{what} with --model hf:: seqwarm builds per-document attention only in its own GPT; a "
-                "Hugging Face model would attend across the whole row (its padding-free attention needs "
-                "flash-attention on a GPU). Use a GPT preset (--model tiny, ...), or curriculum_mode "
-                "'truncate' / 'reshape' without document masking"
+                "curriculum_seqlen (it would train at full length); use curriculum_mode 'truncate', "
+                "'reshape' or 'window'"
             )
         lm = model_cfg.build().to(device)
+        window = cfg.curriculum is not None and cfg.curriculum.mode == "window"
+        if cfg.document_masking or window:
+            what = "--document-masking" if cfg.document_masking else "curriculum_mode 'window'"
+            check_block_attention(lm, what, model_cfg.architecture)  # never train across documents unseen
+            if info.is_main:  # where this differs from Transformers' own padding-free collator, said once
+                logger.info(
+                    "%s on %s (%s): blocks passed as position_ids restarting at each %s, use_cache=False; "
+                    "as seqwarm's GPT, a document's last token still predicts the next one's first token "
+                    "(DataCollatorWithFlattening would mask that label)",
+                    what,
+                    model_cfg.architecture,
+                    attn_implementation(lm),
+                    {(True, False): "document", (False, True): "window fragment"}.get(
+                        (cfg.document_masking, window), "document and window fragment"
+                    ),
+                )
         wrapped = wrap_model(CausalLMLoss(lm), info, False, device)
         optimizer = build_optimizer(lm, cfg)
         return Built(
