@@ -38,7 +38,7 @@ demo: $(VENV)/.installed-demo
 test: $(VENV)/.installed-test
 	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/ruff format --check src tests benchmarks
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=20
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
