@@ -78,3 +78,15 @@ def test_an_experiment_has_one_folder_flag(command, capsys):
     assert [a.help for a in parser._actions if a.dest == "out"][0].startswith("folder for")
     assert main_exit([command, "--save", "somewhere"]) == 2
     assert "unrecognized arguments: --save somewhere" in capsys.readouterr().err
+
+
+def test_a_non_ascii_argument_in_an_ascii_file_system_encoding_is_named_not_a_traceback(monkeypatch):
+    """main(argv) from Python with a str the legacy encoding cannot hold: still the message, escaped."""
+    import sys
+
+    from seqwarm.cli import _argument_encoding_problem
+
+    monkeypatch.setattr(sys, "getfilesystemencoding", lambda: "ascii")
+    problem = _argument_encoding_problem(["train", "--out", "café長"])
+    assert problem is not None and "caf\\xe9\\u9577" in problem and "PYTHONUTF8=1" in problem
+    assert _argument_encoding_problem(["train", "--out", "cafe"]) is None

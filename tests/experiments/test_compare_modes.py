@@ -83,6 +83,8 @@ def test_modes_with_scaled_batch_scale_every_curriculum_arm(tmp_path):
         (["--modes", "shuffle"], ["--modes shuffle", "choose from truncate, reshape, window"]),
         (["--modes", "window,window"], ["window named twice"]),
         (["--modes", "truncate,reshape", "--curriculum-mode", "window"], ["--modes and --curriculum-mode window"]),
+        # a setting one mode refuses is found before the baseline and the other modes train
+        (["--modes", "truncate,reshape,window", "--length-bucket", "16"], ["\n  reshape: ", "\n  window: "]),
     ],
 )
 def test_bad_modes_exit_2_with_the_allowed_values(tmp_path, capsys, extra, fragments):
@@ -91,6 +93,13 @@ def test_bad_modes_exit_2_with_the_allowed_values(tmp_path, capsys, extra, fragm
     err = capsys.readouterr().err
     assert all(f in err for f in fragments) and "Traceback" not in err
     assert not (tmp_path / "o" / "baseline").exists()
+
+
+def test_an_empty_modes_list_is_refused_not_read_as_no_modes(tmp_path, capsys):
+    cfg = small_config(tmp_path / "c.json")
+    with pytest.raises(SystemExit) as exit_:
+        main(["compare", *FAST_TRAIN_FLAGS, "--config", str(cfg), "--out", str(tmp_path / "o"), "--modes", ","])
+    assert exit_.value.code == 2 and "names no mode" in capsys.readouterr().err
 
 
 # -- the report from synthetic runs --------------------------------------------------------------------

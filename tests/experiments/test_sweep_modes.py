@@ -5,7 +5,7 @@ import pytest
 from conftest import FAST_TRAIN_FLAGS, small_config
 from seqwarm.cli import build_parser, main
 from seqwarm.cli.commands.sweep import sweep_inputs
-from seqwarm.experiments.sweep import plan_sweep
+from seqwarm.experiments.sweep import plan_sweep, state_key
 from seqwarm.run.spec import resolve_config
 
 
@@ -39,6 +39,23 @@ def test_mode_and_masking_axes_share_the_baseline_across_modes(tmp_path):
     assert trunc["baseline"].out == window["baseline"].out
     assert resolve_config(trunc["baseline"]).to_dict() == resolve_config(window["baseline"]).to_dict()
     assert trunc["baseline"].settings == window["baseline"].settings
+
+
+def test_the_modes_of_a_cell_share_the_baselines_state_and_keep_their_own(tmp_path):
+    """One state entry for the shared baseline (a diverged one is not trained again per mode); a sweep
+    without a mode axis keeps the keys it always had."""
+    cfg = small_config(tmp_path / "c.json", train_tokens=20_000, total_step=40)
+    out = tmp_path / "sw"
+    cells = plan_sweep(*_inputs(tmp_path, "--config", str(cfg), "--curriculum-mode", "truncate,window", "--seeds", "2"))
+    for seed in (1234, 1235):
+        base = {state_key(out, c, seed, "baseline") for c in cells}
+        cur = {state_key(out, c, seed, "curriculum") for c in cells}
+        assert base == {f"lr-cfg_bs-1_clip-cfg_wu-cfg_pos-learned/seed-{seed}/baseline"} and len(cur) == 2
+    (plain,) = plan_sweep(*_inputs(tmp_path, "--config", str(cfg)))
+    assert [state_key(out, plain, 1234, arm) for arm in ("baseline", "curriculum")] == [
+        f"{plain['name']}/seed-1234/baseline",
+        f"{plain['name']}/seed-1234/curriculum",
+    ]
 
 
 def test_one_mode_or_masking_value_is_a_setting_and_keeps_the_cell_names(tmp_path):

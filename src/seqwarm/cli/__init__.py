@@ -172,7 +172,10 @@ def _argument_encoding_problem(argv: list[str]) -> str | None:
     odd = next((a for a in argv if not a.isascii()), None)
     if odd is None:
         return None
-    shown = odd.encode(encoding, "surrogateescape").decode("ascii", "backslashreplace")
+    try:  # the bytes as given on the command line, shown escaped
+        shown = odd.encode(encoding, "surrogateescape").decode("ascii", "backslashreplace")
+    except UnicodeError:  # a str that never came from these bytes (main(argv) called from Python)
+        shown = ascii(odd)[1:-1]
     return (
         f"the argument '{shown}' is not ASCII, and this Python reads arguments and file names as {encoding} "
         f"(locale {os.environ.get('LC_ALL') or os.environ.get('LC_CTYPE') or os.environ.get('LANG') or 'C'}"

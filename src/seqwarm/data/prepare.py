@@ -109,8 +109,11 @@ def writable_cache_dir() -> Path:
     if os.environ.get(CACHE_VARIABLE):  # asked for by name: never written elsewhere behind the user's back
         raise UserError(f"{CACHE_VARIABLE}={str(configured)!r}: cannot write there ({err}); {fix}")
     try:
-        fallback = Path(tempfile.gettempdir()) / f"seqwarm-cache-{os.getuid()}"
-    except OSError as no_tmp:  # no usable temporary folder at all (TMPDIR, /tmp, /var/tmp, the cwd)
+        tmp = Path(tempfile.gettempdir())
+        if tmp.resolve() == Path.cwd().resolve():  # Python's last resort: never the user's working folder
+            raise OSError("only the current folder is writable")
+        fallback = tmp / f"seqwarm-cache-{os.getuid()}"
+    except OSError as no_tmp:  # no usable temporary folder at all (TMPDIR, /tmp, /var/tmp)
         raise UserError(
             f"cannot write the cache folder {str(configured)!r} ({err}) nor any temporary folder ({no_tmp}); {fix}"
         ) from None

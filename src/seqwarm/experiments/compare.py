@@ -68,7 +68,7 @@ class CompareOptions:
     """What ``seqwarm compare`` takes besides the runs' shared spec."""
 
     out: Path | None = None
-    """Folder for the two runs and the report (required)."""
+    """Folder for the runs and the report (required)."""
     quick: bool = False
     """A short comparison: QUICK_FRACTION x the token budget, curriculum and LR schedule shrunk alike."""
     scale_batch: int = 1
@@ -119,10 +119,12 @@ class ComparePlan:
 
 
 def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
-    """The two runs' specs, built from ``base`` (writes their configs into ``options.out/configs``)."""
+    """The runs' specs (the baseline and one curriculum arm, or one per ``--modes`` mode), built from
+    ``base`` (writes their configs into ``options.out/configs``). Every arm's settings are checked here,
+    before anything trains."""
 
     if not options.out:
-        raise UserError("--out DIR is required: the folder for the two runs and the report")
+        raise UserError("--out DIR is required: the folder for the runs and the report")
     if options.scale_batch < 1:
         raise UserError(f"--scale-batch {options.scale_batch}: must be a whole number >= 1 (the paper used 8)")
     if not options.scale_lr > 0 or not math.isfinite(options.scale_lr):
@@ -208,6 +210,7 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
             config=write_json(out / "configs" / f"{arm}.json", cur_raw),
             out=out / arm,
         )
+    _check_arms(runs)
     if options.modes:
         notes.append(
             f"--modes: one curriculum run per mode ({', '.join(options.modes)}) in {out}/<mode>, each "
@@ -235,6 +238,19 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
             name: with_changes(spec, seed=seed, out=out / f"seed-{seed}" / name) for name, spec in runs.items()
         }
     return ComparePlan(out, runs, settings, notes, seed_runs)
+
+
+def _check_arms(runs: dict[str, RunSpec]) -> None:
+    """Resolve every arm's settings now: a mode that refuses a setting (a length bucket outside truncate,
+    window under a pipeline) is one error naming each arm, not an exit after the other arms trained."""
+    problems = []
+    for arm, spec in runs.items():
+        try:
+            resolve_config(spec)
+        except UserError as err:
+            problems.append(f"{arm}: {err}")
+    if problems:
+        raise UserError("an arm of this comparison cannot run as set:\n  " + "\n  ".join(problems))
 
 
 def _check_modes(base: RunSpec, modes: tuple[str, ...]) -> None:

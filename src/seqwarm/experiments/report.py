@@ -127,12 +127,14 @@ def _seeds_label(report: dict[str, Any]) -> str:
     return "one seed (no spread measured)" if n == 1 else f"{n} seeds"
 
 
-def _spread_cell(s: dict[str, Any] | None, fmt: str, unit: str = "") -> str:
+def spread_text(s: dict[str, Any] | None, fmt: str, unit: str = "", dash: str = "–") -> str:
+    """A spread (``spread.aggregate``'s median, min, max, n) as ``median (min–max)``; ``dash`` alone when
+    there is none (the console passes an ASCII ``-``)."""
     if not s or s.get("median") is None:
-        return "–"
+        return dash
     if s["n"] == 1:
         return f"{format(s['median'], fmt)}{unit}"
-    return f"{format(s['median'], fmt)}{unit} ({format(s['min'], fmt)}–{format(s['max'], fmt)}{unit})"
+    return f"{format(s['median'], fmt)}{unit} ({format(s['min'], fmt)}{dash}{format(s['max'], fmt)}{unit})"
 
 
 def _seeds_section(report: dict[str, Any]) -> list[str]:
@@ -165,10 +167,10 @@ def _seeds_section(report: dict[str, Any]) -> list[str]:
         )
     fl, sk = agg["final_val_loss"], agg["spikes"]
     lines.append(
-        f"| **median (min–max)** | {_spread_cell(agg['speedup_tokens'], '.2f', 'x')} | "
-        f"{_spread_cell(agg['speedup_time'], '.2f', 'x')} | {_spread_cell(fl['baseline'], '.4f')} | "
-        f"{_spread_cell(fl['curriculum'], '.4f')} | {_spread_cell(sk['baseline'], 'g')} | "
-        f"{_spread_cell(sk['curriculum'], 'g')} |"
+        f"| **median (min–max)** | {spread_text(agg['speedup_tokens'], '.2f', 'x')} | "
+        f"{spread_text(agg['speedup_time'], '.2f', 'x')} | {spread_text(fl['baseline'], '.4f')} | "
+        f"{spread_text(fl['curriculum'], '.4f')} | {spread_text(sk['baseline'], 'g')} | "
+        f"{spread_text(sk['curriculum'], 'g')} |"
     )
     lines += ["", f"Reached the target on {agg['reached']} of {agg['n_seeds']} seed(s)."]
     lines += [""] + [f"- **{t}**" for t in agg["verdict"]["text"]]
@@ -377,12 +379,12 @@ def render_modes_markdown(report: dict[str, Any]) -> str:
             middle = "– | – | –"
         else:
             middle = (
-                f"{_spread_cell(r['speedup_tokens'], '.2f', 'x')} | {r['reached']}/{n} | "
-                f"{_spread_cell(r['speedup_time'], '.2f', 'x')}"
+                f"{spread_text(r['speedup_tokens'], '.2f', 'x')} | {r['reached']}/{n} | "
+                f"{spread_text(r['speedup_time'], '.2f', 'x')}"
             )
         lines.append(
-            f"| {r['arm']} | {_spread_cell(r['final_val_loss'], '.4f')} | {middle} | "
-            f"{_spread_cell(r['steps'], ',.0f')} | {_spread_cell(r['spikes'], 'g')} | {r['diverged']}/{n} | "
+            f"| {r['arm']} | {spread_text(r['final_val_loss'], '.4f')} | {middle} | "
+            f"{spread_text(r['steps'], ',.0f')} | {spread_text(r['spikes'], 'g')} | {r['diverged']}/{n} | "
             f"{r.get('exceeds', '–')} |"
         )
     lines += ["", f"Wall-clock speedups are {TIME_NOTE}.", ""]
@@ -408,7 +410,8 @@ def render_modes_markdown(report: dict[str, Any]) -> str:
             )
             for mode in arms[1:]:
                 row = report["modes"][mode]["seeds"][i]
-                sp = _x(row["speedup_tokens"]) if row["speedup_tokens"] else "never reached"
+                never = "never reached" if row.get("target") is not None and not row.get("reached") else "–"
+                sp = _x(row["speedup_tokens"]) if row["speedup_tokens"] else never
                 lines.append(
                     f"| {seed} | {mode} | {_f(row['final_val_loss']['curriculum'])} | {sp} | "
                     f"{row['spikes']['curriculum']} |"

@@ -225,6 +225,16 @@ def run_result(spec: RunSpec, status: dict[str, Any], threshold: float, window: 
     }
 
 
+def state_key(out: Path, cell: dict[str, Any], seed: int, arm: str) -> str:
+    """The key of one run in ``sweep_state.json``: ``CELL/seed-S/ARM``, where a baseline's CELL is its
+    folder's (the cells of a mode axis share one baseline, so one that diverged is remembered as such,
+    not trained again for every further mode)."""
+    name = cell["name"]
+    if arm == "baseline":
+        name = Path(cell["runs"][seed]["baseline"].out).relative_to(out).parts[0]
+    return f"{name}/seed-{seed}/{arm}"
+
+
 def run_sweep(base: RunSpec, options: SweepOptions, *, echo=print) -> dict[str, Any]:
     """Run (or reuse / resume) every cell's runs; write sweep.json, sweep.md and sweep.png."""
     cells = plan_sweep(base, options)
@@ -237,7 +247,7 @@ def run_sweep(base: RunSpec, options: SweepOptions, *, echo=print) -> dict[str, 
         for seed, runs in cell["runs"].items():
             row: dict[str, Any] = {"seed": seed}
             for arm in RUNS:
-                key = f"{cell['name']}/seed-{seed}/{arm}"
+                key = state_key(out, cell, seed, arm)
                 state[key] = run_one(key, runs[arm], state.get(key, {}), echo)
                 write_json(state_path, state)
                 row[arm] = run_result(runs[arm], state[key], options.spike_threshold, options.smooth_steps)

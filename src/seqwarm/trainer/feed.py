@@ -63,11 +63,17 @@ def lean_batch(batch: Mapping[str, Any], droppable: Iterable[str] = TRIVIAL_KEYS
 class DeviceFeed:
     """Micro-batches from ``batches`` on ``device``, each cut by the ``cut`` given to :meth:`next_batch`
     (see the module docstring). ``drop_trivial``: leave out a trivial ``loss_mask`` / ``position_ids``
-    after the cut. ``threaded``: read one batch ahead on a background thread (default: on CUDA only).
+    after the cut (True), or only the trivial ones of these keys (a tuple). ``threaded``: read one batch
+    ahead on a background thread (default: on CUDA only).
     """
 
     def __init__(
-        self, batches: Any, device: torch.device | str, *, drop_trivial: bool = False, threaded: bool | None = None
+        self,
+        batches: Any,
+        device: torch.device | str,
+        *,
+        drop_trivial: bool | tuple[str, ...] = False,
+        threaded: bool | None = None,
     ):
         self.batches = batches
         self.device = torch.device(device)
@@ -84,7 +90,9 @@ class DeviceFeed:
         """The host batch cut (once) and, with ``drop_trivial``, without its trivial keys."""
         if cut is not None:
             batch = cut(batch)
-        return lean_batch(batch) if self.drop_trivial else batch
+        if not self.drop_trivial:
+            return batch
+        return lean_batch(batch, TRIVIAL_KEYS if self.drop_trivial is True else self.drop_trivial)
 
     def _move(self, batch: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         """The (cut) host batch on the device, and the CUDA event its copy ends with (None off CUDA):

@@ -163,10 +163,11 @@ class Run:
             **({"document_masking": True} if cfg.document_masking else {}),
         )
         # seqwarm's GPT: a trivial loss mask / positions are its defaults, so they need not be copied; but
-        # not in window mode, whose positions turn trivial at the full length: a compiled model would see
-        # other inputs there and trace a second training graph (window's point is one)
+        # window mode keeps its positions, which turn trivial at the full length: a compiled model would
+        # see other inputs there and trace a second training graph (window's point is one)
         window = cfg.curriculum is not None and cfg.curriculum.mode == "window"
-        self.feed = DeviceFeed(self.batches, self.device, drop_trivial=built.label_style == "megatron" and not window)
+        drop = ("loss_mask",) if window else True
+        self.feed = DeviceFeed(self.batches, self.device, drop_trivial=built.label_style == "megatron" and drop)
         """The batches on the device: cut to the step's length before the copy, read one ahead on CUDA."""
         self.elapsed_before = 0.0
         self.t_start = time.perf_counter()

@@ -20,7 +20,7 @@ from seqwarm.experiments.compare import (
     CompareOptions,
     run_compare,
 )
-from seqwarm.experiments.report import TIME_NOTE, mode_rows
+from seqwarm.experiments.report import TIME_NOTE, mode_rows, spread_text
 from seqwarm.run.spec import RunSpec
 from seqwarm.util.units import human_count
 
@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "All `seqwarm train` flags apply to every run.",
     )
     g = p.add_argument_group("compare")
-    g.add_argument("--out", metavar="DIR", help="folder for the two runs and the report (required)")
+    g.add_argument("--out", metavar="DIR", help="folder for the runs and the report (required)")
     g.add_argument(
         "--quick",
         action="store_true",
@@ -101,11 +101,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def _modes(text: str) -> tuple[str, ...]:
     """``--modes truncate,reshape``: the names, checked against MODES later (one clear error, exit 2)."""
-    return tuple(part.strip() for part in text.split(",") if part.strip())
+    modes = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not modes:  # else an empty list would silently mean the one-mode comparison
+        raise argparse.ArgumentTypeError(f"{text!r} names no mode: give e.g. truncate,reshape,window")
+    return modes
 
 
 def compare_inputs(args: argparse.Namespace) -> tuple[RunSpec, CompareOptions]:
-    """The two runs' shared spec and the comparison's options from the parsed ``seqwarm compare`` flags."""
+    """The runs' shared spec and the comparison's options from the parsed ``seqwarm compare`` flags."""
     options = CompareOptions(
         out=args.out,
         quick=args.quick,
@@ -164,15 +167,15 @@ def _print_modes(report: dict) -> int:
     print()
     print(f"over {len(seeds)} seed(s) {seeds}: median (min-max); target = each seed's baseline final val loss")
     for r in mode_rows(report):
-        loss = _spread_text(r["final_val_loss"], ".4f")
-        steps = _spread_text(r["steps"], ".0f")
-        line = f"{r['arm']:<9} final val loss {loss}, {steps} steps, spikes {_spread_text(r['spikes'], 'g')}"
+        loss = _spread(r["final_val_loss"], ".4f")
+        steps = _spread(r["steps"], ".0f")
+        line = f"{r['arm']:<9} final val loss {loss}, {steps} steps, spikes {_spread(r['spikes'], 'g')}"
         if r["diverged"]:
             line += f", diverged on {r['diverged']}/{r['n_seeds']}"
         if r["arm"] != "baseline":
             line += (
-                f"; speedup_tokens {_spread_text(r['speedup_tokens'], '.2f', 'x')} "
-                f"(reached on {r['reached']}/{r['n_seeds']}), wall-clock {_spread_text(r['speedup_time'], '.2f', 'x')}"
+                f"; speedup_tokens {_spread(r['speedup_tokens'], '.2f', 'x')} "
+                f"(reached on {r['reached']}/{r['n_seeds']}), wall-clock {_spread(r['speedup_time'], '.2f', 'x')}"
                 f"; exceeds seed spread: {r['exceeds']}"
             )
         print(line)
@@ -181,8 +184,5 @@ def _print_modes(report: dict) -> int:
     return 0
 
 
-def _spread_text(s: dict | None, fmt: str, unit: str = "") -> str:
-    if not s or s.get("median") is None:
-        return "-"
-    text = f"{format(s['median'], fmt)}{unit}"
-    return text if s["n"] == 1 else f"{text} ({format(s['min'], fmt)}-{format(s['max'], fmt)}{unit})"
+def _spread(s: dict | None, fmt: str, unit: str = "") -> str:
+    return spread_text(s, fmt, unit, dash="-")  # the console's dash is ASCII
