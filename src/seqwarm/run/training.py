@@ -15,6 +15,7 @@ a Hugging Face model), locks the run folder and runs :class:`seqwarm.trainer.loo
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import time
@@ -79,6 +80,8 @@ def run_training(spec: RunSpec) -> TrainResult:
             raise
         raise distributed.rank_failure(info, exc) from None
     finally:
+        if info.enabled:  # free the run's cycles (its DDP model holds the group) while the interpreter is
+            gc.collect()  # whole: gloo work freed at exit can abort a finished rank (pytorch #190489)
         distributed.cleanup(info)
 
 
