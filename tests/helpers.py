@@ -8,6 +8,8 @@ import json
 import struct
 import time
 
+import pytest
+
 # --------------------------------------------------------------------------------------------------
 # W&B offline: the run's transaction log (RUN/wandb/offline-run-*/run-*.wandb) read back
 
@@ -76,3 +78,43 @@ def tiny_run(folder, data_dir, config, *, builder=None, model=None, dropout=0.1,
     if not spec.resume:
         prepare_run_dir(spec)
     return Run(load_config(config), spec, data, model_cfg, builder=builder, memory_probe=memory_probe)
+
+
+# --------------------------------------------------------------------------------------------------
+# document masking (issue #25): the offline validation of a masked run
+
+
+def offline_val_masks_documents_as_training_did(run):
+    """`seqwarm eval RUN --val` of a run trained with document masking: the loss training's last
+    validation measured (the same windows), and over every window exactly the masked evaluation (for an
+    HF model, through the same block positions as training), not the unmasked one."""
+    from seqwarm.evaluation import evaluate_val, load_run, run_paper_evals
+
+    resolved = json.loads((run / "config.json").read_text())
+    windows = resolved["options"]["eval_iters"] * resolved["run"]["micro_batch_size"]  # what training validated
+    val = run_paper_evals(run, val=True, val_windows=windows, progress=False, write=False)["val"]
+    final = json.loads((run / "summary.json").read_text())["final_val_loss"]
+    assert val["document_masking"] is True and val["loss"] == pytest.approx(final, rel=1e-5)
+    everything = run_paper_evals(run, val=True, progress=False, write=False)["val"]
+    loaded = load_run(run)
+    style = "hf" if loaded.is_hf else "megatron"  # the same targets as the masked evaluation
+    if loaded.is_hf:
+        from seqwarm.integrations.hf.run import CausalLMLoss
+
+        masked_model = CausalLMLoss(loaded.model)
+    else:
+        masked_model = loaded.model
+    direct = {
+        masking: evaluate_val(
+            masked_model if masking else loaded.model,
+            loaded.val_data(),
+            seq_length=loaded.seq_length,
+            progress=False,
+            label_style=style,
+            document_masking=masking,
+        )
+        for masking in (True, False)
+    }
+    assert direct[False]["num_windows"] == everything["num_windows"] and not direct[False]["document_masking"]
+    # the same arithmetic gives the same bits; the windows that hold a boundary change the unmasked loss
+    assert everything["loss"] == direct[True]["loss"] != direct[False]["loss"]

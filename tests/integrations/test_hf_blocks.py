@@ -15,6 +15,7 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
 
 from conftest import FAST_TRAIN_FLAGS, small_config  # noqa: E402
+from helpers import offline_val_masks_documents_as_training_did  # noqa: E402
 from seqwarm.curriculum.batch import window_batch  # noqa: E402
 from seqwarm.data.dataset import build_batch  # noqa: E402
 from seqwarm.integrations.hf import blocks  # noqa: E402
@@ -191,6 +192,7 @@ def test_seqwarm_train_hf_with_document_masking_and_in_window_mode(tmp_path, byt
     assert "restarting at each document, use_cache=False" in caplog.text  # said at the start of the run
     assert "still predicts the next one's first token" in caplog.text
     assert json.loads((masked / "config.json").read_text())["run"]["document_masking"] is True
+    offline_val_masks_documents_as_training_did(masked)  # `seqwarm eval --val` through the same blocks
     code, window = _train(tmp_path, byte_data, "window", model, "--curriculum-mode", "window")
     assert code == 0
     rows = [json.loads(line) for line in (window / "metrics.jsonl").read_text().splitlines()]

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from conftest import FAST_TRAIN_FLAGS, small_config
+from helpers import offline_val_masks_documents_as_training_did
 from seqwarm import ConfigError, load_config
 from seqwarm.cli import main
 
@@ -37,6 +38,7 @@ def test_window_mode_with_document_masking_trains_the_baselines_tokens_per_step(
     lengths = [r["seqlen"] for r in window]
     assert lengths[0] < 64 and lengths == [r["seqlen"] for r in truncate][: len(lengths)]  # the same schedule
     assert json.loads((tmp_path / "window" / "config.json").read_text())["run"]["document_masking"] is True
+    offline_val_masks_documents_as_training_did(tmp_path / "window")
 
 
 def test_document_masking_comes_from_the_config_and_is_checked():

@@ -44,8 +44,10 @@ class EvalMode:
             self.model.train(self.was_training)
 
 
-def model_logits(model: Model, input_ids: torch.Tensor) -> torch.Tensor:
-    out = model(input_ids)
+def model_logits(model: Model, input_ids: torch.Tensor, **blocks: torch.Tensor) -> torch.Tensor:
+    """The logits ``(B, T, V)`` of ``model`` on ``input_ids``; ``blocks``: ``position_ids`` and
+    ``document_ids`` of document masking, passed on as keywords."""
+    out = model(input_ids, **blocks)
     out = getattr(out, "logits", out)
     if not isinstance(out, torch.Tensor) or out.dim() != 3 or out.shape[:2] != input_ids.shape:
         shape = list(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
@@ -109,12 +111,20 @@ def evaluate_val(
     num_windows: int | None = None,
     device: str | torch.device | None = None,
     progress: bool = True,
+    document_masking: bool = False,
+    label_style: str = "megatron",
 ) -> dict[str, Any]:
     """Full-length loss/ppl on the val split of a :class:`~seqwarm.data.PreparedData` (all windows or
     ``num_windows`` of them spread evenly over the split): ``loss`` (mean NLL per target token), ``ppl``,
-    ``num_windows``, ``num_tokens`` (targets scored), ``seq_length``."""
+    ``num_windows``, ``num_tokens`` (targets scored), ``seq_length``, ``document_masking``.
+
+    ``document_masking`` (a run trained with it): attention stays inside each document of a window, as
+    in training's own validation; the model is called ``model(input_ids, position_ids=...,
+    document_ids=...)`` (seqwarm's GPT, or an HF model wrapped to take ``document_ids``).
+    ``label_style="hf"`` (a run of a Hugging Face model): the targets its training validation scored,
+    the window's last input not predicting past the window (``S - 1`` targets of ``S`` inputs)."""
     seq_length = model_seq_length(model, seq_length)
-    windows = data.windows("val", seq_length)
+    windows = data.windows("val", seq_length, **({"document_masking": True} if document_masking else {}))
     count = len(windows) if num_windows is None else min(len(windows), num_windows)
     dev = device_of(model, device)
     total_nll, total = 0.0, 0.0
@@ -122,9 +132,13 @@ def evaluate_val(
     try:
         with EvalMode(model):
             for batch in iter_eval_batches(windows, batch_size, num_windows=count):
-                logits = model_logits(model, batch["input_ids"].to(dev)).float()
+                blocks = {k: batch[k].to(dev) for k in ("position_ids", "document_ids")} if document_masking else {}
+                logits = model_logits(model, batch["input_ids"].to(dev), **blocks).float()
                 nll = F.cross_entropy(logits.transpose(1, 2), batch["labels"].to(dev), reduction="none")
                 mask = batch["loss_mask"].to(dev)
+                if label_style == "hf":  # HF labels are the inputs, shifted by the model: no target after the last
+                    mask = mask.clone()
+                    mask[:, -1] = 0
                 total_nll += float((nll * mask).double().sum())
                 total += float(mask.sum())
                 bar.update(len(batch["input_ids"]))
@@ -137,4 +151,5 @@ def evaluate_val(
         "num_windows": count,
         "num_tokens": int(total),
         "seq_length": seq_length,
+        "document_masking": document_masking,
     }

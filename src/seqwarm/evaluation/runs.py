@@ -52,6 +52,9 @@ class LoadedRun:
     None (the prepared folder ``data_dir`` is opened when needed)."""
     data_error: UserError | None = None
     """Why a --data-path run's sources could not be opened again (raised when the val split is asked for)."""
+    document_masking: bool = False
+    """Whether the run trained with document masking (``run.document_masking``): its validation loss is
+    then measured with attention inside each document, as training measured it."""
 
     @property
     def is_hf(self) -> bool:
@@ -225,7 +228,20 @@ def load_run(
         seq_length=int(seq_length),
         data=megatron,
         data_error=data_error,
+        document_masking=bool((resolved.get("run") or {}).get("document_masking", False)),
     )
+
+
+def _val_model(loaded: LoadedRun) -> torch.nn.Module:
+    """The model that ``--val`` calls: a run trained with document masking gets ``document_ids`` (an HF
+    model through the same block positions as in training, checked to mask them on this machine)."""
+    if not (loaded.document_masking and loaded.is_hf):
+        return loaded.model
+    from seqwarm.integrations.hf.blocks import check_block_attention
+    from seqwarm.integrations.hf.run import CausalLMLoss
+
+    check_block_attention(loaded.model, "--document-masking (the run's setting)", type(loaded.model).__name__)
+    return CausalLMLoss(loaded.model)
 
 
 def _read_eval_file(path: Path) -> dict[str, Any]:
@@ -300,7 +316,14 @@ def run_paper_evals(
         )
         results["lambada"] = {"file": str(lambada), **res}
     if val:
-        results["val"] = evaluate_val(loaded.model, loaded.val_data(), num_windows=val_windows, **common)
+        results["val"] = evaluate_val(
+            _val_model(loaded),
+            loaded.val_data(),
+            num_windows=val_windows,
+            document_masking=loaded.document_masking,
+            label_style="hf" if loaded.is_hf else "megatron",
+            **common,
+        )
     if write:
         record_results(loaded.run_dir, loaded.step, {"tokens": loaded.tokens, **results})
     return {

@@ -201,6 +201,7 @@ def format_results(result: dict) -> list[str]:
         lines.append(
             f"val:        loss {v['loss']:.4f} | ppl {v['ppl']:.3f} | {v['num_windows']:,} windows of "
             f"{v['seq_length']} ({v['num_tokens']:,} tokens)"
+            + (", document masking" if v.get("document_masking") else "")
         )
     return lines
 

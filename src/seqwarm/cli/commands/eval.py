@@ -24,7 +24,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--checkpoint", type=count, metavar="STEP", help="step of the checkpoint (default: the latest)")
     p.add_argument("--wikitext", metavar="FILE", help="WikiText-103 raw test file (wiki.test.raw)")
     p.add_argument("--lambada", metavar="FILE", help='LAMBADA JSONL, one {"text": ...} per line (lambada_test.jsonl)')
-    p.add_argument("--val", action="store_true", help="full-length loss on the run's validation split")
+    p.add_argument(
+        "--val",
+        action="store_true",
+        help="full-length loss on the run's validation split, scored as training validated (its document masking)",
+    )
     p.add_argument(
         "--val-windows",
         type=count,
