@@ -40,6 +40,8 @@ __all__ = [
     "count_tokens",
     "batch_shape",
     "number_documents",
+    "block_starts",
+    "run_starts",
 ]
 
 PER_TOKEN_KEYS = ("input_ids", "labels", "loss_mask", "position_ids")
@@ -177,12 +179,18 @@ def _restart_positions(pos: torch.Tensor) -> torch.Tensor:
     A run is a maximal stretch where each id is the previous one + 1; a run starts at the row start
     and wherever the ids do not continue (an EOD reset, or the seam between two original samples).
     """
-    rows, length = pos.shape
-    idx = torch.arange(length, device=pos.device).expand(rows, length)
-    starts = torch.ones(rows, length, dtype=torch.bool, device=pos.device)
+    starts = torch.ones(pos.shape, dtype=torch.bool, device=pos.device)
     starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
-    run_start = torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values  # (rows, L)
-    return pos - pos.gather(1, run_start)
+    return pos - pos.gather(1, run_starts(starts))
+
+
+def run_starts(starts: torch.Tensor) -> torch.Tensor:
+    """(R, N) int64: for each column, the column its run starts at (``starts``: (R, N) bool, True where
+    a run starts; column 0 always starts one). ``columns - run_starts(starts)`` are positions restarting
+    at 0 at each run."""
+    rows, length = starts.shape
+    idx = torch.arange(length, device=starts.device).expand(rows, length)
+    return torch.where(starts, idx, torch.zeros_like(idx)).cummax(dim=1).values  # (R, N)
 
 
 def reshape_batch(batch: Mapping[str, Any], seqlen: int) -> dict[str, Any]:
@@ -237,7 +245,7 @@ def reshape_batch(batch: Mapping[str, Any], seqlen: int) -> dict[str, Any]:
     return out
 
 
-def _starts(ids: torch.Tensor) -> torch.Tensor:
+def block_starts(ids: torch.Tensor) -> torch.Tensor:
     """(R, N) bool: True at each row's first column and wherever the id differs from the one before."""
     starts = torch.ones(ids.shape, dtype=torch.bool, device=ids.device)
     starts[:, 1:] = ids[:, 1:] != ids[:, :-1]
@@ -247,7 +255,7 @@ def _starts(ids: torch.Tensor) -> torch.Tensor:
 def number_documents(ids: torch.Tensor) -> torch.Tensor:
     """(B, S) document ids renumbered 0, 1, 2, ... over the whole batch in row-major order: each run of
     equal ids in a row is one document, and no two rows share a number (a new tensor)."""
-    starts = _starts(ids)  # (B, S)
+    starts = block_starts(ids)  # (B, S)
     return starts.reshape(-1).cumsum(0).reshape(ids.shape) - 1
 
 
@@ -268,7 +276,7 @@ def window_batch(batch: Mapping[str, Any], seqlen: int) -> dict[str, Any]:
     cols = torch.arange(s, device=ref.device)  # (S,)
     fragment = (cols % seqlen == 0).expand(b, s)  # (B, S): True where a fragment starts
     docs = batch.get(DOCUMENT_KEY)
-    starts = fragment if docs is None else fragment | _starts(docs.to(ref.device))
+    starts = fragment if docs is None else fragment | block_starts(docs.to(ref.device))
     out = dict(batch)
     out[DOCUMENT_KEY] = starts.reshape(-1).cumsum(0).reshape(b, s) - 1  # (B, S), int64
     pos = batch.get("position_ids")
@@ -278,9 +286,8 @@ def window_batch(batch: Mapping[str, Any], seqlen: int) -> dict[str, Any]:
         moved = torch.ones(b, s, dtype=torch.bool, device=pos.device)
         moved[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1  # the runs the ids already restart at
         restart = starts | moved.to(starts.device)
-    idx = cols.expand(b, s)
-    first = torch.where(restart, idx, torch.zeros_like(idx)).cummax(dim=1).values  # (B, S) run start
-    out["position_ids"] = (idx - first).to(pos.device if isinstance(pos, torch.Tensor) else ref.device)
+    positions = cols.expand(b, s) - run_starts(restart)  # (B, S)
+    out["position_ids"] = positions.to(pos.device if isinstance(pos, torch.Tensor) else ref.device)
     return out
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from seqwarm.curriculum.batch import block_starts, run_starts
 from seqwarm.util.errors import UserError
 
 __all__ = ["AS_ONE_ROW", "BY_ROW", "attn_implementation", "block_forward", "block_positions", "check_block_attention"]
@@ -50,11 +51,8 @@ def attn_implementation(lm: nn.Module) -> str | None:
 def block_positions(document_ids: torch.Tensor) -> torch.Tensor:
     """``(B, S)`` positions restarting at 0 at each run of equal ``document_ids`` in a row (a new tensor)."""
     b, s = document_ids.shape
-    starts = torch.ones(b, s, dtype=torch.bool, device=document_ids.device)
-    starts[:, 1:] = document_ids[:, 1:] != document_ids[:, :-1]
     cols = torch.arange(s, device=document_ids.device).expand(b, s)
-    first = torch.where(starts, cols, torch.zeros_like(cols)).cummax(dim=1).values  # (B, S) block start
-    return cols - first
+    return cols - run_starts(block_starts(document_ids))  # (B, S)
 
 
 def block_forward(
