@@ -118,3 +118,33 @@ def offline_val_masks_documents_as_training_did(run):
     assert direct[False]["num_windows"] == everything["num_windows"] and not direct[False]["document_masking"]
     # the same arithmetic gives the same bits; the windows that hold a boundary change the unmasked loss
     assert everything["loss"] == direct[True]["loss"] != direct[False]["loss"]
+
+
+# --------------------------------------------------------------------------------------------------
+# tiny Hugging Face models, built from configs (nothing is downloaded)
+
+
+def tiny_llama_config(vocab_size: int, **overrides):
+    """A ``LlamaConfig`` of one layer, width 16, two heads and 64 positions; ``overrides``: any field."""
+    import transformers
+
+    fields = dict(
+        vocab_size=vocab_size,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    return transformers.LlamaConfig(**{**fields, **overrides})
+
+
+def save_tiny_llama(folder, vocab_size: int = 260, **extra_json):
+    """``folder/config.json`` of a tiny Llama (what ``--model hf:folder`` reads); ``extra_json``: keys added
+    to the file as written (``save_pretrained`` leaves ``attn_implementation`` out)."""
+    tiny_llama_config(vocab_size).save_pretrained(folder)
+    if extra_json:
+        config = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**config, **extra_json}))
+    return folder

@@ -12,6 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
 
+from helpers import save_tiny_llama, tiny_llama_config  # noqa: E402
 from seqwarm.config import load_config  # noqa: E402
 from seqwarm.curriculum.clock import Progress, advance  # noqa: E402
 from seqwarm.curriculum.engine import CurriculumEngine  # noqa: E402
@@ -67,18 +68,7 @@ def tiny(kind):
                 loss_type="ForCausalLM",
             )
         )
-    return transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            max_position_embeddings=SEQ,
-            loss_type="ForCausalLM",
-        )
-    )
+    return transformers.LlamaForCausalLM(tiny_llama_config(VOCAB, max_position_embeddings=SEQ, loss_type="ForCausalLM"))
 
 
 def windows(label_style="megatron"):
@@ -298,16 +288,7 @@ def test_seqwarm_train_with_an_hf_config_runs_the_whole_recipe_and_resumes_exact
     from conftest import small_config
     from seqwarm.cli import main
 
-    folder = tmp_path / "llama"
-    transformers.LlamaConfig(
-        vocab_size=260,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    ).save_pretrained(folder)
+    folder = save_tiny_llama(tmp_path / "llama")
     cfg = small_config(tmp_path / "c.json", train_tokens=1200, seq=64, batch=4, micro=2)
     common = [
         "train",

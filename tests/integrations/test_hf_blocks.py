@@ -15,7 +15,7 @@ import torch.nn.functional as F
 transformers = pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
 
 from conftest import FAST_TRAIN_FLAGS, small_config  # noqa: E402
-from helpers import offline_val_masks_documents_as_training_did  # noqa: E402
+from helpers import offline_val_masks_documents_as_training_did, save_tiny_llama, tiny_llama_config  # noqa: E402
 from seqwarm.curriculum.batch import window_batch  # noqa: E402
 from seqwarm.data.dataset import build_batch  # noqa: E402
 from seqwarm.integrations.hf import blocks  # noqa: E402
@@ -27,14 +27,12 @@ VOCAB, EOD = 64, 0
 
 def llama(impl: str = "sdpa", cls=None):
     torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=VOCAB,
+    config = tiny_llama_config(
+        VOCAB,
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
         num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
         attn_implementation=impl,
     )
     return (cls or transformers.LlamaForCausalLM)(config).eval()
@@ -159,19 +157,7 @@ def test_an_implementation_that_does_not_mask_is_refused_naming_what_works():
 
 
 def _hf_model(tmp_path, **extra):
-    folder = tmp_path / "llama"
-    transformers.LlamaConfig(
-        vocab_size=260,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-    ).save_pretrained(folder)
-    config = json.loads((folder / "config.json").read_text())  # save_pretrained leaves attn_implementation out
-    (folder / "config.json").write_text(json.dumps({**config, **extra}))
-    return folder
+    return save_tiny_llama(tmp_path / "llama", **extra)
 
 
 def _train(tmp_path, byte_data, name, model, *extra):

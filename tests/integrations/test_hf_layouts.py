@@ -12,6 +12,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
 
+from helpers import tiny_llama_config  # noqa: E402
 from seqwarm.config import load_config  # noqa: E402
 from seqwarm.curriculum.schedule import difficulty_at  # noqa: E402
 from seqwarm.integrations.hf.trainer import CurriculumTrainer, with_curriculum  # noqa: E402
@@ -49,18 +50,7 @@ def examples(n=STEPS * MICRO * GAS):
 
 def llama():
     torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(
-        transformers.LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=16,
-            intermediate_size=32,
-            num_hidden_layers=1,
-            num_attention_heads=2,
-            num_key_value_heads=2,
-            max_position_embeddings=64,
-            pad_token_id=0,
-        )
-    )
+    return transformers.LlamaForCausalLM(tiny_llama_config(VOCAB, pad_token_id=0))
 
 
 def sequences_in(kwargs):
