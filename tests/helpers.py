@@ -91,6 +91,7 @@ def offline_val_masks_documents_as_training_did(run):
     from seqwarm.evaluation import evaluate_val, load_run, run_paper_evals
 
     resolved = json.loads((run / "config.json").read_text())
+    assert resolved["precision"]["precision"] == "fp32"  # under autocast the two differ by the rounding
     windows = resolved["options"]["eval_iters"] * resolved["run"]["micro_batch_size"]  # what training validated
     val = run_paper_evals(run, val=True, val_windows=windows, progress=False, write=False)["val"]
     final = json.loads((run / "summary.json").read_text())["final_val_loss"]

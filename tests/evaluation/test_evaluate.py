@@ -495,3 +495,28 @@ def test_check_eval_files_fails_fast(eval_files, tmp_path):
     check_eval_files(wikitext=wiki, lambada=lam)
     with pytest.raises(UserError, match="does not exist"):
         check_eval_files(wikitext=tmp_path / "missing.raw")
+
+
+# ------------------------------------------------------------------------------------------------
+# full-length validation as training scored it: document masking, HF targets (issue #25)
+
+
+def test_val_with_document_masking_and_hf_targets(byte_data):
+    from seqwarm.data import open_prepared
+    from seqwarm.evaluation import evaluate_val
+    from seqwarm.trainer.model import GPT, GPTConfig
+
+    data = open_prepared(byte_data)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=data.vocab_size, seq_length=64, n_layer=1, n_head=2, n_embd=16))
+    kw = dict(data=data, progress=False, num_windows=None)
+    plain, masked = (evaluate_val(model, document_masking=m, **kw) for m in (False, True))
+    windows = plain["num_windows"]
+    assert plain["num_tokens"] == masked["num_tokens"] == 64 * windows and masked["document_masking"] is True
+    assert plain["loss"] != masked["loss"]  # windows that hold a document boundary attend otherwise
+    hf = evaluate_val(model, label_style="hf", **kw)
+    assert hf["num_tokens"] == 63 * windows and hf["loss"] != plain["loss"]  # no target after the last input
+    with pytest.raises(ValueError, match="takes no document_ids.*CausalLMLoss"):  # HF forwards take **kwargs
+        evaluate_val(lambda ids, **kwargs: model(ids), document_masking=True, seq_length=64, **kw)
+    with pytest.raises(UserError, match="label_style"):
+        evaluate_val(model, label_style="HF", **kw)

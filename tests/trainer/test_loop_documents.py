@@ -21,7 +21,8 @@ def _run(tmp_path, byte_data, name, *extra):
     cfg = small_config(tmp_path / f"{name}.json")
     out = tmp_path / name
     code = main(
-        ["train", *FAST_TRAIN_FLAGS, "--log-interval", "1", "--config", str(cfg), "--data", str(byte_data)]
+        ["train", *FAST_TRAIN_FLAGS, "--device", "cpu", "--log-interval", "1", "--config", str(cfg)]
+        + ["--data", str(byte_data)]
         + ["--out", str(out), *extra]
     )
     assert code == 0

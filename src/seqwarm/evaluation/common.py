@@ -3,6 +3,7 @@ full-length validation loss of a prepared folder."""
 
 from __future__ import annotations
 
+import inspect
 import math
 import sys
 from collections.abc import Callable
@@ -12,7 +13,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from seqwarm.data.dataset import iter_eval_batches
+from seqwarm.data.dataset import check_label_style, iter_eval_batches
 from seqwarm.util.errors import UserError
 
 Model = Callable[[torch.Tensor], Any]
@@ -101,6 +102,14 @@ def read_text_file(path: str | Path, what: str) -> str:
     return text
 
 
+def _takes_document_ids(model: Any) -> bool:
+    forward = model.forward if isinstance(model, torch.nn.Module) else model
+    try:
+        return "document_ids" in inspect.signature(forward).parameters
+    except (TypeError, ValueError):  # no signature to read: let the call say
+        return True
+
+
 @torch.no_grad()
 def evaluate_val(
     model: Model,
@@ -123,6 +132,12 @@ def evaluate_val(
     document_ids=...)`` (seqwarm's GPT, or an HF model wrapped to take ``document_ids``).
     ``label_style="hf"`` (a run of a Hugging Face model): the targets its training validation scored,
     the window's last input not predicting past the window (``S - 1`` targets of ``S`` inputs)."""
+    check_label_style(label_style)
+    if document_masking and not _takes_document_ids(model):  # an HF model would drop them: attend across
+        raise ValueError(
+            "document_masking: the model's forward takes no document_ids (wrap a Transformers model in "
+            "seqwarm.integrations.hf.run.CausalLMLoss, which passes them as restarting position_ids)"
+        )
     seq_length = model_seq_length(model, seq_length)
     windows = data.windows("val", seq_length, **({"document_masking": True} if document_masking else {}))
     count = len(windows) if num_windows is None else min(len(windows), num_windows)

@@ -240,7 +240,13 @@ def _val_model(loaded: LoadedRun) -> torch.nn.Module:
     from seqwarm.integrations.hf.blocks import check_block_attention
     from seqwarm.integrations.hf.run import CausalLMLoss
 
-    check_block_attention(loaded.model, "--document-masking (the run's setting)", type(loaded.model).__name__)
+    check_block_attention(
+        loaded.model,
+        "--document-masking (the run's setting)",
+        type(loaded.model).__name__,
+        instead="evaluate with --wikitext / --lambada only, or on a machine where the model's attention "
+        "implementation masks the documents (as where it trained)",
+    )
     return CausalLMLoss(loaded.model)
 
 
@@ -301,6 +307,8 @@ def run_paper_evals(
     loaded = load_run(run_dir, checkpoint=checkpoint, device=device, data=data)
     seq = loaded.seq_length
     common = dict(batch_size=batch_size, device=loaded.device, progress=progress, seq_length=seq)
+    # what --val needs is checked before any evaluation runs: a refusal then loses no finished work
+    val_model, val_data = (_val_model(loaded), loaded.val_data()) if val else (None, None)
     results: dict[str, Any] = {}
     if raw is not None:
         try:
@@ -317,8 +325,8 @@ def run_paper_evals(
         results["lambada"] = {"file": str(lambada), **res}
     if val:
         results["val"] = evaluate_val(
-            _val_model(loaded),
-            loaded.val_data(),
+            val_model,
+            val_data,
             num_windows=val_windows,
             document_masking=loaded.document_masking,
             label_style="hf" if loaded.is_hf else "megatron",

@@ -112,9 +112,11 @@ def _probe(lm: nn.Module) -> tuple[float, float]:
     return float((packed - alone_t).abs().max()), float((across - alone_t).abs().max())
 
 
-def check_block_attention(lm: nn.Module, what: str, architecture: str) -> None:
+def check_block_attention(lm: nn.Module, what: str, architecture: str, instead: str | None = None) -> None:
     """UserError unless ``lm`` really attends inside blocks given as restarting ``position_ids``
-    (``what``: the setting that asks for them, for the message)."""
+    (``what``: the setting that asks for them; ``instead``: what the user can do otherwise, for the
+    message; default: train without ``what`` or with a GPT preset)."""
+    instead = instead or f"train without {what}, or use a GPT preset (--model tiny, ...)"
     impl = attn_implementation(lm)
     works = "'sdpa' (the default) or 'eager'"
     if impl not in BY_ROW + AS_ONE_ROW:
@@ -127,8 +129,7 @@ def check_block_attention(lm: nn.Module, what: str, architecture: str) -> None:
     except (TypeError, ValueError, RuntimeError) as err:
         raise UserError(
             f"{what} with --model hf:: {architecture} ({impl}) failed on a packed probe row ({err}); seqwarm "
-            "passes the documents as restarting position_ids with use_cache=False. Train it without "
-            f"{what}, or use a GPT preset (--model tiny, ...)"
+            f"passes the documents as restarting position_ids with use_cache=False. {instead[0].upper()}{instead[1:]}"
         ) from None
     # Float rounding is far below a tenth of what attending across documents changes.
     if leak > 0.1 * across:
@@ -137,5 +138,5 @@ def check_block_attention(lm: nn.Module, what: str, architecture: str) -> None:
             f"{what} with --model hf:: {architecture} ({impl}) attends across documents given as restarting "
             f"position_ids (a packed probe row's logits differ from each document alone by up to {leak:.3g}, "
             f"{across:.3g} without the blocks), so it would train with cross-document attention; {other}"
-            f"train without {what}, or use a GPT preset (--model tiny, ...)"
+            f"{instead}"
         )
