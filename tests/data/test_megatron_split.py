@@ -116,3 +116,28 @@ def test_validation_of_a_blend_follows_its_weights(tmp_path):
     # two ranks split the same windows
     both = [shares(num_windows=20, rank=r, world_size=2) for r in range(2)]
     assert (both[0][0] + both[1][0], both[0][1] + both[1][1]) == (4, 16)
+
+
+def test_offline_validation_of_a_blend_reads_the_windows_training_validates_on(tmp_path):
+    """`seqwarm eval --val` (evaluate_val) on a blend: the weighted windows of training's validation
+    (4 + 16 of 20 at 0.2 / 0.8), not 20 spread over the sources end to end (about 15 + 5)."""
+    import torch
+
+    from seqwarm.evaluation import evaluate_val
+
+    a = write_megatron(tmp_path / "a", _docs(300, 0, 100, 1))
+    b = write_megatron(tmp_path / "b", _docs(100, 100, 200, 2))
+    data = MegatronData(["0.2", a, "0.8", b], split="9,1,0", vocab_size=BYTE_VOCAB, eod_id=BYTE_EOD)
+    seen = []
+
+    def model(ids):
+        seen.append(ids.clone())
+        return torch.zeros(*ids.shape, BYTE_VOCAB)  # uniform: the loss is log(vocab) whatever the rows
+
+    res = evaluate_val(model, data, seq_length=20, num_windows=20, batch_size=4, progress=False)
+    rows = torch.cat(seen).numpy()
+    from_b = ((rows >= 100) & (rows != BYTE_EOD)).mean(axis=1) > 0.5
+    assert (int((~from_b).sum()), int(from_b.sum())) == (4, 16) and res["num_windows"] == 20
+    assert res["loss"] == pytest.approx(np.log(BYTE_VOCAB))
+    training = np.concatenate([x["input_ids"].numpy() for x in data.val_batches(20, 4, num_windows=20)])
+    np.testing.assert_array_equal(rows, training)  # the same windows, in the same order

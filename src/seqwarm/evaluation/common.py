@@ -124,7 +124,8 @@ def evaluate_val(
     label_style: str = "megatron",
 ) -> dict[str, Any]:
     """Full-length loss/ppl on the val split of a :class:`~seqwarm.data.PreparedData` (all windows or
-    ``num_windows`` of them spread evenly over the split): ``loss`` (mean NLL per target token), ``ppl``,
+    ``num_windows`` of them spread evenly over the split; a blend's split by its weights, as training
+    validates it): ``loss`` (mean NLL per target token), ``ppl``,
     ``num_windows``, ``num_tokens`` (targets scored), ``seq_length``, ``document_masking``.
 
     ``document_masking`` (a run trained with it): attention stays inside each document of a window, as
@@ -139,14 +140,20 @@ def evaluate_val(
             "seqwarm.integrations.hf.run.CausalLMLoss, which passes them as restarting position_ids)"
         )
     seq_length = model_seq_length(model, seq_length)
-    windows = data.windows("val", seq_length, **({"document_masking": True} if document_masking else {}))
+    masking = {"document_masking": True} if document_masking else {}
+    windows = data.windows("val", seq_length, **masking)
     count = len(windows) if num_windows is None else min(len(windows), num_windows)
+    if hasattr(data, "val_batches"):  # the windows training validates on (a blend: by its weights)
+        asked = None if num_windows is None else count  # None: all (a blend: all its weights allow)
+        batches = data.val_batches(seq_length, batch_size, num_windows=asked, **masking)
+    else:
+        batches = iter_eval_batches(windows, batch_size, num_windows=count)
     dev = device_of(model, device)
-    total_nll, total = 0.0, 0.0
+    total_nll, total, rows = 0.0, 0.0, 0
     bar = progress_bar(count, "val", "win", progress)
     try:
         with EvalMode(model):
-            for batch in iter_eval_batches(windows, batch_size, num_windows=count):
+            for batch in batches:
                 blocks = {k: batch[k].to(dev) for k in ("position_ids", "document_ids")} if document_masking else {}
                 logits = model_logits(model, batch["input_ids"].to(dev), **blocks).float()
                 nll = F.cross_entropy(logits.transpose(1, 2), batch["labels"].to(dev), reduction="none")
@@ -156,6 +163,7 @@ def evaluate_val(
                     mask[:, -1] = 0
                 total_nll += float((nll * mask).double().sum())
                 total += float(mask.sum())
+                rows += len(batch["input_ids"])
                 bar.update(len(batch["input_ids"]))
     finally:
         bar.close()
@@ -163,7 +171,7 @@ def evaluate_val(
     return {
         "loss": loss,
         "ppl": safe_exp(loss),
-        "num_windows": count,
+        "num_windows": rows,
         "num_tokens": int(total),
         "seq_length": seq_length,
         "document_masking": document_masking,
