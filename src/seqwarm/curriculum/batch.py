@@ -179,9 +179,15 @@ def _restart_positions(pos: torch.Tensor) -> torch.Tensor:
     A run is a maximal stretch where each id is the previous one + 1; a run starts at the row start
     and wherever the ids do not continue (an EOD reset, or the seam between two original samples).
     """
-    starts = torch.ones(pos.shape, dtype=torch.bool, device=pos.device)
-    starts[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
-    return pos - pos.gather(1, run_starts(starts))
+    return pos - pos.gather(1, run_starts(_id_breaks(pos)))
+
+
+def _id_breaks(pos: torch.Tensor) -> torch.Tensor:
+    """(R, N) bool: True at each row's first column and wherever the position ids do not continue (the
+    id is not the one before + 1)."""
+    breaks = torch.ones(pos.shape, dtype=torch.bool, device=pos.device)
+    breaks[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1
+    return breaks
 
 
 def run_starts(starts: torch.Tensor) -> torch.Tensor:
@@ -282,10 +288,7 @@ def window_batch(batch: Mapping[str, Any], seqlen: int) -> dict[str, Any]:
     pos = batch.get("position_ids")
     restart = starts
     if isinstance(pos, torch.Tensor):
-        pos = pos.expand(b, s)
-        moved = torch.ones(b, s, dtype=torch.bool, device=pos.device)
-        moved[:, 1:] = pos[:, 1:] != pos[:, :-1] + 1  # the runs the ids already restart at
-        restart = starts | moved.to(starts.device)
+        restart = starts | _id_breaks(pos.expand(b, s)).to(starts.device)  # and where the ids already restart
     positions = cols.expand(b, s) - run_starts(restart)  # (B, S)
     out["position_ids"] = positions.to(pos.device if isinstance(pos, torch.Tensor) else ref.device)
     return out

@@ -129,7 +129,7 @@ def check_block_attention(lm: nn.Module, what: str, architecture: str, instead: 
     except (TypeError, ValueError, RuntimeError) as err:
         raise UserError(
             f"{what} with --model hf:: {architecture} ({impl}) failed on a packed probe row ({err}); seqwarm "
-            f"passes the documents as restarting position_ids with use_cache=False. {instead[0].upper()}{instead[1:]}"
+            f"passes the documents as restarting position_ids with use_cache=False; {instead}"
         ) from None
     # Float rounding is far below a tenth of what attending across documents changes.
     if leak > 0.1 * across:
