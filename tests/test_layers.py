@@ -12,6 +12,13 @@ Rules:
 5. an import inside a function is allowed only for a heavy dependency: an optional package (torch,
    deepspeed, matplotlib, ...), a seqwarm module whose own top-level imports (or its parent package's)
    bring one in, or a lazy facade (a package with a module-level ``__getattr__``).
+
+The install boundary (docs/ARCHITECTURE.md, "The library and the train extra"; the extra's packages are
+``TRAIN_EXTRA`` of ``seqwarm.cli``, read from its source):
+
+6. no module imports a package of the ``train`` extra at module level, only inside functions;
+7. the library modules (the ``<!-- library -->`` list), and every seqwarm module they import, at the top or
+   inside a function, and its parent packages, import none of them at all.
 """
 
 from __future__ import annotations
@@ -238,8 +245,74 @@ def check_layers(src: Path, package: str, doc: Path) -> list[str]:
     return problems
 
 
+def read_library(doc: Path) -> list[str]:
+    """The library modules: the names of the ``<!-- library -->`` block of ARCHITECTURE.md."""
+    text = doc.read_text(encoding="utf-8")
+    match = re.search(r"<!-- library -->\s*```\w*\n(.*?)```", text, re.S)
+    assert match, f"{doc} has no <!-- library --> block"
+    return [name for line in match.group(1).splitlines() for name in line.split("#")[0].split()]
+
+
+def train_extra(cli_init: Path) -> set[str]:
+    """The import names of the ``train`` extra: the values of ``TRAIN_EXTRA`` in the CLI's source."""
+    tree = ast.parse(cli_init.read_text(encoding="utf-8"))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "TRAIN_EXTRA" for t in node.targets):
+            return set(ast.literal_eval(node.value).values())
+    raise AssertionError(f"{cli_init} defines no TRAIN_EXTRA")
+
+
+def check_library(src: Path, package: str, doc: Path, extra: set[str]) -> list[str]:
+    """Every break of rules 6 and 7, one line each (empty: a library install runs without the extra)."""
+    modules = module_names(src, package)
+    problems: list[str] = []
+    imps = {m: [i for i in imports_of(m, p, modules, package) if not i.type_only] for m, p in modules.items()}
+    rel = {m: p.relative_to(src) for m, p in modules.items()}
+    for m, found in imps.items():
+        for i in found:
+            if i.target in extra and not i.nested:
+                problems.append(
+                    f"{rel[m]}:{i.line}: {m} imports {i.target} (the train extra) at module level; "
+                    "import it inside the function that needs it"
+                )
+    roots = []
+    for name in read_library(doc):
+        full = f"{package}.{name}"
+        covered = [m for m in modules if m == full or m.startswith(full + ".")]
+        if not covered:
+            problems.append(f"{doc.name}: library module {name} is no module of {package}")
+        roots += covered
+    via: dict[str, str | None] = dict.fromkeys(roots)
+    todo = list(roots)
+    while todo:
+        m = todo.pop()
+        parent = m.rsplit(".", 1)[0] if "." in m else None
+        for target in [i.target for i in imps[m]] + ([parent] if parent in modules else []):
+            if target in modules and target not in via:
+                via[target] = m
+                todo.append(target)
+    for m in sorted(via):
+        for i in imps[m]:
+            if i.target in extra:
+                chain = [m]
+                while via[chain[-1]] is not None:
+                    chain.append(via[chain[-1]])
+                problems.append(
+                    f"{rel[m]}:{i.line}: {m} imports {i.target} (the train extra), and the library reaches it: "
+                    f"{' <- '.join(chain)}; move it out of the library's imports"
+                )
+    return problems
+
+
 def test_the_source_keeps_the_layers_of_architecture_md():
     problems = check_layers(ROOT / "src", PACKAGE, ROOT / "docs" / "ARCHITECTURE.md")
+    assert not problems, "\n".join(problems)
+
+
+def test_the_library_imports_nothing_of_the_train_extra():
+    extra = train_extra(ROOT / "src" / PACKAGE / "cli" / "__init__.py")
+    assert {"tokenizers", "tqdm", "matplotlib"} <= extra
+    problems = check_library(ROOT / "src", PACKAGE, ROOT / "docs" / "ARCHITECTURE.md", extra)
     assert not problems, "\n".join(problems)
 
 
@@ -297,3 +370,52 @@ def test_a_planted_violation_is_caught(tmp_path, files, expected):
     files = {"pkg/__init__.py": "x = 1\n", **files}
     problems = _plant(tmp_path, files, "1  low other\n2  mid\n3  cli\n")
     assert any(expected in p for p in problems), problems
+
+
+def _plant_library(tmp_path: Path, files: dict[str, str], library: str = "core") -> list[str]:
+    files = {"pkg/__init__.py": "", "pkg/trainer.py": "", **files}
+    if not any(rel.startswith("pkg/core") for rel in files):
+        files["pkg/core.py"] = "import json\n"
+    for rel, text in files.items():
+        path = tmp_path / "src" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    doc = tmp_path / "ARCHITECTURE.md"
+    doc.write_text(f"# library\n<!-- library -->\n```\n{library}   # the library\n```\n")
+    return check_library(tmp_path / "src", "pkg", doc, {"tqdm"})
+
+
+def test_a_planted_library_that_keeps_the_boundary_passes(tmp_path):
+    problems = _plant_library(
+        tmp_path,
+        {
+            "pkg/core.py": "def f():\n    from pkg import trainer\n",
+            "pkg/trainer.py": "import json\n",
+            "pkg/cli.py": "def g():\n    import tqdm\n",  # outside the library, inside a function: fine
+        },
+    )
+    assert problems == []
+
+
+@pytest.mark.parametrize(
+    "files, expected",
+    [
+        ({"pkg/core.py": "import tqdm\n"}, "pkg.core imports tqdm (the train extra) at module level"),
+        ({"pkg/cli.py": "from tqdm import auto\n"}, "pkg.cli imports tqdm (the train extra) at module level"),
+        ({"pkg/core.py": "def f():\n    import tqdm\n"}, "the library reaches it: pkg.core;"),
+        (
+            {"pkg/core.py": "def f():\n    from pkg import trainer\n", "pkg/trainer.py": "def g():\n    import tqdm\n"},
+            "the library reaches it: pkg.trainer <- pkg.core;",
+        ),
+        ({"pkg/core/__init__.py": "", "pkg/core/a.py": "def f():\n    import tqdm\n"}, "reaches it: pkg.core.a;"),
+        ({"pkg/__init__.py": "def f():\n    import tqdm\n"}, "reaches it: pkg <- pkg.core;"),  # a parent runs too
+    ],
+)
+def test_a_planted_break_of_the_library_boundary_is_caught(tmp_path, files, expected):
+    problems = _plant_library(tmp_path, files)
+    assert any(expected in p for p in problems), problems
+
+
+def test_a_library_entry_that_names_no_module_is_caught(tmp_path):
+    problems = _plant_library(tmp_path, {}, library="core nosuch")
+    assert any("library module nosuch is no module of pkg" in p for p in problems), problems
