@@ -20,6 +20,9 @@ zeros are; flash-attention keys, or one row whose ``position_ids`` restart and t
 ``loss_mask``: padding-free; anything else: dense). A batch whose layout cannot be read (a mask with a
 hole in a row, right and left padding mixed, several rows with sequence offsets) is a ``ValueError``
 naming what it found, never a guess. All functions are pure: new dicts, the input untouched.
+
+:func:`tokens_trained` is the one rule for how many tokens a cut micro-batch trained, the count the token
+clock advances by, for every path (every layout and mode, length buckets, inject, ``record``).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ __all__ = [
     "longest_sequence",
     "read_layout",
     "real_tokens",
+    "tokens_trained",
     "trained_targets",
 ]
 
@@ -250,3 +254,19 @@ def trained_targets(batch: Mapping[str, Any]) -> torch.Tensor:
         "count_tokens_by 'loss_mask' needs a loss_mask tensor or labels (-100 where no loss) in every "
         f"training batch (got keys {sorted(map(str, batch))})"
     )
+
+
+def tokens_trained(
+    batch: Mapping[str, Any], layout: str, count_tokens_by: str, shape: tuple[int, int] | None = None
+) -> torch.Tensor | int:
+    """How many tokens the cut micro-batch ``batch`` trains — the one counting rule of every path.
+
+    ``count_tokens_by="loss_mask"``: its loss terms (:func:`trained_targets`: ``loss_mask``'s sum, else the
+    labels that are not -100). ``"shape"``: the tokens the model is given, padding left out
+    (:func:`real_tokens`); dense rows count ``rows x length`` of ``shape`` when given (what reshape and
+    length buckets train: :func:`~seqwarm.curriculum.clock.micro_batch_shape`), else of the batch."""
+    if count_tokens_by == "loss_mask":
+        return trained_targets(batch)
+    if layout == "dense" and shape is not None:
+        return shape[0] * shape[1]
+    return real_tokens(batch, layout)
