@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from seqwarm.curriculum.loss_scale import FP16Config
 from seqwarm.curriculum.lr import LRConfig
 from seqwarm.curriculum.schedule import CurriculumConfig
 
@@ -63,7 +64,7 @@ class EngineSettings(WarmupSettings, Protocol):
     @property
     def precision_named(self) -> bool: ...
     @property
-    def fp16(self) -> Any: ...  # a seqwarm.curriculum.loss_scale.FP16Config
+    def fp16(self) -> FP16Config: ...
 
 
 class PlanSettings(Protocol):
