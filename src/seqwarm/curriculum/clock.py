@@ -25,7 +25,7 @@ from seqwarm.curriculum.lr import LRConfig, megatron_step_unit
 COUNT_TOKENS_BY = ("shape", "loss_mask")
 """How the clock counts a cut micro-batch's tokens (``count_tokens_by``): ``shape``, the tokens the model is
 given (padding left out); ``loss_mask``, its loss terms (the loss mask's sum, else the labels that are not
--100). The one rule that applies it is :func:`seqwarm.curriculum.layouts.tokens_trained`."""
+-100). The one rule that applies it is :func:`seqwarm.curriculum.batch.tokens_trained`."""
 
 
 class Budget(Protocol):

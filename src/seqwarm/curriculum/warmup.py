@@ -48,12 +48,13 @@ from seqwarm.curriculum.batch import (
     bucket_batch,
     bucket_length,
     reshape_batch,
+    tokens_trained,
     truncate_batch,
     window_batch,
 )
 from seqwarm.curriculum.clock import COUNT_TOKENS_BY, Progress, advance, micro_batch_shape, stop_reason
 from seqwarm.curriculum.inputs import keyword_curriculum
-from seqwarm.curriculum.layouts import LAYOUTS, cut_to_layout, longest_sequence, read_layout, tokens_trained
+from seqwarm.curriculum.layouts import LAYOUTS, cut_to_layout, longest_sequence, read_layout
 from seqwarm.curriculum.lr import LRConfig, lr_at
 from seqwarm.curriculum.modes import check_injected_output, forward_name, resolve_mode
 from seqwarm.curriculum.ranks import global_counts
@@ -326,7 +327,7 @@ class SequenceLengthWarmup:
 
     def _add(self, samples: int, out: Mapping[str, Any], layout: str, shape: tuple[int, int] | None = None) -> None:
         """Count a cut micro-batch ``out`` (``samples`` rows drawn) by the one rule,
-        :func:`~seqwarm.curriculum.layouts.tokens_trained`. ``shape``: (rows, length) to count dense rows at,
+        :func:`~seqwarm.curriculum.batch.tokens_trained`. ``shape``: (rows, length) to count dense rows at,
         when not the shape of ``out``."""
         rows, width = shape if shape is not None else batch_shape(out)[1:]
         self._tokens = self._tokens + tokens_trained(out, layout, self.count_tokens_by, (rows, width))
