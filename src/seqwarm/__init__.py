@@ -56,12 +56,21 @@ __all__ = [
 
 
 _DEPRECATED = {
-    # name: (module, attribute, what to use instead); removed in 0.3
+    # 0.1 names of the facade, each still reachable for a release: name -> (its module now, what to use
+    # instead); removed in 0.3
     "stop_reason": (
         "seqwarm.curriculum.clock",
-        "stop_reason",
         "seqwarm.curriculum.clock.stop_reason (or SequenceLengthWarmup.stop_reason())",
-    )
+    ),
+    "advance": ("seqwarm.curriculum.clock", "seqwarm.curriculum.clock.advance"),
+    "should_stop": ("seqwarm.curriculum.clock", "seqwarm.curriculum.clock.should_stop"),
+    "tokens_per_step": ("seqwarm.curriculum.clock", "seqwarm.curriculum.clock.tokens_per_step"),
+    "count_tokens": ("seqwarm.curriculum.batch", "seqwarm.curriculum.batch.count_tokens"),
+    "CurriculumConfig": ("seqwarm.curriculum.schedule", "seqwarm.config.CurriculumConfig"),
+    "FP16Config": ("seqwarm.curriculum.loss_scale", "seqwarm.config.FP16Config"),
+    "OptimizerConfig": ("seqwarm.config.run", "seqwarm.config.OptimizerConfig"),
+    "Plan": ("seqwarm.curriculum.plan", "seqwarm.curriculum.plan.Plan"),
+    "SeqwarmError": ("seqwarm.util.errors", "seqwarm.util.errors.SeqwarmError"),
 }
 
 
@@ -69,9 +78,9 @@ def __getattr__(name: str) -> Any:
     if name in _LAZY:
         return getattr(importlib.import_module(_LAZY[name]), name)
     if name in _DEPRECATED:
-        module, attribute, instead = _DEPRECATED[name]
+        module, instead = _DEPRECATED[name]
         warnings.warn(f"seqwarm.{name} is deprecated; use {instead}", DeprecationWarning, stacklevel=2)
-        return getattr(importlib.import_module(module), attribute)
+        return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module 'seqwarm' has no attribute {name!r}")
 
 

@@ -67,6 +67,31 @@ def test_seqwarm_stop_reason_works_and_names_its_replacement():
 
 
 @pytest.mark.parametrize(
+    "name, instead",
+    [
+        ("advance", "seqwarm.curriculum.clock.advance"),
+        ("should_stop", "seqwarm.curriculum.clock.should_stop"),
+        ("tokens_per_step", "seqwarm.curriculum.clock.tokens_per_step"),
+        ("count_tokens", "seqwarm.curriculum.batch.count_tokens"),
+        ("CurriculumConfig", "seqwarm.config.CurriculumConfig"),
+        ("FP16Config", "seqwarm.config.FP16Config"),
+        ("OptimizerConfig", "seqwarm.config.OptimizerConfig"),
+        ("Plan", "seqwarm.curriculum.plan.Plan"),
+        ("SeqwarmError", "seqwarm.util.errors.SeqwarmError"),
+    ],
+)
+def test_the_other_0_1_facade_names_work_and_name_their_replacement(name, instead):
+    """Names ``seqwarm`` exported in 0.1 and stopped exporting (cfb92fb) without a word."""
+    import importlib
+
+    with pytest.warns(DeprecationWarning, match=rf"seqwarm\.{name} is deprecated; use {re.escape(instead)}$"):
+        value = getattr(seqwarm, name)
+    module, attribute = instead.rsplit(".", 1)
+    assert value is getattr(importlib.import_module(module), attribute)
+    assert name not in dir(seqwarm)
+
+
+@pytest.mark.parametrize(
     "name, module, instead",
     [
         ("SequenceLengthWarmup", warmup, "seqwarm.SequenceLengthWarmup"),
