@@ -8,7 +8,7 @@ Rules:
    (imports inside functions and under ``TYPE_CHECKING`` count too: hiding an upward import in a
    function does not make it right);
 3. no module imports the package facade ``seqwarm`` (``seqwarm/__init__.py`` sits above everything);
-4. only the CLI layer imports ``argparse`` or ``seqwarm.cli.commands``;
+4. only the CLI layer (the table's ``cli`` row) imports ``argparse`` or ``seqwarm.cli.commands``;
 5. an import inside a function is allowed only for a heavy dependency: an optional package (torch,
    deepspeed, matplotlib, ...), a seqwarm module whose own top-level imports (or its parent package's)
    bring one in, or a lazy facade (a package with a module-level ``__getattr__``).
