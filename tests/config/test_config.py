@@ -551,6 +551,21 @@ def test_unnamed_precision_is_bf16_on_cuda_and_fp32_elsewhere():
     assert load_config(plain, overrides={"precision": "fp16"}).precision_named
 
 
+def test_the_pieces_moved_into_the_curriculum_keep_their_config_names():
+    """FP16Config, the precision rule and the token-counting choices live in the curriculum now; the config
+    package still exports each under its old name (the same object), and registered its reader there."""
+    import seqwarm.config as config
+    from seqwarm.config import run
+    from seqwarm.curriculum import clock, loss_scale
+    from seqwarm.curriculum import run as curriculum_run
+
+    for name in ("FP16Config", "PRECISIONS", "resolve_precision"):
+        assert getattr(config, name) is getattr(loss_scale, name) is getattr(run, name)
+    assert run.DEFAULT_CUDA_PRECISION is loss_scale.DEFAULT_CUDA_PRECISION
+    assert run.COUNT_TOKENS_BY is clock.COUNT_TOKENS_BY == ("shape", "loss_mask")
+    assert curriculum_run._reader is config.load_config
+
+
 def test_the_deepspeed_view_strips_seqwarm_blocks_without_touching_the_input():
     """One function for every backend; the user's dict (nested data_efficiency included) is not changed."""
     from seqwarm.config.reader import without_seqwarm_blocks

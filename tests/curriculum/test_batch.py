@@ -221,6 +221,9 @@ def test_count_tokens():
     assert count_tokens(batch) == 16
     assert count_tokens(batch, use_loss_mask=True) == 5
     assert count_tokens(truncate_batch(batch, 3), use_loss_mask=True) == 3
-    del batch["loss_mask"]
-    with pytest.raises(ValueError, match="loss_mask"):
+    del batch["loss_mask"]  # the clock's rule: without a loss_mask, the labels that are not -100
+    batch["labels"][1, 2:] = -100
+    assert count_tokens(batch, use_loss_mask=True) == 8 + 2
+    del batch["labels"]
+    with pytest.raises(ValueError, match="a loss_mask tensor or labels"):
         count_tokens(batch, use_loss_mask=True)

@@ -238,10 +238,8 @@ def test_token_counting_by_loss_mask_and_world_size():
     engine = make(Recorder(), config(LINEAR, world_size=2))
     train(engine, 2)
     assert engine.progress == Progress(step=2, samples=8, tokens=2 * 2 * (2 + 4), warmup_end_tokens=0)
-    with pytest.raises(ValueError, match="loss_mask"):
-        make(Recorder(), config(LINEAR, count_tokens_by="loss_mask"))(
-            input_ids=data(0)["input_ids"], labels=data(0)["labels"]
-        )
+    with pytest.raises(ValueError, match="loss_mask tensor or labels"):  # nothing to count the loss terms by
+        make(Recorder(), config(LINEAR, count_tokens_by="loss_mask"))(input_ids=data(0)["input_ids"])
 
 
 def test_lr_follows_the_clock_including_the_step_and_respects_lr_scale():
@@ -604,7 +602,7 @@ def _inputs_by_binding(signature, args, kwargs):
                 named.update(value)
             elif params[name].kind is not inspect.Parameter.VAR_POSITIONAL:
                 named[name] = value
-    return named.get("input_ids"), named.get("loss_mask")
+    return named.get("input_ids"), named.get("loss_mask"), named.get("labels")
 
 
 class PositionalOnly(Recorder):
@@ -646,9 +644,14 @@ def test_inputs_are_found_as_a_fresh_binding_finds_them_and_bound_once_per_call_
         expected = (
             expected[0] if isinstance(expected[0], torch.Tensor) and expected[0].dim() == 2 else t,
             expected[1] if isinstance(expected[1], torch.Tensor) else None,
+            expected[2] if isinstance(expected[2], torch.Tensor) else None,
         )
         for _ in range(3):  # micro-batches of the same shape
-            tokens, mask = engine._inputs(args, kwargs)
-            assert tokens is expected[0] and mask is expected[1], (model_cls.__name__, len(args), list(kwargs))
+            tokens, mask, labels = engine._inputs(args, kwargs)
+            assert tokens is expected[0] and mask is expected[1] and labels is expected[2], (
+                model_cls.__name__,
+                len(args),
+                list(kwargs),
+            )
     shapes = {(len(args), tuple(kwargs)) for args, kwargs in calls}  # (t, y) and (m, t) are one shape
     assert len(binds) == len(calls) + len(shapes)  # the reference once per call, the engine once per shape

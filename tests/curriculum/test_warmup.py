@@ -177,12 +177,55 @@ def test_counting_by_loss_mask_and_without_a_curriculum():
     assert inject.record(2, 10, b["loss_mask"]) == 2
     assert inject.end_step().tokens == int(b["loss_mask"][:, :2].sum())
     inject.begin_step()
-    with pytest.raises(ValueError, match="needs a loss_mask tensor"):
+    with pytest.raises(ValueError, match="needs a loss_mask tensor or labels"):
         inject.cut({"input_ids": b["input_ids"]})
     off = core_of(config(None), plain)
     assert off.begin_step() is None
     assert off.cut(b).keys() == b.keys() and off.current_seqlen == 10 and off.micro_shape == (2, 10)
     assert off.end_step().tokens == 20
+
+
+def test_one_counting_rule_for_every_path_labels_without_a_loss_mask():
+    """count_tokens_by loss_mask on batches with -100 labels and no loss_mask: every path (the cut in each
+    mode, a length bucket, inject, record() and the engine's positional call) counts the labels that train.
+    Before, record() and the engine's inject call knew only a loss_mask and refused these batches."""
+    b = batch()
+    labels = b["labels"].clone()
+    labels[0, 1] = labels[1, :3] = -100  # inside the first L = 2 columns and past them
+    b = {"input_ids": b["input_ids"], "labels": labels}  # no loss_mask: a Hugging Face collator's batch
+    want_prefix = int((labels[:, :2] != -100).sum())
+    want_reshape = int((reshape_batch(b, 2)["labels"] != -100).sum())
+    assert 0 < want_prefix < 4
+
+    def counted(mode, forward, **kw):
+        core = core_of(config(count_tokens_by="loss_mask", curriculum_mode=mode, **kw), forward)
+        assert core.begin_step() == 2
+        core.cut(b)
+        return core.end_step().tokens
+
+    assert counted("truncate", plain) == want_prefix
+    assert counted("inject", takes_seqlen) == want_prefix
+    assert counted("truncate", plain, length_bucket=4) == want_prefix  # the bucket's extra columns masked
+    assert counted("reshape", plain) == want_reshape
+    recorded = core_of(config(count_tokens_by="loss_mask"), takes_seqlen)
+    recorded.begin_step()
+    assert recorded.record(2, 10, labels=labels) == 2
+    assert recorded.end_step().tokens == want_prefix
+
+    class Model(torch.nn.Module):  # takes curriculum_seqlen: inject mode, called with positional tensors
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(()))
+
+        def forward(self, input_ids, labels=None, curriculum_seqlen=None):
+            return self.w * input_ids[:, :curriculum_seqlen].float().mean()
+
+    model = Model()
+    cfg = config(count_tokens_by="loss_mask")
+    engine = CurriculumEngine(model, torch.optim.SGD(model.parameters(), lr=0.1), cfg)
+    engine.backward(engine(b["input_ids"], labels))
+    engine.step()
+    assert engine.progress.tokens == want_prefix
 
 
 class FakeWorld:

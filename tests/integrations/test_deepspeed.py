@@ -168,6 +168,34 @@ def test_curriculum_clock_lr_and_fp16_skip(tmp_path):
     assert again.slw.progress == cur.slw.progress and again.scheduler.get_current_difficulty() == 24
 
 
+def test_the_0_1_loop_still_runs_with_deprecation_warnings_naming_the_replacements(tmp_path):
+    """The 0.1 README's loop (shape, before_step, engine.step, done) keeps the clock of today's (cut, step),
+    fp16 skip included, and each old name warns with the name to use instead."""
+    cfg = fake_config(tmp_path, total_step=4, train_iters=3)
+    old_engine, new_engine = FakeEngine(), FakeEngine()
+    old, new = DeepSpeedCurriculum(old_engine, cfg), DeepSpeedCurriculum(new_engine, cfg)
+    steps = 0
+    while True:
+        with pytest.warns(DeprecationWarning, match=r"DeepSpeedCurriculum\.slw\.done"):
+            if old.done:
+                break
+        old_engine.overflow = new_engine.overflow = steps == 1  # DeepSpeed skips the second update
+        for micro in range(2):
+            with pytest.warns(DeprecationWarning, match=r"use DeepSpeedCurriculum\.cut\(batch\)"):
+                shaped = old.shape(full_batch())
+            assert shaped["input_ids"].shape == new.cut(full_batch())["input_ids"].shape
+            with pytest.warns(DeprecationWarning, match=r"use DeepSpeedCurriculum\.step\(\)"):
+                lr = old.before_step()
+            old_engine.step()
+            new.step()
+            assert (lr is None) == (micro == 0)
+            assert old_engine.optimizer.param_groups[0]["lr"] == new_engine.optimizer.param_groups[0]["lr"]
+        steps += 1
+    assert new.slw.done and steps == 4  # three applied steps and the skipped one
+    assert old.slw.progress == new.slw.progress and old.slw.skipped_steps == new.slw.skipped_steps == 1
+    assert old.state_dict() == new.state_dict()
+
+
 def test_curriculum_on_a_pipeline_resets_shapes_only_when_they_change(tmp_path):
     engine, cfg = FakeEngine(gas=2, dp=1, pipeline=True), fake_config(tmp_path, gas=2, dp=1, total_step=2)
     cur = DeepSpeedCurriculum(engine, cfg)

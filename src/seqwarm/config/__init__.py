@@ -16,17 +16,26 @@ The package: :mod:`~seqwarm.config.run` (the run config dataclasses), :mod:`~seq
 of the individual blocks: curriculum, batch sizes, optimizer, precision, scheduler, LR),
 :mod:`~seqwarm.config.settings` (the one table of seqwarm settings and their flags) and
 :mod:`~seqwarm.config.describe` (the human summary). The
-curriculum's and the LR schedule's configs and checks live with their owners
-(:mod:`seqwarm.curriculum.schedule` and :mod:`seqwarm.curriculum.checks`, :mod:`seqwarm.curriculum.lr`).
+curriculum's, the LR schedule's and the precision's configs and checks live with their owners
+(:mod:`seqwarm.curriculum.schedule` and :mod:`seqwarm.curriculum.checks`, :mod:`seqwarm.curriculum.lr`,
+:mod:`seqwarm.curriculum.loss_scale`); ``FP16Config``, ``PRECISIONS`` and ``resolve_precision`` are
+re-exported here under their old names. Importing this package registers :func:`load_config` as the
+curriculum's reader of DeepSpeed configs (:func:`seqwarm.curriculum.run.register_reader`).
 """
 
 from __future__ import annotations
 
 from seqwarm.config.reader import SEQWARM_KEYS, load_config
-from seqwarm.config.run import PRECISIONS, FP16Config, OptimizerConfig, RunConfig, resolve_precision
+from seqwarm.config.run import OptimizerConfig, RunConfig
+from seqwarm.curriculum.loss_scale import PRECISIONS, FP16Config, resolve_precision
 from seqwarm.curriculum.lr import DECAY_STYLES, LRConfig
+from seqwarm.curriculum.run import register_reader
 from seqwarm.curriculum.schedule import CURRICULUM_MODES, CurriculumConfig
 from seqwarm.util.problems import ConfigError, Problem
+
+# The curriculum, a layer below, reads DeepSpeed configs through this reader (from_deepspeed, the engines):
+# registered here, at import, which the package's __init__ does before any seqwarm module runs.
+register_reader(load_config)
 
 __all__ = [
     "ConfigError",

@@ -1,8 +1,8 @@
-"""The checked run config: :class:`RunConfig` and the DeepSpeed blocks it holds (fp16, optimizer).
+"""The checked run config: :class:`RunConfig` and the DeepSpeed optimizer block it holds.
 
-Build it with :func:`seqwarm.config.load_config`; the curriculum's and the LR schedule's parts are
-their owners' configs (:class:`~seqwarm.curriculum.schedule.CurriculumConfig`,
-:class:`~seqwarm.curriculum.lr.LRConfig`).
+Build it with :func:`seqwarm.config.load_config`; the curriculum's, the LR schedule's and the precision's
+parts are their owners' configs (:class:`~seqwarm.curriculum.schedule.CurriculumConfig`,
+:class:`~seqwarm.curriculum.lr.LRConfig`, :class:`~seqwarm.curriculum.loss_scale.FP16Config`).
 """
 
 from __future__ import annotations
@@ -12,33 +12,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from seqwarm.curriculum.clock import COUNT_TOKENS_BY
+from seqwarm.curriculum.loss_scale import DEFAULT_CUDA_PRECISION, PRECISIONS, FP16Config, resolve_precision
 from seqwarm.curriculum.lr import LRConfig
 from seqwarm.curriculum.schedule import CurriculumConfig
 
-PRECISIONS = ("fp32", "fp16", "bf16")
-DEFAULT_CUDA_PRECISION = "bf16"
-"""What a CUDA run trains in when its config names no precision (fp32 runs at 4-6% MFU on an H100)."""
-COUNT_TOKENS_BY = ("shape", "loss_mask")
-
-
-@dataclass(frozen=True)
-class FP16Config:
-    """DeepSpeed's fp16 block (dynamic loss scaling when ``loss_scale`` is 0)."""
-
-    enabled: bool = False
-    """True when the run's precision is fp16."""
-    loss_scale: float = 0.0
-    """A static loss scale, or 0 for dynamic scaling."""
-    initial_scale_power: int = 16
-    """Dynamic scaling starts at 2 ** this."""
-    loss_scale_window: int = 1000
-    """Steps without overflow before the scale doubles."""
-    hysteresis: int = 2
-    """Overflows tolerated before the scale halves."""
-    consecutive_hysteresis: bool = False
-    """Whether hysteresis counts only consecutive overflows."""
-    min_loss_scale: float = 1.0
-    """The scale never drops below this."""
+# the precision rule and the fp16 block live with the loss scaler, the token-counting choices with the clock;
+# they keep their names here
+__all__ = [
+    "COUNT_TOKENS_BY",
+    "DEFAULT_CUDA_PRECISION",
+    "PRECISIONS",
+    "FP16Config",
+    "OptimizerConfig",
+    "RunConfig",
+    "resolve_precision",
+]
 
 
 @dataclass(frozen=True)
@@ -79,7 +68,8 @@ class RunConfig:
     """One of :data:`PRECISIONS`."""
     precision_named: bool = field(default=True, compare=False)
     """False when the config named no precision (no fp16/bf16 block enabled, no ``precision`` setting):
-    then the device decides (:func:`resolve_precision`: bf16 autocast on CUDA, fp32 elsewhere)."""
+    then the device decides (:func:`~seqwarm.curriculum.loss_scale.resolve_precision`: bf16 autocast on
+    CUDA, fp32 elsewhere)."""
     fp16: FP16Config = field(default_factory=FP16Config)
     """Loss scaling, used when the precision is fp16."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
@@ -145,18 +135,3 @@ class RunConfig:
         vals["curriculum"] = CurriculumConfig(**vals["curriculum"]) if vals.get("curriculum") else None
         vals["warnings"] = tuple(vals.get("warnings") or ())
         return cls(**vals)
-
-
-def resolve_precision(
-    cfg: RunConfig, device_type: str, bf16_supported: bool = True, resumed: str | None = None
-) -> RunConfig:
-    """``cfg`` with its precision fixed for a device — the one rule, for every engine and the loop: a
-    precision the config named is kept; else the precision of the run being resumed (``resumed``: a
-    checkpoint keeps what it was trained in); else bf16 on CUDA (when the device supports it) and fp32
-    elsewhere. Pure: the caller says what the device is."""
-    if cfg.precision_named:
-        return cfg
-    if resumed is not None:
-        return dataclasses.replace(cfg, precision=resumed, precision_named=True)
-    precision = DEFAULT_CUDA_PRECISION if device_type == "cuda" and bf16_supported else "fp32"
-    return dataclasses.replace(cfg, precision=precision, precision_named=True)

@@ -38,6 +38,9 @@ __all__ = [
     "bucket_batch",
     "bucket_length",
     "count_tokens",
+    "tokens_trained",
+    "trained_targets",
+    "real_tokens",
     "batch_shape",
     "number_documents",
     "block_starts",
@@ -295,14 +298,49 @@ def window_batch(batch: Mapping[str, Any], seqlen: int) -> dict[str, Any]:
 
 
 def count_tokens(batch: Mapping[str, Any], use_loss_mask: bool = False) -> int:
-    """Tokens in a (shaped) batch: ``B * S`` of the reference tensor, or ``loss_mask.sum()``.
+    """Tokens in a (cut) batch of dense rows, by the clock's rule (:func:`tokens_trained`): ``B * S`` of the
+    reference tensor, or with ``use_loss_mask=True`` its loss terms (``loss_mask``'s sum, else the labels
+    that are not -100). Reading the sum synchronises with the device."""
+    return int(tokens_trained(batch, "dense", "loss_mask" if use_loss_mask else "shape"))
 
-    ``use_loss_mask=True`` needs a ``loss_mask`` tensor; reading its sum synchronises with the device.
-    """
-    _, b, s = batch_shape(batch)
-    if not use_loss_mask:
-        return b * s
+
+def real_tokens(batch: Mapping[str, Any], layout: str) -> torch.Tensor | int:
+    """The tokens a (cut) batch trains on, not counting padding: rows x columns for dense rows and
+    padding-free rows, the attention mask's sum for padded rows (a tensor, not read back to the host).
+    ``layout``: as :func:`seqwarm.curriculum.layouts.batch_layout` names it."""
+    if layout in ("right_padded", "left_padded"):
+        return (batch[MASK_KEY] != 0).sum(dtype=torch.int64)
+    _, rows, seq = batch_shape(batch)
+    return rows * seq
+
+
+def trained_targets(batch: Mapping[str, Any]) -> torch.Tensor:
+    """The loss terms of a (cut) batch: ``loss_mask``'s sum, else the labels that are not -100 (what
+    Hugging Face collators mark)."""
     mask = batch.get("loss_mask")
-    if not isinstance(mask, torch.Tensor):
-        raise ValueError("count_tokens(use_loss_mask=True) needs a 'loss_mask' tensor in the batch")
-    return int(mask.sum().item())
+    if isinstance(mask, torch.Tensor):
+        return mask.detach().sum(dtype=torch.int64)
+    labels = batch.get("labels")
+    if isinstance(labels, torch.Tensor):
+        return (labels != -100).sum(dtype=torch.int64)
+    raise ValueError(
+        "count_tokens_by 'loss_mask' needs a loss_mask tensor or labels (-100 where no loss) in every "
+        f"training batch (got keys {sorted(map(str, batch))})"
+    )
+
+
+def tokens_trained(
+    batch: Mapping[str, Any], layout: str, count_tokens_by: str, shape: tuple[int, int] | None = None
+) -> torch.Tensor | int:
+    """How many tokens the cut micro-batch ``batch`` trains — the one counting rule of every path
+    (``layout``: as :func:`seqwarm.curriculum.layouts.batch_layout` names it).
+
+    ``count_tokens_by="loss_mask"``: its loss terms (:func:`trained_targets`: ``loss_mask``'s sum, else the
+    labels that are not -100). ``"shape"``: the tokens the model is given, padding left out
+    (:func:`real_tokens`); dense rows count ``rows x length`` of ``shape`` when given (what reshape and
+    length buckets train: :func:`~seqwarm.curriculum.clock.micro_batch_shape`), else of the batch."""
+    if count_tokens_by == "loss_mask":
+        return trained_targets(batch)
+    if layout == "dense" and shape is not None:
+        return shape[0] * shape[1]
+    return real_tokens(batch, layout)

@@ -22,6 +22,11 @@ from typing import Any, Protocol
 
 from seqwarm.curriculum.lr import LRConfig, megatron_step_unit
 
+COUNT_TOKENS_BY = ("shape", "loss_mask")
+"""How the clock counts a cut micro-batch's tokens (``count_tokens_by``): ``shape``, the tokens the model is
+given (padding left out); ``loss_mask``, its loss terms (the loss mask's sum, else the labels that are not
+-100). The one rule that applies it is :func:`seqwarm.curriculum.batch.tokens_trained`."""
+
 
 class Budget(Protocol):
     """What :func:`stop_reason` reads: the run's budgets (None = not set), e.g. a ``RunConfig``."""
@@ -160,7 +165,7 @@ def bucket_length(seqlen: int, multiple: int, full: int) -> int:
     return min(full, -(-seqlen // multiple) * multiple)
 
 
-def tokens_per_step(cfg: Any, seqlen: int) -> int:  # cfg: a RunConfig (layer 3, not imported here)
+def tokens_per_step(cfg: Any, seqlen: int) -> int:  # cfg: a run config (curriculum.run.PlanSettings)
     """Tokens one optimizer step trains at length ``seqlen`` (global, all ranks).
 
     truncate/inject: every sequence is cut to ``seqlen``. reshape: each micro-batch keeps its tokens,

@@ -31,9 +31,9 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from seqwarm.config import resolve_precision
-from seqwarm.curriculum.inputs import as_run_config, check_state_format, set_lr
-from seqwarm.curriculum.loss_scale import LossScaler
+from seqwarm.curriculum.inputs import check_state_format, set_lr
+from seqwarm.curriculum.loss_scale import LossScaler, resolve_precision
+from seqwarm.curriculum.run import EngineSettings, as_run_config
 from seqwarm.curriculum.warmup import SequenceLengthWarmup
 
 __all__ = ["CurriculumEngine", "bf16_supported"]
@@ -82,9 +82,10 @@ def _world_size() -> int:
 class CurriculumEngine:
     """Advance the curriculum, deliver its length to the model, and step the optimizer.
 
-    ``config``: a :class:`~seqwarm.config.RunConfig`, or a DeepSpeed-style dict / JSON path (read
-    with :func:`~seqwarm.config.load_config`). The engine owns the learning rate: every optimizer
-    step it sets each param group's ``lr`` to ``lr_at(clock) * group.get("lr_scale", 1.0)``.
+    ``config``: a :class:`~seqwarm.config.RunConfig` (what it reads:
+    :class:`~seqwarm.curriculum.run.EngineSettings`), or a DeepSpeed-style dict / JSON path (read with
+    :func:`~seqwarm.config.load_config`). The engine owns the learning rate: every optimizer step it sets
+    each param group's ``lr`` to ``lr_at(clock) * group.get("lr_scale", 1.0)``.
     The curriculum itself (mode, length per step, token counts, clock) is a
     :class:`~seqwarm.curriculum.warmup.SequenceLengthWarmup`, ``engine.slw``. ``process_group``: where
     ``count_tokens_by: loss_mask`` counts are summed (None: the default group; pass the data-parallel group when the
@@ -110,9 +111,10 @@ class CurriculumEngine:
         param = next(model.parameters(), None)
         device_type = param.device.type if param is not None else "cpu"
         # a config that names no precision trains in bf16 on CUDA (the device decides, once, here)
-        self.config = cfg = resolve_precision(
+        cfg: EngineSettings = resolve_precision(
             as_run_config(config, _world_size()), device_type, bf16_supported(device_type)
         )
+        self.config = cfg
         forward = _unwrap(model).forward
         self._signature = inspect.signature(forward)
         self._input_places: dict[tuple, dict[str, int | str]] = {}  # call shape -> where the tokens are
@@ -235,8 +237,8 @@ class CurriculumEngine:
                 )
             kwargs = self.slw.cut(kwargs)
         else:  # inject, or no curriculum: the model gets the batch as it is (+ curriculum_seqlen)
-            tokens, mask = self._inputs(args, kwargs)
-            seqlen = self.slw.record(tokens.shape[0], tokens.shape[1], mask)
+            tokens, mask, labels = self._inputs(args, kwargs)
+            seqlen = self.slw.record(tokens.shape[0], tokens.shape[1], mask, labels=labels)
             if seqlen is not None:
                 kwargs["curriculum_seqlen"] = seqlen
         return self._call(args, kwargs)
@@ -324,8 +326,8 @@ class CurriculumEngine:
         return True
 
     # -- internals --------------------------------------------------------------------------------
-    def _inputs(self, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The token tensor (B, S) and the loss mask (or None) among the forward's arguments."""
+    def _inputs(self, args: tuple, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The token tensor (B, S), the loss mask and the labels (or None) among the forward's arguments."""
         shape = (len(args), tuple(kwargs))
         where = self._input_places.get(shape)
         if where is None:
@@ -342,12 +344,16 @@ class CurriculumEngine:
                 "the engine could not find the input tokens: pass a 2-D (batch, seq) tensor "
                 "as input_ids (or as the first tensor argument)"
             )
-        mask = named.get("loss_mask")
-        return tokens, mask if isinstance(mask, torch.Tensor) else None
+        mask, labels = named.get("loss_mask"), named.get("labels")
+        return (
+            tokens,
+            mask if isinstance(mask, torch.Tensor) else None,
+            labels if isinstance(labels, torch.Tensor) else None,
+        )
 
     def _places(self, n_args: int, keys: tuple) -> dict[str, int | str]:
-        """Where ``input_ids`` and ``loss_mask`` are in a call with ``n_args`` positional arguments and these
-        keyword names: a positional index or a keyword name. The signature binds positions to names
+        """Where ``input_ids``, ``loss_mask`` and ``labels`` are in a call with ``n_args`` positional arguments
+        and these keyword names: a positional index or a keyword name. The signature binds positions to names
         alike for every call of one shape, so this is worked out once per shape, on stand-ins."""
         named: dict[str, int | str] = {key: key for key in keys}
         with contextlib.suppress(TypeError):  # arguments the signature rejects fail in the model
@@ -358,7 +364,7 @@ class CurriculumEngine:
                     named.update(value)
                 elif params[name].kind is not inspect.Parameter.VAR_POSITIONAL:
                     named[name] = value
-        return {name: named[name] for name in ("input_ids", "loss_mask") if name in named}
+        return {name: named[name] for name in ("input_ids", "loss_mask", "labels") if name in named}
 
     # -- checkpointing ----------------------------------------------------------------------------
     def state_dict(self, include_optimizer: bool = True) -> dict[str, Any]:

@@ -2,23 +2,22 @@
 
 :func:`keyword_curriculum` checks ``SequenceLengthWarmup(min_length=..., max_length=..., steps=...)``'s
 schedule as DeepSpeed's block (one :class:`~seqwarm.util.problems.ConfigError` naming the keywords);
-:func:`as_run_config` takes a :class:`~seqwarm.config.RunConfig`, a DeepSpeed-style dict or a JSON path;
 :func:`set_lr` puts seqwarm's LR on an optimizer; :func:`check_state_format` checks a state dict's tag.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
-from seqwarm.config import RunConfig, load_config
+from seqwarm.curriculum.run import as_run_config
 from seqwarm.curriculum.schedule import CurriculumConfig, validate_curriculum_block
 from seqwarm.util.problems import ConfigError, Problem
 
 __all__ = ["SCHEDULES", "as_run_config", "check_state_format", "keyword_curriculum", "set_lr"]
+# as_run_config lives in seqwarm.curriculum.run (torch-free); importable from here as before
 
 SCHEDULES = {"linear": "fixed_linear", "root": "fixed_root", "discrete": "fixed_discrete"}
 """The keyword constructor's schedule names -> DeepSpeed's ``schedule_type``."""
@@ -32,16 +31,6 @@ _KEYWORD_NAMES = {
     "schedule_config.max_step": "until_steps",
     "schedule_type": "schedule",
 }
-
-
-def as_run_config(config: Any, world_size: int) -> RunConfig:
-    """``config`` itself when a :class:`RunConfig`, else a DeepSpeed-style dict / JSON path checked with
-    :func:`~seqwarm.config.load_config` for ``world_size`` data-parallel ranks."""
-    if isinstance(config, RunConfig):
-        return config
-    if isinstance(config, (Mapping, str, os.PathLike)):
-        return load_config(config, world_size=world_size)
-    raise TypeError(f"config must be a RunConfig, a dict or a path, got {type(config).__name__}")
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -20,6 +20,10 @@ zeros are; flash-attention keys, or one row whose ``position_ids`` restart and t
 ``loss_mask``: padding-free; anything else: dense). A batch whose layout cannot be read (a mask with a
 hole in a row, right and left padding mixed, several rows with sequence offsets) is a ``ValueError``
 naming what it found, never a guess. All functions are pure: new dicts, the input untouched.
+
+:func:`~seqwarm.curriculum.batch.tokens_trained` (re-exported here) is the one rule for how many tokens a cut
+micro-batch of a layout trained, the count the token clock advances by, for every path (every layout and
+mode, length buckets, inject, ``record``).
 """
 
 from __future__ import annotations
@@ -29,7 +33,14 @@ from typing import Any
 
 import torch
 
-from seqwarm.curriculum.batch import MASK_KEY, batch_shape, truncate_batch
+from seqwarm.curriculum.batch import (  # the counting rule lives with the ops; re-exported here
+    MASK_KEY,
+    batch_shape,
+    real_tokens,
+    tokens_trained,
+    trained_targets,
+    truncate_batch,
+)
 
 __all__ = [
     "LAYOUTS",
@@ -38,6 +49,7 @@ __all__ = [
     "longest_sequence",
     "read_layout",
     "real_tokens",
+    "tokens_trained",
     "trained_targets",
 ]
 
@@ -226,27 +238,3 @@ def longest_sequence(batch: Mapping[str, Any], layout: str) -> int:
     if layout != "padding_free":
         return seq
     return int(_sequence_lengths(batch, seq).max())
-
-
-def real_tokens(batch: Mapping[str, Any], layout: str) -> torch.Tensor | int:
-    """The tokens a (cut) batch trains on, not counting padding: rows x columns for dense rows and
-    padding-free rows, the attention mask's sum for padded rows (a tensor, not read back to the host)."""
-    if layout in ("right_padded", "left_padded"):
-        return (batch[MASK_KEY] != 0).sum(dtype=torch.int64)
-    _, rows, seq = batch_shape(batch)
-    return rows * seq
-
-
-def trained_targets(batch: Mapping[str, Any]) -> torch.Tensor:
-    """The loss terms of a (cut) batch: ``loss_mask``'s sum, else the labels that are not -100 (what
-    Hugging Face collators mark)."""
-    mask = batch.get("loss_mask")
-    if isinstance(mask, torch.Tensor):
-        return mask.detach().sum(dtype=torch.int64)
-    labels = batch.get("labels")
-    if isinstance(labels, torch.Tensor):
-        return (labels != -100).sum(dtype=torch.int64)
-    raise ValueError(
-        "count_tokens_by 'loss_mask' needs a loss_mask tensor or labels (-100 where no loss) in every "
-        f"training batch (got keys {sorted(map(str, batch))})"
-    )

@@ -10,7 +10,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from seqwarm.config import RunConfig
 from seqwarm.curriculum.checks import CUSTOM
 from seqwarm.curriculum.clock import Progress, advance, bucket_length, micro_batch_shape, stop_reason, tokens_per_step
 from seqwarm.curriculum.lr import (
@@ -20,6 +19,7 @@ from seqwarm.curriculum.lr import (
     warmup_iters_from_tokens,
     warmup_samples_from_tokens,
 )
+from seqwarm.curriculum.run import PlanSettings
 from seqwarm.curriculum.schedule import difficulty_at
 from seqwarm.util.errors import UserError
 from seqwarm.util.units import human_count
@@ -82,7 +82,7 @@ class Plan:
         return out
 
 
-def make_plan(cfg: RunConfig, *, keep_series: bool = False) -> Plan:
+def make_plan(cfg: PlanSettings, *, keep_series: bool = False) -> Plan:
     """Simulate the run's clock until it stops (or, with no budget, until the curriculum ends)."""
     if cfg.full_length is None:
         raise UserError("the full sequence length is unknown: set seq_length (--seq-length) or a curriculum")
@@ -143,7 +143,7 @@ def make_plan(cfg: RunConfig, *, keep_series: bool = False) -> Plan:
     return plan
 
 
-def _step_shape(cfg: RunConfig, seqlen: int) -> tuple[int, int]:
+def _step_shape(cfg: PlanSettings, seqlen: int) -> tuple[int, int]:
     """``(rows, columns)`` of one micro-batch at ``seqlen`` as the model is given it: the mode's cut
     (:func:`~seqwarm.curriculum.clock.micro_batch_shape`), or with a length bucket the length rounded up to
     the bucket (the loss masked past it). Inject mode: the loop hands the model the first L columns."""
@@ -156,14 +156,14 @@ def _step_shape(cfg: RunConfig, seqlen: int) -> tuple[int, int]:
     return rows, columns
 
 
-def train_shapes(cfg: RunConfig, seqlens: list[int]) -> list[tuple[int, int]]:
+def train_shapes(cfg: PlanSettings, seqlens: list[int]) -> list[tuple[int, int]]:
     """The distinct ``(rows, columns)`` micro-batch shapes of training steps at the lengths ``seqlens``, in
     order of first use: truncate and inject keep the rows; reshape re-chunks them (``rows * S // L`` rows);
     window keeps ``(rows, S)`` at every length; a length bucket rounds the columns up to its multiples."""
     return list(dict.fromkeys(_step_shape(cfg, length) for length in seqlens))
 
 
-def _inputs(cfg: RunConfig, seqlen: int) -> frozenset[str]:
+def _inputs(cfg: PlanSettings, seqlen: int) -> frozenset[str]:
     """The optional inputs the loop passes at ``seqlen`` beyond ``input_ids`` / ``labels``, with the default
     data (positions ``0..S-1`` in every window, a loss mask of ones): the feed leaves a trivial
     ``position_ids`` / ``loss_mask`` out (``seqwarm.trainer.feed.lean_batch``), so a length at which one
@@ -184,7 +184,7 @@ def _inputs(cfg: RunConfig, seqlen: int) -> frozenset[str]:
     return frozenset(keys)
 
 
-def compile_count(cfg: RunConfig, seqlens: list[int]) -> tuple[int, str]:
+def compile_count(cfg: PlanSettings, seqlens: list[int]) -> tuple[int, str]:
     """Graphs ``--compile`` (``torch.compile`` of seqwarm's GPT, Dynamo's default ``dynamic=None``) traces for
     training at ``seqlens`` and full-length validation, and why.
 
@@ -241,7 +241,7 @@ def data_use(plan: Plan, train_windows: int) -> tuple[str, str | None]:
     return line, warning
 
 
-def conversions(cfg: RunConfig) -> dict[str, int]:
+def conversions(cfg: PlanSettings) -> dict[str, int]:
     """Megatron-flag equivalents the tutorial asks for: decay in tokens, warmup in samples/iterations."""
     out: dict[str, int] = {}
     full, lr = cfg.full_length, cfg.lr
@@ -256,7 +256,7 @@ def conversions(cfg: RunConfig) -> dict[str, int]:
     return out
 
 
-def _plan_warnings(cfg: RunConfig, plan: Plan, *, no_budget: bool = False) -> None:
+def _plan_warnings(cfg: PlanSettings, plan: Plan, *, no_budget: bool = False) -> None:
     """The plan's advice. ``no_budget``: the plan stops where the curriculum ends, so the curriculum's
     share of the run says nothing (it is the whole plan) and is not warned about."""
     cur = cfg.curriculum

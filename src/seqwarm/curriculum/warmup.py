@@ -43,29 +43,22 @@ from typing import Any
 
 import torch
 
-from seqwarm.config import RunConfig
-from seqwarm.config.run import COUNT_TOKENS_BY
 from seqwarm.curriculum.batch import (
     batch_shape,
     bucket_batch,
     bucket_length,
     reshape_batch,
+    tokens_trained,
     truncate_batch,
     window_batch,
 )
-from seqwarm.curriculum.clock import Progress, advance, micro_batch_shape, stop_reason
-from seqwarm.curriculum.inputs import as_run_config, keyword_curriculum
-from seqwarm.curriculum.layouts import (
-    LAYOUTS,
-    cut_to_layout,
-    longest_sequence,
-    read_layout,
-    real_tokens,
-    trained_targets,
-)
+from seqwarm.curriculum.clock import COUNT_TOKENS_BY, Progress, advance, micro_batch_shape, stop_reason
+from seqwarm.curriculum.inputs import keyword_curriculum
+from seqwarm.curriculum.layouts import LAYOUTS, cut_to_layout, longest_sequence, read_layout
 from seqwarm.curriculum.lr import LRConfig, lr_at
 from seqwarm.curriculum.modes import check_injected_output, forward_name, resolve_mode
 from seqwarm.curriculum.ranks import global_counts
+from seqwarm.curriculum.run import WarmupSettings, as_run_config
 from seqwarm.curriculum.schedule import CurriculumConfig, CurriculumScheduler
 
 __all__ = ["SequenceLengthWarmup", "Limits"]
@@ -187,10 +180,11 @@ class SequenceLengthWarmup:
     # -- other constructors -----------------------------------------------------------------------
     @classmethod
     def from_config(
-        cls, config: RunConfig, forward: Callable | None = None, *, mode: str | None = None, **kwargs: Any
+        cls, config: WarmupSettings, forward: Callable | None = None, *, mode: str | None = None, **kwargs: Any
     ) -> SequenceLengthWarmup:
-        """From a checked :class:`~seqwarm.config.RunConfig`: its curriculum (and mode, unless ``mode``
-        is given), length bucket, token counting, LR, budget and data-parallel size."""
+        """From a checked :class:`~seqwarm.config.RunConfig` (or anything with the attributes of
+        :class:`~seqwarm.curriculum.run.WarmupSettings`): its curriculum (and mode, unless ``mode`` is given),
+        length bucket, token counting, LR, budget and data-parallel size."""
         cur = config.curriculum
         return cls(
             curriculum=cur,
@@ -297,16 +291,22 @@ class SequenceLengthWarmup:
             self.micro_shape = (new_rows, bucket_length(length, self.bucket, seq))
         return out
 
-    def record(self, rows: int, seq: int, loss_mask: torch.Tensor | None = None) -> int | None:
-        """Count a micro-batch of ``rows x seq`` that is not cut here (inject mode with positional
-        arguments, or no curriculum; ``loss_mask`` cut to the length). Returns the ``curriculum_seqlen``
-        to pass to the model (None: pass nothing)."""
+    def record(
+        self, rows: int, seq: int, loss_mask: torch.Tensor | None = None, *, labels: torch.Tensor | None = None
+    ) -> int | None:
+        """Count a dense micro-batch of ``rows x seq`` that is not cut here (inject mode with positional
+        arguments, or no curriculum), by the same rule as :meth:`cut`: ``loss_mask`` and ``labels`` are its
+        full-length tensors (cut to the length here), read by ``count_tokens_by="loss_mask"`` (the mask's
+        sum, else the labels that are not -100). Returns the ``curriculum_seqlen`` to pass to the model
+        (None: pass nothing)."""
         self._need_open("record()")
         seqlen = self._step_length
         if seqlen is not None:
             self._check_top(seq, "dense")
         length = seq if seqlen is None else min(seqlen, seq)
-        self._count(rows, rows, length, None if loss_mask is None else loss_mask[:, :length])
+        given = {"loss_mask": loss_mask, "labels": labels}
+        trained = {k: v[:, :length] for k, v in given.items() if isinstance(v, torch.Tensor)}
+        self._add(rows, trained, "dense", (rows, length))
         if seqlen is None:
             self.current_seqlen = length
         self._injected = None if seqlen is None else (rows, length)
@@ -326,32 +326,16 @@ class SequenceLengthWarmup:
             )
 
     def _add(self, samples: int, out: Mapping[str, Any], layout: str, shape: tuple[int, int] | None = None) -> None:
-        """Count a cut micro-batch ``out`` (``samples`` rows drawn): its real tokens (or loss terms).
-        ``shape``: (rows, length) to count dense rows at, when not the shape of ``out``."""
+        """Count a cut micro-batch ``out`` (``samples`` rows drawn) by the one rule,
+        :func:`~seqwarm.curriculum.batch.tokens_trained`. ``shape``: (rows, length) to count dense rows at,
+        when not the shape of ``out``."""
         rows, width = shape if shape is not None else batch_shape(out)[1:]
-        if self.count_tokens_by == "loss_mask":
-            self._tokens = self._tokens + trained_targets(out)
-        elif layout == "dense":
-            self._tokens = self._tokens + rows * width
-        else:
-            self._tokens = self._tokens + real_tokens(out, layout)
+        self._tokens = self._tokens + tokens_trained(out, layout, self.count_tokens_by, (rows, width))
         self._samples += samples
         self._totals = None
         self.micro_shape = (rows, width)
         longest = longest_sequence(out, layout) if layout == "padding_free" else width
         self.trained_length = max(self.trained_length or 0, longest)
-
-    def _count(self, samples: int, rows: int, length: int, loss_mask: torch.Tensor | None) -> None:
-        if self.count_tokens_by == "loss_mask":
-            if loss_mask is None:
-                raise ValueError("count_tokens_by 'loss_mask' needs a loss_mask tensor in every training batch")
-            self._tokens = self._tokens + loss_mask.detach().sum(dtype=torch.int64)
-        else:
-            self._tokens += rows * length
-        self._samples += samples
-        self._totals = None
-        self.micro_shape = (rows, length)
-        self.trained_length = max(self.trained_length or 0, length)
 
     def check_output(self, output: Any, shape: tuple[int, int] | None = None) -> None:
         """After an injected training forward: raise ValueError when the model's output is not at the

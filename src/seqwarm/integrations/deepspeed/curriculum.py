@@ -28,13 +28,15 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from seqwarm.config import RunConfig
-from seqwarm.curriculum.inputs import as_run_config, check_state_format, set_lr
+from seqwarm.curriculum.inputs import check_state_format, set_lr
+from seqwarm.curriculum.run import as_run_config
 from seqwarm.curriculum.warmup import SequenceLengthWarmup
 from seqwarm.trainer.optim import build_optimizer
 from seqwarm.trainer.trackers import TRACKER_BLOCKS
@@ -236,6 +238,7 @@ class DeepSpeedCurriculum:
                 "every step, so drop the config's scheduler block"
             )
         self._pipe_shape: tuple[int, int] | None = None
+        self._staged: int | None = None  # engine.global_steps when the 0.1 API's before_step() ran
 
     # -- setup ------------------------------------------------------------------------------------
     def _check_batch_sizes(self) -> None:
@@ -263,6 +266,7 @@ class DeepSpeedCurriculum:
         added (inject; ``trim``: its columns past the length left out too), and counted; the first
         micro-batch of a step decides its length. On a pipeline engine resets the activation shapes when
         the micro-batch's shape changes. Call it for every training micro-batch, on every rank."""
+        self._settle()
         if not self.slw.step_open:
             self.slw.begin_step()
         out = self.slw.cut(batch, trim=trim)
@@ -311,15 +315,55 @@ class DeepSpeedCurriculum:
     def state_dict(self) -> dict[str, Any]:
         """Clock, scheduler, LR and step bookkeeping (small; put it in ``client_state``). Save between
         optimizer steps: the model and optimizer are DeepSpeed's to save."""
+        self._settle()
         return {"format": STATE_FORMAT, **self.slw.state_dict()}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_state_format(state, STATE_FORMAT, "DeepSpeedCurriculum")
         self.slw.load_state_dict(state)
         self._pipe_shape = None
+        self._staged = None
 
     def __repr__(self) -> str:
         return f"DeepSpeedCurriculum(pipeline={self.pipeline}, {self.slw!r})"
+
+    # -- the 0.1 API, kept for one release (DeprecationWarning; removed in 0.3) --------------------
+    def shape(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """Deprecated: :meth:`cut`."""
+        _deprecated("DeepSpeedCurriculum.shape(batch)", "DeepSpeedCurriculum.cut(batch)")
+        return self.cut(batch)
+
+    @property
+    def done(self) -> bool:
+        """Deprecated: ``curriculum.slw.done``."""
+        _deprecated("DeepSpeedCurriculum.done", "DeepSpeedCurriculum.slw.done")
+        self._settle()
+        return self.slw.done
+
+    def before_step(self) -> float | None:
+        """Deprecated: :meth:`step` (which calls ``engine.step()`` itself). The 0.1 loop called this right
+        before ``engine.step()`` (a pipeline: before ``engine.train_batch()``): at a gradient-accumulation
+        boundary it sets the step's LR and returns it (None off a boundary); the clock advances once the
+        engine has stepped (not when DeepSpeed skipped the step), at the next :meth:`cut`, ``done`` or
+        :meth:`state_dict`."""
+        _deprecated("DeepSpeedCurriculum.before_step(); engine.step()", "DeepSpeedCurriculum.step()")
+        self._settle()
+        if not self.pipeline and not self.engine.is_gradient_accumulation_boundary():
+            return None
+        lr = self.slw.step_lr()
+        set_lr(self.engine.optimizer, lr)
+        self._staged = int(self.engine.global_steps)
+        return lr
+
+    def _settle(self) -> None:
+        """End the step a :meth:`before_step` opened, once the engine has taken it."""
+        if self._staged is not None and int(self.engine.global_steps) != self._staged:
+            self._staged = None
+            self.slw.end_step(applied=self._applied())
+
+
+def _deprecated(old: str, new: str) -> None:
+    warnings.warn(f"{old} is deprecated; use {new}", DeprecationWarning, stacklevel=3)
 
 
 class DeepSpeedEngineAdapter:
