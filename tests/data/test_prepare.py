@@ -379,7 +379,7 @@ def word_level_tokenizer(size: int, eos: str | None = "</s>"):
     return tok
 
 
-def test_hf_tokenizer_json_with_70k_vocabulary_writes_uint32(tmp_path, capsys):
+def test_hf_tokenizer_json_with_70k_vocabulary_writes_int32(tmp_path, capsys):
     texts = make_texts(6)
     hf = word_level_tokenizer(70_000)
     hf.save(str(tmp_path / "tokenizer.json"))
