@@ -76,3 +76,10 @@ def test_megatron_core_reads_a_prepared_folder(tmp_path):
         ours = data.split(split)
         assert len(theirs) == len(ours) and list(theirs.document_indices) == list(range(len(ours) + 1))
         assert [theirs[i].tolist() for i in range(len(theirs))] == [ours.document(i).tolist() for i in range(len(ours))]
+
+
+def test_indexed_tokens_is_a_deprecated_alias_of_megatron_indexed():
+    import seqwarm.data
+
+    with pytest.warns(DeprecationWarning, match=r"use seqwarm\.data\.MegatronIndexed"):
+        assert seqwarm.data.IndexedTokens is MegatronIndexed

@@ -311,7 +311,7 @@ def test_embedded_data_dir_reuses_the_cached_folder(tmp_path, monkeypatch):
     assert embedded_data_dir() == folder
 
 
-def test_an_embedded_cache_in_the_old_format_is_prepared_again(tmp_path, monkeypatch):
+def test_an_embedded_cache_in_the_old_format_is_prepared_again(tmp_path, monkeypatch, caplog):
     monkeypatch.setenv("SEQWARM_CACHE", str(tmp_path))
     folder = tmp_path / f"embedded-bpe8192-v{__version__}"
     folder.mkdir()  # a cache from before 0.2.0: SEQWIDX files, format_version 1
@@ -319,6 +319,7 @@ def test_an_embedded_cache_in_the_old_format_is_prepared_again(tmp_path, monkeyp
     calls = []
     monkeypatch.setattr(prep, "prepare_dataset", lambda out, inputs, **k: calls.append(out))
     assert embedded_data_dir() == folder and calls == [folder]
+    assert "is in an older token-file format; preparing it again" in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -84,19 +84,28 @@ def embedded_data_dir(tokenizer: str = DEFAULT_TOKENIZER) -> Path:
         return _embedded_locked(folder, tokenizer)
 
 
-def _cached_identity(folder: Path) -> Any:
-    """The corpus parts a prepared folder's ``meta.json`` records (None when it has none, is unreadable,
-    or is in another format version: such a cache is prepared again)."""
+def _cached_meta(folder: Path) -> dict[str, Any]:
+    """A prepared folder's ``meta.json``, unchecked (empty when missing or unreadable)."""
     try:
         meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
-        return meta.get("corpus", {}).get("packages") if meta.get("format_version") == META_FORMAT_VERSION else None
-    except (OSError, ValueError, AttributeError):
-        return None
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _cached_identity(folder: Path) -> Any:
+    """The corpus parts a prepared folder's ``meta.json`` records (None when it has none, is unreadable,
+    or holds another format version: such a cache is prepared again)."""
+    meta = _cached_meta(folder)
+    packages = (meta.get("corpus") or {}).get("packages") if isinstance(meta.get("corpus"), dict) else None
+    return packages if meta.get("format_version") == META_FORMAT_VERSION else None
 
 
 def _embedded_locked(folder: Path, tokenizer: str) -> Path:
-    meta_path = folder / META_FILE
-    if meta_path.exists():
+    meta = _cached_meta(folder)
+    if meta and meta.get("format_version") not in (None, META_FORMAT_VERSION):
+        logger.warning("the cached embedded corpus in %s is in an older token-file format; preparing it again", folder)
+    elif (folder / META_FILE).exists():
         held = _cached_identity(folder)
         if held == corpus.corpus_identity():
             return folder
