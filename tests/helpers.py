@@ -149,3 +149,30 @@ def save_tiny_llama(folder, vocab_size: int = 260, **extra_json):
         config = json.loads((folder / "config.json").read_text())
         (folder / "config.json").write_text(json.dumps({**config, **extra_json}))
     return folder
+
+
+# --------------------------------------------------------------------------------------------------
+# a prepared folder as seqwarm before 0.2.0 wrote it (its own SEQWIDX index, meta.json format_version 1)
+
+
+def make_seqwarm_v1_folder(folder):
+    """Rewrite a prepared folder in place as seqwarm < 0.2.0 wrote the same documents: each ``SPLIT.idx``
+    in the SEQWIDX layout (magic, version 1, item size, documents, tokens, then the D+1 document offsets),
+    ``.bin`` unchanged (int32 was uint32 then), meta.json format_version 1 with the new files' sizes and
+    checksums. Returns the folder."""
+    import hashlib
+
+    from seqwarm.data.indexed import MegatronIndexed
+
+    meta = json.loads((folder / "meta.json").read_text())
+    for split in ("train", "val"):
+        indexed = MegatronIndexed(folder / split)
+        offsets = indexed.doc_offsets.astype("<i8")
+        idx = struct.pack("<8sIIQQ", b"SEQWIDX\x00", 1, indexed.dtype.itemsize, len(indexed), indexed.num_tokens)
+        del indexed  # its memory maps
+        (folder / f"{split}.idx").write_bytes(idx + offsets.tobytes())
+        meta["files"][f"{split}.idx"] = {"bytes": len(idx) + 8 * len(offsets), "sha256": ""}
+        meta["files"][f"{split}.idx"]["sha256"] = hashlib.sha256((folder / f"{split}.idx").read_bytes()).hexdigest()
+    meta.update(format_version=1, dtype={"int32": "uint32"}.get(meta["dtype"], meta["dtype"]))
+    (folder / "meta.json").write_text(json.dumps(meta, indent=2))
+    return folder

@@ -1,5 +1,5 @@
 """Token files that change under a run (truncated, rewritten, removed) and meta.json values that cannot be
-true: each an error naming the file (seqwarm.data.indexed, seqwarm.data.dataset)."""
+true: each an error naming the file (seqwarm.data.indexed, seqwarm.data.meta, seqwarm.data.dataset)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import shutil
 
 import pytest
 
-from seqwarm.data.indexed import read_meta
+from seqwarm.data.meta import read_meta
 from seqwarm.data.prepared import open_prepared
 from seqwarm.util.errors import UserError
 
@@ -53,8 +53,8 @@ def test_reads_of_an_unchanged_file_go_on(data):
 @pytest.mark.parametrize(
     "edit, fragment",
     [
-        ({"vocab_size": 10**12}, "vocab_size 1,000,000,000,000 is more than the 4,294,967,296 token ids"),
-        ({"vocab_size": 70_000}, "dtype 'uint16' is not the uint32"),
+        ({"vocab_size": 10**12}, "vocab_size 1,000,000,000,000 is more than the 2,147,483,648 token ids"),
+        ({"vocab_size": 70_000}, "dtype 'uint16' is not the int32"),
         ({"splits": {"train": {"tokens": 5, "documents": 9}}}, "splits.train has more documents (9) than tokens"),
     ],
 )

@@ -395,7 +395,7 @@ def test_files_from_megatron_cores_own_builder(tmp_path, dtype):
 
 def test_megatron_data_fingerprint_follows_its_sources():
     """Megatron files carry no checksums: the fingerprint describes the sources, so other data differs."""
-    from seqwarm.data.indexed import data_fingerprint
+    from seqwarm.data.meta import data_fingerprint
 
     meta = {
         "format": "megatron",

@@ -10,7 +10,7 @@ import pytest
 
 from seqwarm.cli import main
 from seqwarm.data import outdir
-from seqwarm.data.indexed import read_meta
+from seqwarm.data.meta import read_meta
 from seqwarm.data.prepare import prepare_dataset
 from seqwarm.util.errors import UserError
 

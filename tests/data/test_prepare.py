@@ -12,7 +12,7 @@ from tokenizers import pre_tokenizers
 from seqwarm.cli import main
 from seqwarm.data import corpus_identity, embedded_data_dir
 from seqwarm.data import prepare as prep
-from seqwarm.data.indexed import IndexedTokens, sha256_file
+from seqwarm.data.indexed import MegatronIndexed, sha256_file
 from seqwarm.data.prepare import prepare_dataset
 from seqwarm.data.tokenizer import ByteTokenizer, load_tokenizer, tokenizer_from_payload
 from seqwarm.util.errors import UserError
@@ -34,7 +34,7 @@ def write_txt(folder: pathlib.Path, texts: list[str]) -> pathlib.Path:
 
 
 def read_docs(out: pathlib.Path, split: str) -> list[list[int]]:
-    ix = IndexedTokens(out / split)
+    ix = MegatronIndexed(out / split)
     return [ix.document(i).tolist() for i in range(len(ix))]
 
 
@@ -53,7 +53,7 @@ def test_prepare_txt_folder_byte(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "train.bin", "train.idx", "val.bin", "val.idx"]
     meta = json.loads((out / "meta.json").read_text())
     assert meta == res.meta
-    assert (meta["format"], meta["format_version"], meta["dtype"]) == ("seqwarm-tokens", 1, "uint16")
+    assert (meta["format"], meta["format_version"], meta["dtype"]) == ("seqwarm-tokens", 2, "uint16")
     assert (meta["vocab_size"], meta["eod_id"]) == (257, 256)
     assert meta["tokenizer"]["name"] == "byte" and meta["seqwarm_version"]
     assert meta["corpus"]["documents"] == 20
@@ -136,7 +136,7 @@ def test_jsonl_and_mixed_inputs_with_bpe(tmp_path):
     assert all(d.count(tok.eod_id) == 1 and d[-1] == tok.eod_id for d in docs)
 
 
-def test_gpt2_tokenizer_and_uint32_for_big_vocabularies(tmp_path):
+def test_gpt2_tokenizer_and_int32_for_big_vocabularies(tmp_path):
     src = write_txt(tmp_path / "in", make_texts(4))
     res = prepare_dataset(tmp_path / "g", [src], tokenizer="gpt2", workers=1, progress=False)
     assert (res.meta["vocab_size"], res.meta["eod_id"], res.meta["dtype"]) == (50257, 50256, "uint16")
@@ -157,9 +157,9 @@ def test_gpt2_tokenizer_and_uint32_for_big_vocabularies(tmp_path):
         workers=1,
         progress=False,
     )
-    assert (res.meta["vocab_size"], res.meta["eod_id"], res.meta["dtype"]) == (70000, 69999, "uint32")
-    ix = IndexedTokens(tmp_path / "big" / "train")
-    assert ix.tokens.dtype == np.dtype("<u4") and ix.document(0)[-1] == 69999
+    assert (res.meta["vocab_size"], res.meta["eod_id"], res.meta["dtype"]) == (70000, 69999, "int32")
+    ix = MegatronIndexed(tmp_path / "big" / "train")
+    assert ix.tokens.dtype == np.dtype("<i4") and ix.document(0)[-1] == 69999
     assert (tmp_path / "big" / "train.bin").stat().st_size == 4 * ix.num_tokens
 
 
@@ -305,9 +305,21 @@ def test_embedded_data_dir_reuses_the_cached_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("SEQWARM_CACHE", str(tmp_path))
     folder = tmp_path / f"embedded-bpe8192-v{__version__}"  # the name users' caches already have
     folder.mkdir()
-    (folder / "meta.json").write_text(json.dumps({"corpus": {"packages": corpus_identity()}}))
+    meta = {"format_version": 2, "corpus": {"packages": corpus_identity()}}
+    (folder / "meta.json").write_text(json.dumps(meta))
     monkeypatch.setattr(prep, "prepare_dataset", lambda *a, **k: pytest.fail("prepared again"))
     assert embedded_data_dir() == folder
+
+
+def test_an_embedded_cache_in_the_old_format_is_prepared_again(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("SEQWARM_CACHE", str(tmp_path))
+    folder = tmp_path / f"embedded-bpe8192-v{__version__}"
+    folder.mkdir()  # a cache from before 0.2.0: SEQWIDX files, format_version 1
+    (folder / "meta.json").write_text(json.dumps({"format_version": 1, "corpus": {"packages": corpus_identity()}}))
+    calls = []
+    monkeypatch.setattr(prep, "prepare_dataset", lambda out, inputs, **k: calls.append(out))
+    assert embedded_data_dir() == folder and calls == [folder]
+    assert "is in an older token-file format; preparing it again" in caplog.text
 
 
 @pytest.mark.parametrize(
@@ -368,7 +380,7 @@ def word_level_tokenizer(size: int, eos: str | None = "</s>"):
     return tok
 
 
-def test_hf_tokenizer_json_with_70k_vocabulary_writes_uint32(tmp_path, capsys):
+def test_hf_tokenizer_json_with_70k_vocabulary_writes_int32(tmp_path, capsys):
     texts = make_texts(6)
     hf = word_level_tokenizer(70_000)
     hf.save(str(tmp_path / "tokenizer.json"))
@@ -388,7 +400,7 @@ def test_hf_tokenizer_json_with_70k_vocabulary_writes_uint32(tmp_path, capsys):
     )
     assert code == 0, err
     meta = json.loads((out / "meta.json").read_text())
-    assert (meta["vocab_size"], meta["eod_id"], meta["dtype"]) == (70_000, 69_999, "uint32")
+    assert (meta["vocab_size"], meta["eod_id"], meta["dtype"]) == (70_000, 69_999, "int32")
     assert meta["tokenizer"]["eod_token"] == "</s>"
     assert meta["tokenizer"]["files"] == ["tokenizer.json", "tokenizer_config.json"]
     assert {"tokenizer.json", "tokenizer_config.json"} <= set(meta["files"])

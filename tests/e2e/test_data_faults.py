@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAST_TRAIN_FLAGS, make_corpus, small_config
+from conftest import FAST_TRAIN_FLAGS, make_corpus, small_config, train_rows
 
 pytestmark = pytest.mark.slow
 
@@ -124,3 +124,41 @@ def test_prepare_force_through_a_symlink(tmp_path):
     assert json.loads((scratch / "meta.json").read_text())["split"]["val_fraction"] == 0.3
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus", "data", "scratch"]
     assert sorted(p.name for p in scratch.parent.iterdir()) == ["tokens"]
+
+
+def test_a_run_on_an_old_format_folder_resumes_after_convert(tmp_path, byte_data):
+    """A run on a folder of seqwarm < 0.2.0 (SEQWIDX): --resume is refused with the convert command, then
+    after ``seqwarm prepare --convert`` it resumes to the losses of an uninterrupted run.
+
+    The run's first steps are trained on a converted copy of the old folder: what a run records of its data
+    is the fingerprint, and a converted folder's is the old folder's (asserted against the old formula
+    over the old meta.json), which is what seqwarm 0.1.0 recorded for a run on the old folder."""
+    from helpers import make_seqwarm_v1_folder
+    from seqwarm.data import data_fingerprint
+    from seqwarm.data.meta import read_meta_file
+
+    old = make_seqwarm_v1_folder(copy_data(byte_data, tmp_path))
+    early = tmp_path / "early-data"
+    shutil.copytree(old, early)
+    assert seqwarm("prepare", "--convert", str(early)).returncode == 0
+    cfg = small_config(tmp_path / "c.json", train_tokens=100_000, total_step=3)
+    common = [*FAST_TRAIN_FLAGS, "--config", str(cfg), "--train-iters", "4", "--save-interval", "2"]
+    common += ["--eval-interval", "0", "--log-interval", "1", "--keep-checkpoints", "0"]
+    full = seqwarm("train", *common, "--data", str(early), "--out", str(tmp_path / "full"), timeout=300)
+    assert full.returncode == 0, full.stderr
+    recorded = json.loads((tmp_path / "full" / "config.json").read_text())["data"]["fingerprint"]
+    assert recorded == data_fingerprint(read_meta_file(old))  # what the old seqwarm recorded for `old`
+    run = tmp_path / "run"
+    shutil.copytree(tmp_path / "full", run)
+    (run / "summary.json").unlink()
+    (run / "checkpoints" / "step_00000004.pt").unlink()  # as if stopped after step 2
+    res = seqwarm("train", *common, "--data", str(old), "--out", str(run), "--resume", timeout=300)
+    assert res.returncode == 2 and f"seqwarm prepare --convert {old}" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    assert seqwarm("prepare", "--convert", str(old)).returncode == 0
+    res = seqwarm("train", *common, "--data", str(old), "--out", str(run), "--resume", timeout=300)
+    assert res.returncode == 0, res.stderr
+    events = [json.loads(line)["event"] for line in (run / "history.jsonl").read_text().splitlines()]
+    assert events.count("resume") == 1 and (run / "checkpoints" / "step_00000004.pt").exists()
+    losses = [r["loss"] for r in train_rows(run)]
+    assert len(losses) == 4 and losses == [r["loss"] for r in train_rows(tmp_path / "full")]

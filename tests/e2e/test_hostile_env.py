@@ -84,7 +84,8 @@ import json, sys
 from seqwarm.data import corpus, prepare
 def fake_prepare(folder, inputs, **kw):  # the embedded corpus takes ~10 s to prepare; its meta.json suffices
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "meta.json").write_text(json.dumps({"corpus": {"packages": corpus.corpus_identity()}}))
+    meta = {"format_version": 2, "corpus": {"packages": corpus.corpus_identity()}}
+    (folder / "meta.json").write_text(json.dumps(meta))
 prepare.prepare_dataset = fake_prepare
 print(prepare.embedded_data_dir())
 print(prepare.embedded_data_dir())

@@ -1,7 +1,8 @@
 """Data pipeline: embedded corpus and user inputs (text, JSONL, tables), tokenizers, indexed token
 files, datasets.
 
-    corpus -> tokenizer -> SPLIT.bin/.idx + meta.json (prepare_dataset) -> PreparedData -> batches
+    corpus -> tokenizer -> SPLIT.bin/.idx (Megatron's MMIDIDX) + meta.json (prepare_dataset)
+        -> PreparedData, a one-source TokenData as Megatron's --data-path is (MegatronData) -> batches
 
 Names are imported lazily, so that ``import seqwarm.data`` (and the tokenizing worker processes) do
 not pay for importing torch; only the dataset part needs it.
@@ -10,6 +11,7 @@ not pay for importing torch; only the dataset part needs it.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
 
 _EXPORTS = {
@@ -36,12 +38,13 @@ _EXPORTS = {
     "parse_tokenizer_name": "tokenizer",
     "EOD_TOKEN": "tokenizer",
     # on-disk format
-    "IndexedTokens": "indexed",
+    "MegatronIndexed": "indexed",
     "IndexedWriter": "indexed",
     "choose_dtype": "indexed",
-    "read_meta": "indexed",
-    "data_fingerprint": "indexed",
-    "verify_files": "indexed",
+    "read_meta": "meta",
+    "data_fingerprint": "meta",
+    "verify_files": "meta",
+    "convert_folder": "legacy",
     # preparing
     "DEFAULT_TOKENIZER": "prepare",
     "prepare_dataset": "prepare",
@@ -50,16 +53,31 @@ _EXPORTS = {
     # batches
     "PreparedData": "prepared",
     "open_prepared": "prepared",
+    "TokenData": "megatron",
+    "MegatronData": "megatron",
+    "open_megatron": "megatron",
     "TokenWindows": "dataset",
     "TrainBatches": "dataset",
     "iter_eval_batches": "dataset",
     "build_batch": "dataset",
 }
 
+_DEPRECATED = {"IndexedTokens": ("MegatronIndexed", "indexed")}
+"""Old names kept for a release: (the new name, its module)."""
+
 __all__ = sorted(_EXPORTS)
 
 
 def __getattr__(name: str) -> Any:
+    if name in _DEPRECATED:
+        new, module = _DEPRECATED[name]
+        warnings.warn(
+            f"seqwarm.data.{name} is deprecated; use seqwarm.data.{new} (prepared folders are Megatron's "
+            "MMIDIDX token files since 0.2.0)",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(f"seqwarm.data.{module}"), new)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'seqwarm.data' has no attribute {name!r}")

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from seqwarm.data.indexed import IndexedTokens
+from seqwarm.data.indexed import MegatronIndexed
 from seqwarm.util.errors import UserError
 
 logger = logging.getLogger(__name__)
@@ -115,7 +115,7 @@ class TokenWindows:
     """Fixed windows of ``seq_length + 1`` tokens (stride ``seq_length``) over a 1-D token array.
 
     ``source``: the token file the array maps; every read first checks that it is still the file opened
-    (:meth:`~seqwarm.data.indexed.IndexedTokens.check_unchanged`, one ``stat``), so a file truncated or
+    (:meth:`~seqwarm.data.indexed.MegatronIndexed.check_unchanged`, one ``stat``), so a file truncated or
     rewritten under a running job is an error naming it, not a SIGBUS or a silently different run.
     """
 
@@ -130,7 +130,7 @@ class TokenWindows:
         name: str = "split",
         label_style: str = "megatron",
         document_masking: bool = False,
-        source: IndexedTokens | None = None,
+        source: MegatronIndexed | None = None,
     ):
         if int(seq_length) < 1:
             raise UserError(f"seq_length must be at least 1, got {seq_length}")

@@ -1,31 +1,33 @@
-"""Indexed token files: ``SPLIT.bin`` (token ids) + ``SPLIT.idx`` (document offsets), and ``meta.json``.
+"""Indexed token files in Megatron's ``MMIDIDX`` format: ``PREFIX.bin`` (token ids) + ``PREFIX.idx``.
 
-``SPLIT.bin``: the token ids of all documents of the split, back to back (each document ends with EOD),
-little-endian ``uint16`` when the vocabulary fits (``vocab_size <= 65536``), else ``uint32``. No header,
-so it can be memory-mapped directly.
-
-``SPLIT.idx`` (little-endian)::
+One format for both directions: ``seqwarm prepare`` writes it (:class:`IndexedWriter`), and
+:class:`MegatronIndexed` memory-maps it, whether seqwarm or Megatron's ``tools/preprocess_data.py``
+(megatron-core's ``IndexedDatasetBuilder``) wrote it. ``PREFIX.idx`` (little-endian)::
 
     offset  size  field
-    0       8     magic b"SEQWIDX\\0"
-    8       4     format version (uint32) = 1
-    12      4     token item size in bytes (uint32): 2 = uint16, 4 = uint32
-    16      8     number of documents D (uint64)
-    24      8     number of tokens N (uint64)
-    32      8*(D+1) document offsets (int64), in tokens: offsets[0] = 0, offsets[D] = N;
-                  document d is bin[offsets[d]:offsets[d+1]]
+    0       9     magic b"MMIDIDX\\x00\\x00"
+    9       8     version (uint64) = 1
+    17      1     dtype code (uint8): 1 uint8, 2 int8, 3 int16, 4 int32, 5 int64, 6 float64,
+                  7 float32, 8 uint16
+    18      8     sequence count S (uint64)
+    26      8     document index length D + 1 (uint64)
+    34      4*S   sequence lengths (int32), in tokens
+    ..      8*S   sequence pointers (int64), byte offsets of each sequence in .bin
+    ..      8*(D+1) document index (int64): document d is sequences doc[d] .. doc[d+1]-1;
+                  doc[0] = 0, doc[D] = S
+    ..      S     (multimodal files only) sequence modes (int8), ignored here
 
-The writer streams: tokens and offsets go to disk as they come (the header is written last), so memory
-does not grow with the corpus.
+``PREFIX.bin`` holds the sequences back to back with no header, so the whole file is one token stream.
+seqwarm writes one sequence per document, each ending with EOD (Megatron's ``--append-eod``), as
+``uint16`` when the vocabulary fits (``vocab_size <= 65536``), else ``int32``. The writer streams: tokens
+go to ``.bin`` as they come, the index is assembled at :meth:`IndexedWriter.close`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import struct
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -33,26 +35,42 @@ import numpy as np
 
 from seqwarm.util.errors import UserError
 
-IDX_MAGIC = b"SEQWIDX\x00"
-IDX_VERSION = 1
-IDX_HEADER = struct.Struct("<8sIIQQ")  # magic, version, itemsize, num_docs, num_tokens
-META_FILE = "meta.json"
-META_FORMAT = "seqwarm-tokens"
-META_FORMAT_VERSION = 1
-SPLITS = ("train", "val")
-MAX_VOCAB = 2**32
-"""The largest vocabulary a token file holds (``uint32`` ids)."""
+MEGATRON_MAGIC = b"MMIDIDX\x00\x00"
+MEGATRON_VERSION = 1
+HEADER = struct.Struct("<9sQBQQ")  # magic, version, dtype code, sequence count, document index length
+MEGATRON_DTYPES = {
+    1: np.uint8,
+    2: np.int8,
+    3: np.int16,
+    4: np.int32,
+    5: np.int64,
+    6: np.float64,
+    7: np.float32,
+    8: np.uint16,
+}
+"""megatron-core's dtype codes."""
+MAX_VOCAB = 2**31
+"""The largest vocabulary seqwarm's token files hold (``int32`` ids)."""
+PREPARE_FIX = "re-run seqwarm prepare"
+MEGATRON_FIX = "re-run Megatron's tools/preprocess_data.py for it"
 
 
 def choose_dtype(vocab_size: int) -> np.dtype:
-    """``uint16`` when every id fits (``vocab_size <= 65536``), else ``uint32``."""
+    """``uint16`` when every id fits (``vocab_size <= 65536``), else ``int32``."""
     if vocab_size <= 0:
         raise ValueError(f"vocab_size must be positive, got {vocab_size}")
-    return np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<u4")
+    if vocab_size > MAX_VOCAB:
+        raise ValueError(f"vocab_size {vocab_size:,} is more than the {MAX_VOCAB:,} ids a token file holds")
+    return np.dtype("<u2") if vocab_size <= 2**16 else np.dtype("<i4")
 
 
 def dtype_name(dtype: np.dtype) -> str:
-    return {2: "uint16", 4: "uint32"}[np.dtype(dtype).itemsize]
+    return np.dtype(dtype).name
+
+
+def dtype_code(dtype: np.dtype) -> int:
+    name = np.dtype(dtype).name
+    return next(code for code, t in MEGATRON_DTYPES.items() if np.dtype(t).name == name)
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
@@ -64,20 +82,21 @@ def sha256_file(path: str | Path, chunk: int = 1 << 22) -> str:
 
 
 class IndexedWriter:
-    """Append documents to ``PREFIX.bin`` / ``PREFIX.idx``; :meth:`close` writes the header.
-
-    The SHA-256 of ``.bin`` is computed while writing, so the file is never read back.
-    """
+    """Append documents to ``PREFIX.bin`` / ``PREFIX.idx`` (one sequence per document); :meth:`close`
+    writes the index. The SHA-256 of ``.bin`` is computed while writing, so the file is never read back;
+    the sequence lengths and pointers wait in a side file (``PREFIX.idx.part``), not in memory."""
 
     def __init__(self, prefix: str | Path, dtype: np.dtype):
         self.prefix = Path(prefix)
         self.dtype = np.dtype(dtype).newbyteorder("<")
-        self.bin_path = self.prefix.with_suffix(".bin")
-        self.idx_path = self.prefix.with_suffix(".idx")
+        self.code = dtype_code(self.dtype)
+        self.bin_path = Path(f"{self.prefix}.bin")
+        self.idx_path = Path(f"{self.prefix}.idx")
+        self._part_path = Path(f"{self.prefix}.idx.part")
         self._bin: BinaryIO = open(self.bin_path, "wb")
         self._idx: BinaryIO = open(self.idx_path, "wb")
-        self._idx.write(b"\0" * IDX_HEADER.size)  # placeholder, rewritten by close()
-        self._idx.write(np.zeros(1, dtype="<i8").tobytes())  # offsets[0]
+        self._part: BinaryIO = open(self._part_path, "w+b")  # the pointers, appended to .idx at close
+        self._idx.write(b"\0" * HEADER.size)  # placeholder, rewritten by close()
         self._sha = hashlib.sha256()
         self.num_docs = 0
         self.num_tokens = 0
@@ -90,11 +109,14 @@ class IndexedWriter:
             raise ValueError("lengths do not add up to the number of tokens")
         if len(lengths) == 0:
             return
+        if lengths.max() >= 2**31:
+            raise ValueError(f"a document of {int(lengths.max()):,} tokens: an MMIDIDX sequence holds < 2**31")
         data = np.ascontiguousarray(tokens, dtype=self.dtype).tobytes()
         self._bin.write(data)
         self._sha.update(data)
-        offsets = self.num_tokens + np.cumsum(lengths)
-        self._idx.write(offsets.astype("<i8").tobytes())
+        ends = self.num_tokens + np.cumsum(lengths)
+        self._idx.write(lengths.astype("<i4").tobytes())
+        self._part.write(((ends - lengths) * self.dtype.itemsize).astype("<i8").tobytes())
         self.num_docs += len(lengths)
         self.num_tokens += len(tokens)
 
@@ -102,11 +124,17 @@ class IndexedWriter:
         """Finish both files; return ``{"documents", "tokens", "files": {name: {bytes, sha256}}}``."""
         if not self.closed:
             self._bin.close()
+            self._part.seek(0)
+            while block := self._part.read(1 << 22):
+                self._idx.write(block)
+            for start in range(0, self.num_docs + 1, 1 << 20):  # the document index 0..D: one sequence each
+                self._idx.write(np.arange(start, min(start + (1 << 20), self.num_docs + 1), dtype="<i8").tobytes())
             self._idx.seek(0)
-            self._idx.write(
-                IDX_HEADER.pack(IDX_MAGIC, IDX_VERSION, self.dtype.itemsize, self.num_docs, self.num_tokens)
-            )
+            n = self.num_docs
+            self._idx.write(HEADER.pack(MEGATRON_MAGIC, MEGATRON_VERSION, self.code, n, n + 1))
             self._idx.close()
+            self._part.close()
+            self._part_path.unlink()
             self.closed = True
         return {
             "documents": self.num_docs,
@@ -118,37 +146,103 @@ class IndexedWriter:
         }
 
     def abort(self) -> None:
-        for f in (self._bin, self._idx):
+        for f in (self._bin, self._idx, self._part):
             f.close()
+        self._part_path.unlink(missing_ok=True)
         self.closed = True
 
 
-class IndexedTokens:
-    """A memory-mapped ``PREFIX.bin`` + ``PREFIX.idx`` pair: ``tokens`` (1-D) and ``offsets`` (D+1)."""
+def _bad(path: Path, what: str, fix: str) -> UserError:
+    return UserError(f"{str(path)!r}: {what}; {fix}")
 
-    def __init__(self, prefix: str | Path):
+
+class MegatronIndexed:
+    """One memory-mapped ``PREFIX.bin`` + ``PREFIX.idx``: the token stream and its documents.
+
+    ``tokens`` is the whole ``.bin`` as one 1-D array; ``doc_offsets`` (D+1, int64) are the documents'
+    token offsets in it. ``fix`` ends every error about the files (how to make them again).
+    :meth:`check_unchanged` says whether ``.bin`` is still the file opened.
+    """
+
+    def __init__(self, prefix: str | Path, *, fix: str = MEGATRON_FIX):
         self.prefix = Path(prefix)
-        self.bin_path = self.prefix.with_suffix(".bin")
-        self.idx_path = self.prefix.with_suffix(".idx")
-        header = _read_header(self.idx_path)
-        _, _, itemsize, self.num_docs, self.num_tokens = header
-        self.dtype = np.dtype({2: "<u2", 4: "<u4"}[itemsize])
-        expect_idx = IDX_HEADER.size + 8 * (self.num_docs + 1)
-        _check_size(self.idx_path, expect_idx, "its header")
-        _check_size(self.bin_path, self.num_tokens * itemsize, f"{self.idx_path.name}")
-        self.offsets = np.memmap(
-            self.idx_path, dtype="<i8", mode="r", offset=IDX_HEADER.size, shape=(self.num_docs + 1,)
-        )
-        if self.num_tokens:
-            self.tokens = np.memmap(self.bin_path, dtype=self.dtype, mode="r", shape=(self.num_tokens,))
-        else:  # numpy cannot map an empty file
-            self.tokens = np.zeros(0, dtype=self.dtype)
-        if self.offsets[0] != 0 or self.offsets[-1] != self.num_tokens:
-            raise UserError(
-                f"{self.idx_path}: document offsets do not match the token count; "
-                "the file is corrupted, re-run seqwarm prepare"
+        self.fix = fix
+        self.idx_path = Path(f"{self.prefix}.idx")
+        self.bin_path = Path(f"{self.prefix}.bin")
+        raw = _read(self.idx_path, HEADER.size, fix)
+        magic, version, code, seqs, docs = HEADER.unpack(raw)
+        if magic != MEGATRON_MAGIC:
+            hint = (
+                f" (seqwarm's old SEQWIDX format: convert its folder with seqwarm prepare --convert "
+                f"{self.prefix.parent})"
+                if magic.startswith(b"SEQWIDX")
+                else ""
             )
+            raise UserError(
+                f"{str(self.idx_path)!r} is not a Megatron index file (bad magic bytes {magic!r}, "
+                f"expected {MEGATRON_MAGIC!r}){hint}"
+            )
+        if version != MEGATRON_VERSION:
+            raise _bad(self.idx_path, f"index version {version}, but seqwarm reads version {MEGATRON_VERSION}", fix)
+        if code not in MEGATRON_DTYPES:
+            raise _bad(self.idx_path, f"unknown dtype code {code} (Megatron's codes are 1-8)", fix)
+        self.dtype = np.dtype(MEGATRON_DTYPES[code]).newbyteorder("<")
+        if self.dtype.kind == "f":
+            raise _bad(self.idx_path, f"dtype {self.dtype.name}: token ids must be integers", fix)
+        if docs < 1:
+            raise _bad(self.idx_path, "empty document index (it needs at least its leading 0)", fix)
+        self.num_sequences, self.num_docs = int(seqs), int(docs) - 1
+        size = _size(self.idx_path, fix)
+        expected = HEADER.size + 12 * seqs + 8 * docs
+        if size not in (expected, expected + seqs):  # + seqs: the int8 modes of a multimodal file
+            what = "truncated" if size < expected else "longer than its header says"
+            raise _bad(
+                self.idx_path,
+                f"{what}: {size} bytes, but its header ({seqs} sequences, {docs - 1} documents) needs {expected}",
+                fix,
+            )
+        off = HEADER.size
+        self.lengths = _map(self.idx_path, "<i4", off, seqs)
+        pointers = _map(self.idx_path, "<i8", off + 4 * seqs, seqs)
+        doc_index = _map(self.idx_path, "<i8", off + 12 * seqs, docs)
+        if (self.lengths < 0).any():
+            raise _bad(self.idx_path, "negative sequence lengths", fix)
+        seq_offsets = np.zeros(seqs + 1, dtype=np.int64)
+        np.cumsum(self.lengths, out=seq_offsets[1:])
+        if not np.array_equal(pointers, seq_offsets[:-1] * self.dtype.itemsize):
+            raise _bad(
+                self.idx_path,
+                "its sequence pointers are not the sequences back to back (a damaged "
+                "index, or a layout seqwarm cannot map as one stream)",
+                fix,
+            )
+        if doc_index[0] != 0 or doc_index[-1] != seqs or (np.diff(doc_index) < 0).any():
+            raise _bad(self.idx_path, f"its document index must rise from 0 to the sequence count {seqs}", fix)
+        self.num_tokens = int(seq_offsets[-1])
+        self.doc_offsets = seq_offsets[np.asarray(doc_index)]
+        bin_size = _size(self.bin_path, fix)
+        if bin_size != self.num_tokens * self.dtype.itemsize:
+            what = "truncated" if bin_size < self.num_tokens * self.dtype.itemsize else "longer than its index says"
+            raise _bad(
+                self.bin_path,
+                f"{what}: {bin_size} bytes, but {self.idx_path.name} says "
+                f"{self.num_tokens} tokens of {self.dtype.itemsize} bytes",
+                fix,
+            )
+        self.tokens = _map(self.bin_path, self.dtype, 0, self.num_tokens)
         self._identity = _identity(self.bin_path)
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """``doc_offsets`` (the name the old seqwarm index reader gave them)."""
+        return self.doc_offsets
+
+    def __len__(self) -> int:
+        return self.num_docs
+
+    def document(self, i: int) -> np.ndarray:
+        """Tokens of document ``i`` (a view into the memmap)."""
+        return self.tokens[int(self.doc_offsets[i]) : int(self.doc_offsets[i + 1])]
 
     def check_unchanged(self) -> None:
         """UserError naming ``.bin`` when it is no longer the file opened (truncated, rewritten, replaced):
@@ -167,12 +261,35 @@ class IndexedTokens:
             "change: prepare the new data into another folder, and start a run on it"
         )
 
-    def __len__(self) -> int:
-        return self.num_docs
+    def check_ids(self, vocab_size: int, fix: str, chunk: int = 1 << 24) -> None:
+        """UserError naming the file when a token id is negative or ``>= vocab_size`` (the model's
+        embedding would fail on it mid-run); one pass over .bin per process, skipped when the dtype
+        cannot hold such an id. ``fix`` says what to do about it."""
+        info = np.iinfo(self.dtype)
+        if info.min >= 0 and info.max < vocab_size:
+            return
+        key = (str(self.bin_path.resolve()), self._identity, vocab_size)
+        if key in _CHECKED:
+            return
+        for start in range(0, self.num_tokens, chunk):
+            part = self.tokens[start : start + chunk]
+            low, high = int(part.min()), int(part.max())
+            if low < 0 or high >= vocab_size:
+                bad = low if low < 0 else high
+                raise UserError(
+                    f"{str(self.bin_path)!r} holds token id {bad}, outside the vocabulary 0..{vocab_size - 1}; {fix}"
+                )
+        _CHECKED.add(key)
 
-    def document(self, i: int) -> np.ndarray:
-        """Tokens of document ``i`` (a view into the memmap; its last token is EOD)."""
-        return self.tokens[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+_CHECKED: set[tuple] = set()
+"""Files whose ids were checked in this process."""
+
+
+def _map(path: Path, dtype: Any, offset: int, count: int) -> np.ndarray:
+    if not count:  # numpy cannot map an empty range
+        return np.zeros(0, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", offset=offset, shape=(int(count),))
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:
@@ -183,196 +300,43 @@ def _identity(path: Path) -> tuple[int, int, int] | None:
     return st.st_size, st.st_mtime_ns, st.st_ino
 
 
-def _read_header(path: Path) -> tuple:
+def _missing(path: Path, fix: str) -> UserError:
+    if fix == MEGATRON_FIX:
+        return UserError(f"{str(path)!r} is missing (--data-path names PREFIX for PREFIX.bin and PREFIX.idx)")
+    return UserError(f"{str(path)!r} is missing; {fix}")
+
+
+def _read(path: Path, n: int, fix: str) -> bytes:
     try:
         with open(path, "rb") as f:
-            raw = f.read(IDX_HEADER.size)
+            raw = f.read(n)
     except FileNotFoundError:
-        raise UserError(f"{str(path)!r} is missing; re-run seqwarm prepare") from None
+        raise _missing(path, fix) from None
     except OSError as err:
         raise UserError(f"cannot read {str(path)!r}: {err.strerror or err}") from None
-    if len(raw) < IDX_HEADER.size:
-        raise UserError(
-            f"{str(path)!r} is truncated ({len(raw)} bytes, shorter than its header); re-run seqwarm prepare"
-        )
-    header = IDX_HEADER.unpack(raw)
-    if header[0] != IDX_MAGIC:
-        raise UserError(f"{str(path)!r} is not a seqwarm index file (bad magic bytes)")
-    if header[1] != IDX_VERSION:
-        raise UserError(
-            f"{str(path)!r} has index format version {header[1]}; this seqwarm reads "
-            f"version {IDX_VERSION}; re-run seqwarm prepare"
-        )
-    if header[2] not in (2, 4):
-        raise UserError(f"{str(path)!r}: unsupported token size {header[2]} bytes")
-    return header
+    if len(raw) < n:
+        raise _bad(path, f"truncated: {len(raw)} bytes, shorter than the {n}-byte header", fix)
+    return raw
 
 
-def _check_size(path: Path, expected: int, source: str) -> None:
+def _size(path: Path, fix: str) -> int:
     try:
-        size = path.stat().st_size
+        return path.stat().st_size
     except FileNotFoundError:
-        raise UserError(f"{str(path)!r} is missing; re-run seqwarm prepare") from None
-    if size != expected:
-        what = "truncated" if size < expected else "longer than expected"
-        raise UserError(
-            f"{str(path)!r} is {what}: {size} bytes, but {source} says {expected}; "
-            "the file is damaged or was changed, re-run seqwarm prepare"
-        )
+        raise _missing(path, fix) from None
 
 
-# --------------------------------------------------------------------------------------------------
-# meta.json
-
-
-def _prepare_hint(folder: Path) -> str:
-    """How to make a prepared folder where ``folder`` is not one: from its own text when it holds some."""
-    if any(p.suffix.lower() in (".txt", ".jsonl", ".parquet") for p in folder.iterdir() if p.is_file()):
-        prepared = folder.with_name(folder.name + "-prepared")
-        return (
-            f"it holds text: tokenize it with: seqwarm prepare --input {folder} --out {prepared}, "
-            f"then train with --data {prepared}"
-        )
-    return f"make one from your text with: seqwarm prepare --input TEXT --out {folder} (TEXT: .txt/.jsonl files)"
-
-
-def read_meta_file(folder: str | Path) -> Any:
-    """The parsed ``meta.json`` of a prepared folder, unchecked (UserError when it is missing or unreadable)."""
-    folder = Path(folder)
-    path = folder / META_FILE
-    if not folder.is_dir():
-        raise UserError(
-            f"{str(folder)!r} is not a prepared data folder (it does not exist); make one from your text "
-            f"with: seqwarm prepare --input TEXT --out {folder} (TEXT: .txt/.jsonl/.parquet files or folders)"
-        )
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError(
-            f"{str(folder)!r} is not a prepared data folder (no {META_FILE}); {_prepare_hint(folder)}"
-        ) from None
-    except (OSError, ValueError) as err:
-        raise UserError(f"cannot read {str(path)!r}: {err}") from None
-
-
-def read_meta(folder: str | Path) -> dict[str, Any]:
-    """The checked ``meta.json`` of a prepared folder (its format and version are this seqwarm's)."""
-    path = Path(folder) / META_FILE
-    meta = read_meta_file(folder)
-    if not isinstance(meta, dict) or meta.get("format") != META_FORMAT:
-        raise UserError(f"{str(path)!r} is not a seqwarm prepared-data description")
-    if meta.get("format_version") != META_FORMAT_VERSION:
-        raise UserError(
-            f"{str(path)!r} has format version {meta.get('format_version')}; this seqwarm "
-            f"reads version {META_FORMAT_VERSION}; re-run seqwarm prepare"
-        )
-    problems = _meta_problems(meta)
-    if problems:
-        raise UserError(f"{str(path)!r} is damaged or was edited: {'; '.join(problems)}; re-run seqwarm prepare")
-    return meta
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**63
-
-
-def _meta_problems(meta: Mapping[str, Any]) -> list[str]:
-    """What a reader of the folder needs from meta.json and does not find there."""
-    problems = []
-    vocab, eod = meta.get("vocab_size"), meta.get("eod_id")
-    if not _count(vocab) or not vocab:
-        problems.append(f"vocab_size {vocab!r} is not a positive integer")
-    elif vocab > MAX_VOCAB:  # token files hold uint32 ids at most; a model could not embed it either
-        problems.append(f"vocab_size {vocab:,} is more than the {MAX_VOCAB:,} token ids a token file can hold")
-    elif meta.get("dtype") not in (None, dtype_name(choose_dtype(vocab))):
-        problems.append(
-            f"dtype {meta.get('dtype')!r} is not the {dtype_name(choose_dtype(vocab))} that prepare writes "
-            f"for vocab_size {vocab:,}"
-        )
-    if not _count(eod) or (_count(vocab) and eod >= vocab):
-        problems.append(f"eod_id {eod!r} is not a token id below vocab_size")
-    splits = meta.get("splits")
-    for name in SPLITS:
-        split = splits.get(name) if isinstance(splits, Mapping) else None
-        if not isinstance(split, Mapping) or not all(_count(split.get(k)) for k in ("tokens", "documents")):
-            problems.append(f"splits.{name} lacks whole-number tokens and documents")
-        elif split["documents"] > split["tokens"]:  # every document holds at least its EOD
-            problems.append(f"splits.{name} has more documents ({split['documents']:,}) than tokens")
-    files = meta.get("files")
-    if isinstance(files, Mapping):
-        for name, info in files.items():
-            if not isinstance(name, str) or Path(name).name != name or name in ("", ".", ".."):
-                problems.append(f"file name {name!r} leaves the data folder (only plain names are allowed)")
-            elif (
-                not isinstance(info, Mapping)
-                or not _count(info.get("bytes"))
-                or not isinstance(info.get("sha256"), str)
-            ):
-                problems.append(f"files.{name} lacks its bytes and sha256")
-    return problems
-
-
-def check_token_ids(split: IndexedTokens, vocab_size: int, chunk: int = 1 << 24) -> None:
-    """UserError when a token id in ``split`` is not below ``vocab_size`` (the model's embedding would
-    fail on it mid-run); reads the split once per process, in chunks."""
-    st = split.bin_path.stat() if split.num_tokens else None
-    key = (str(split.bin_path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino, vocab_size) if st else None
-    if key is None or key in _IDS_OK:
-        return
-    for start in range(0, split.num_tokens, chunk):
-        top = int(split.tokens[start : start + chunk].max())
-        if top >= vocab_size:
-            raise UserError(
-                f"{split.bin_path} holds token id {top}, but meta.json says the vocabulary has "
-                f"{vocab_size} tokens: the files do not belong together; re-run seqwarm prepare"
-            )
-    _IDS_OK.add(key)
-
-
-_IDS_OK: set[tuple] = set()
-"""Splits whose ids were checked in this process (keyed like ``_VERIFIED``)."""
-
-
-def data_fingerprint(meta: Mapping[str, Any]) -> str:
-    """SHA-256 over the token files' checksums in ``meta["files"]`` (``*.bin`` / ``*.idx``): two prepared
-    folders have the same fingerprint exactly when they hold the same tokens and documents."""
-    files = meta.get("files") or {}
-    if not files and meta.get("format") == "megatron":
-        # Megatron files read in place carry no checksums (and may be terabytes): fingerprint what
-        # describes them instead — each source's path, weight, dtype and documents, the split, the counts
-        keys = ("sources", "split", "splits", "vocab_size", "eod_id")
-        return hashlib.sha256(json.dumps({k: meta.get(k) for k in keys}, sort_keys=True).encode()).hexdigest()
-    lines = [f"{name}:{info['sha256']}\n" for name, info in sorted(files.items()) if name.endswith((".bin", ".idx"))]
-    return hashlib.sha256("".join(lines).encode()).hexdigest()
-
-
-# In-process cache of verified checksums, keyed by file identity, so that opening the same folder
-# several times (train and val datasets, every test) hashes each file once.
-_VERIFIED: dict[tuple, str] = {}
-
-
-def verify_files(folder: str | Path, meta: Mapping[str, Any], *, checksums: bool = True) -> None:
-    """Check every file listed in ``meta["files"]``: it exists, has its size, and (optionally) its SHA-256."""
-    folder = Path(folder)
-    files = meta.get("files")
-    if not isinstance(files, Mapping) or not files:
-        raise UserError(f"{folder / META_FILE}: no file list; re-run seqwarm prepare")
-    for name, info in files.items():
-        path = folder / name
-        if not path.is_file():  # a device or a folder under a listed name: never read it
-            raise UserError(
-                f"{str(path)!r} (listed in {META_FILE}) is missing or not a regular file; re-run seqwarm prepare"
-            )
-        _check_size(path, int(info["bytes"]), META_FILE)
-        if not checksums:
-            continue
-        st = path.stat()
-        key = (str(path.resolve()), st.st_size, st.st_mtime_ns, st.st_ino)
-        digest = _VERIFIED.get(key) or sha256_file(path)
-        if digest != info["sha256"]:
-            raise UserError(
-                f"{str(path)!r} does not match its checksum in {META_FILE} (sha256 "
-                f"{digest[:12]}... vs {str(info['sha256'])[:12]}...): the file is corrupted "
-                "or was changed; re-run seqwarm prepare"
-            )
-        _VERIFIED[key] = digest
+def write_index(path: str | Path, lengths: np.ndarray, dtype: np.dtype) -> None:
+    """Write ``path`` as the ``MMIDIDX`` index of documents of ``lengths`` tokens (one sequence each)
+    stored back to back as ``dtype`` in its ``.bin`` (:class:`IndexedWriter` streams the same bytes)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if len(lengths) and (lengths.min() < 0 or lengths.max() >= 2**31):
+        raise ValueError("document lengths must be in 0 .. 2**31 - 1 tokens")
+    pointers = np.zeros(len(lengths), dtype="<i8")
+    np.cumsum(lengths[:-1] * np.dtype(dtype).itemsize, out=pointers[1:])
+    n = len(lengths)
+    with open(path, "wb") as f:
+        f.write(HEADER.pack(MEGATRON_MAGIC, MEGATRON_VERSION, dtype_code(dtype), n, n + 1))
+        f.write(lengths.astype("<i4").tobytes())
+        f.write(pointers.tobytes())
+        f.write(np.arange(n + 1, dtype="<i8").tobytes())

@@ -13,6 +13,7 @@
   Re-entrant within a process. Advisory: it keeps seqwarm processes apart, not other programs.
 - :func:`check_out`, :func:`clear_leftovers`, :func:`replace_dir`: ``--force`` replaces prepared data
   only, leftovers of killed runs are cleared, and the old folder is removed only once the new one is in.
+- :func:`cache_dir`, :func:`writable_cache_dir`: where the embedded corpus is prepared once.
 """
 
 from __future__ import annotations
@@ -21,15 +22,19 @@ import contextlib
 import errno
 import glob
 import json
+import logging
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from seqwarm.data.indexed import META_FILE, META_FORMAT
+from seqwarm.data.meta import META_FILE, META_FORMAT
 from seqwarm.util.errors import UserError
 from seqwarm.util.lock import take_lock
+
+logger = logging.getLogger(__name__)
 
 RUN_SIGNS = ("checkpoints", "metrics.jsonl", "summary.json", "config.json")
 """Entries of a training run folder: ``--force`` never replaces a folder holding one of them."""
@@ -233,3 +238,77 @@ def replace_dir(tmp: Path, out: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.replace(tmp, out)
+
+
+# --------------------------------------------------------------------------------------------------
+# the cache of the embedded corpus
+
+
+CACHE_VARIABLE = "SEQWARM_CACHE"
+"""The environment variable naming the folder the embedded corpus is prepared into."""
+
+_FELL_BACK: set[str] = set()
+"""Cache folders this process already said it could not write (said once, not once per call)."""
+
+
+def cache_dir() -> Path:
+    """Where the embedded corpus is prepared once: $SEQWARM_CACHE, else $XDG_CACHE_HOME/seqwarm."""
+    if os.environ.get(CACHE_VARIABLE):
+        return Path(os.environ[CACHE_VARIABLE])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "seqwarm"
+
+
+def writable_cache_dir() -> Path:
+    """:func:`cache_dir`, created if needed; when it cannot be written and $SEQWARM_CACHE does not name
+    it, ``seqwarm-cache-UID`` under the system's temporary folder (with a warning, once). UserError when
+    neither can be written, or $SEQWARM_CACHE names a folder that cannot be."""
+    configured = cache_dir()
+    err = _write_problem(configured)
+    if err is None:
+        return configured
+    fix = f"set {CACHE_VARIABLE}=DIR to a writable folder, or pass --data DIR (a folder written by seqwarm prepare)"
+    if os.environ.get(CACHE_VARIABLE):  # asked for by name: never written elsewhere behind the user's back
+        raise UserError(f"{CACHE_VARIABLE}={str(configured)!r}: cannot write there ({err}); {fix}")
+    try:
+        tmp = Path(tempfile.gettempdir())
+        if tmp.resolve() == Path.cwd().resolve():  # Python's last resort: never the user's working folder
+            raise OSError("only the current folder is writable")
+        fallback = tmp / f"seqwarm-cache-{os.getuid()}"
+    except OSError as no_tmp:  # no usable temporary folder at all (TMPDIR, /tmp, /var/tmp)
+        raise UserError(
+            f"cannot write the cache folder {str(configured)!r} ({err}) nor any temporary folder ({no_tmp}); {fix}"
+        ) from None
+    err_fallback = _write_problem(fallback, private=True)
+    if err_fallback is not None:
+        raise UserError(
+            f"cannot write the cache folder {str(configured)!r} ({err}) nor {str(fallback)!r} ({err_fallback}); {fix}"
+        )
+    if str(configured) not in _FELL_BACK:
+        _FELL_BACK.add(str(configured))
+        logger.warning(
+            "warning: the cache folder %s cannot be written (%s); the embedded corpus is kept in %s instead "
+            "(prepared again if that folder is cleared). Set %s=DIR to keep it elsewhere",
+            configured,
+            err,
+            fallback,
+            CACHE_VARIABLE,
+        )
+    return fallback
+
+
+def _write_problem(folder: Path, *, private: bool = False) -> str | None:
+    """Why ``folder`` cannot be created or written (None when it can). ``private``: a folder in a shared
+    temporary folder, created for this user alone and refused when someone else owns it."""
+    try:
+        folder.mkdir(mode=0o700 if private else 0o777, parents=True, exist_ok=True)
+        if private and (folder.is_symlink() or folder.stat().st_uid != os.getuid()):
+            return "it belongs to another user"
+        # Creating a file is the only sure test: os.access says yes to root on a read-only mount's folder
+        # with write bits, and to anyone on a folder whose file system is full.
+        probe = folder / f".write-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        probe.unlink()
+    except OSError as err:
+        return err.strerror or str(err)
+    return None

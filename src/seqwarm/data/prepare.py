@@ -23,7 +23,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -36,8 +35,10 @@ import numpy as np
 from seqwarm.config.defaults import DEFAULT_TOKENIZER
 from seqwarm.data import corpus
 from seqwarm.data.encode import tokenize_and_write
-from seqwarm.data.indexed import META_FILE, META_FORMAT, META_FORMAT_VERSION, choose_dtype, dtype_name, sha256_file
+from seqwarm.data.indexed import choose_dtype, dtype_name, sha256_file
+from seqwarm.data.meta import META_FILE, META_FORMAT, META_FORMAT_VERSION
 from seqwarm.data.outdir import (
+    cache_dir,
     check_inputs_outside,
     check_name_length,
     check_out,
@@ -46,6 +47,7 @@ from seqwarm.data.outdir import (
     out_lock,
     replace_dir,
     resolve_out,
+    writable_cache_dir,
 )
 from seqwarm.data.tokenizer import build_tokenizer, parse_tokenizer_name
 from seqwarm.util.atomic import WriteError, write_json
@@ -58,21 +60,6 @@ logger = logging.getLogger(__name__)
 DEFAULT_VAL_FRACTION = 0.05
 DEFAULT_SEED = 1234
 DEFAULT_CHUNK_BYTES = 1 << 20  # text per worker task: big enough to amortise IPC, small enough to balance
-
-
-CACHE_VARIABLE = "SEQWARM_CACHE"
-"""The environment variable naming the folder the embedded corpus is prepared into."""
-
-_FELL_BACK: set[str] = set()
-"""Cache folders this process already said it could not write (said once, not once per call)."""
-
-
-def cache_dir() -> Path:
-    """Where the embedded corpus is prepared once: $SEQWARM_CACHE, else $XDG_CACHE_HOME/seqwarm."""
-    if os.environ.get(CACHE_VARIABLE):
-        return Path(os.environ[CACHE_VARIABLE])
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "seqwarm"
 
 
 def embedded_data_dir(tokenizer: str = DEFAULT_TOKENIZER) -> Path:
@@ -97,72 +84,28 @@ def embedded_data_dir(tokenizer: str = DEFAULT_TOKENIZER) -> Path:
         return _embedded_locked(folder, tokenizer)
 
 
-def writable_cache_dir() -> Path:
-    """:func:`cache_dir`, created if needed; when it cannot be written and $SEQWARM_CACHE does not name
-    it, ``seqwarm-cache-UID`` under the system's temporary folder (with a warning, once). UserError when
-    neither can be written, or $SEQWARM_CACHE names a folder that cannot be."""
-    configured = cache_dir()
-    err = _write_problem(configured)
-    if err is None:
-        return configured
-    fix = f"set {CACHE_VARIABLE}=DIR to a writable folder, or pass --data DIR (a folder written by seqwarm prepare)"
-    if os.environ.get(CACHE_VARIABLE):  # asked for by name: never written elsewhere behind the user's back
-        raise UserError(f"{CACHE_VARIABLE}={str(configured)!r}: cannot write there ({err}); {fix}")
+def _cached_meta(folder: Path) -> dict[str, Any]:
+    """A prepared folder's ``meta.json``, unchecked (empty when missing or unreadable)."""
     try:
-        tmp = Path(tempfile.gettempdir())
-        if tmp.resolve() == Path.cwd().resolve():  # Python's last resort: never the user's working folder
-            raise OSError("only the current folder is writable")
-        fallback = tmp / f"seqwarm-cache-{os.getuid()}"
-    except OSError as no_tmp:  # no usable temporary folder at all (TMPDIR, /tmp, /var/tmp)
-        raise UserError(
-            f"cannot write the cache folder {str(configured)!r} ({err}) nor any temporary folder ({no_tmp}); {fix}"
-        ) from None
-    err_fallback = _write_problem(fallback, private=True)
-    if err_fallback is not None:
-        raise UserError(
-            f"cannot write the cache folder {str(configured)!r} ({err}) nor {str(fallback)!r} ({err_fallback}); {fix}"
-        )
-    if str(configured) not in _FELL_BACK:
-        _FELL_BACK.add(str(configured))
-        logger.warning(
-            "warning: the cache folder %s cannot be written (%s); the embedded corpus is kept in %s instead "
-            "(prepared again if that folder is cleared). Set %s=DIR to keep it elsewhere",
-            configured,
-            err,
-            fallback,
-            CACHE_VARIABLE,
-        )
-    return fallback
-
-
-def _write_problem(folder: Path, *, private: bool = False) -> str | None:
-    """Why ``folder`` cannot be created or written (None when it can). ``private``: a folder in a shared
-    temporary folder, created for this user alone and refused when someone else owns it."""
-    try:
-        folder.mkdir(mode=0o700 if private else 0o777, parents=True, exist_ok=True)
-        if private and (folder.is_symlink() or folder.stat().st_uid != os.getuid()):
-            return "it belongs to another user"
-        # Creating a file is the only sure test: os.access says yes to root on a read-only mount's folder
-        # with write bits, and to anyone on a folder whose file system is full.
-        probe = folder / f".write-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        probe.unlink()
-    except OSError as err:
-        return err.strerror or str(err)
-    return None
+        meta = json.loads((folder / META_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
 
 
 def _cached_identity(folder: Path) -> Any:
-    """The corpus parts a prepared folder's ``meta.json`` records (None when it has none or is unreadable)."""
-    try:
-        return json.loads((folder / META_FILE).read_text(encoding="utf-8")).get("corpus", {}).get("packages")
-    except (OSError, ValueError, AttributeError):
-        return None
+    """The corpus parts a prepared folder's ``meta.json`` records (None when it has none, is unreadable,
+    or holds another format version: such a cache is prepared again)."""
+    meta = _cached_meta(folder)
+    packages = (meta.get("corpus") or {}).get("packages") if isinstance(meta.get("corpus"), dict) else None
+    return packages if meta.get("format_version") == META_FORMAT_VERSION else None
 
 
 def _embedded_locked(folder: Path, tokenizer: str) -> Path:
-    meta_path = folder / META_FILE
-    if meta_path.exists():
+    meta = _cached_meta(folder)
+    if meta and meta.get("format_version") not in (None, META_FORMAT_VERSION):
+        logger.warning("the cached embedded corpus in %s is in an older token-file format; preparing it again", folder)
+    elif (folder / META_FILE).exists():
         held = _cached_identity(folder)
         if held == corpus.corpus_identity():
             return folder

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from seqwarm.data.indexed import read_meta_file
+from seqwarm.data.meta import read_meta_file
 from seqwarm.util.errors import UserError
 
 logger = logging.getLogger(__name__)

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from seqwarm.data.indexed import read_meta
+from seqwarm.data.meta import read_meta
 from seqwarm.evaluation.runs import load_run
 from seqwarm.trainer.model import GPT, GPTConfig
 from seqwarm.util.errors import MissingDependencyError, SeqwarmError, UserError

@@ -24,7 +24,7 @@ import torch
 
 from seqwarm.config import RunConfig, resolve_precision
 from seqwarm.curriculum.clock import stop_reason
-from seqwarm.data.indexed import data_fingerprint
+from seqwarm.data.meta import data_fingerprint
 from seqwarm.trainer.backends import EngineBuilder, TorchEngineBuilder, accumulate_step
 from seqwarm.trainer.checkpoint import first_nonfinite, list_checkpoints, rng_state, set_rng_state
 from seqwarm.trainer.distributed import DistInfo, device_for, gather_floats, mean_over_ranks

