@@ -109,7 +109,8 @@ def _cell_of(name, k, seeds, base_median):
 
 
 def test_cells_are_measured_against_the_best_stable_baseline():
-    from seqwarm.experiments.sweep import _render_best, against_best_baseline
+    from seqwarm.experiments.sweep import against_best_baseline
+    from seqwarm.experiments.sweep_report import _render_best
 
     xs = [100, 200, 300, 400]
     good = [
@@ -152,7 +153,8 @@ def test_no_stable_baseline_means_no_reference():
 
 
 def test_the_largest_lr_each_arm_survives_per_setting_of_the_other_axes():
-    from seqwarm.experiments.sweep import _render_limits, stability_limits
+    from seqwarm.experiments.sweep import stability_limits
+    from seqwarm.experiments.sweep_report import _render_limits
 
     def cell(lr, k, base_div, cur_div, clip=None):
         return {

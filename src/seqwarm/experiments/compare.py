@@ -3,8 +3,9 @@
 :func:`plan_compare` turns a shared :class:`~seqwarm.run.spec.RunSpec` and the :class:`CompareOptions`
 into two runs (``DIR/baseline`` with the curriculum off, ``DIR/curriculum``), or with ``--modes`` into the
 baseline and one curriculum run per mode (``DIR/truncate``, ``DIR/reshape``, ``DIR/window``);
-:func:`run_compare` runs them one after the other (reusing a finished run, resuming one that has
-checkpoints), :func:`build_report` reads a baseline and a curriculum run's metrics into the report
+:func:`run_compare` hands them, one seed at a time, to the experiments' one runner
+(:class:`~seqwarm.experiments.runner.ArmRunner`: a finished run is reused, one with checkpoints resumed),
+:func:`build_report` reads a baseline and a curriculum run's metrics into the report
 (speedups to the baseline's final validation loss, stability, final losses) and :func:`with_modes`
 puts the reports of several modes against the one baseline side by side. The arithmetic is in
 :mod:`seqwarm.experiments.curves`; figures and markdown in :mod:`seqwarm.experiments.report`.
@@ -12,7 +13,6 @@ puts the reports of several modes against the one baseline side by side. The ari
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
@@ -24,14 +24,47 @@ from typing import Any
 
 from seqwarm.curriculum.plan import make_plan
 from seqwarm.experiments import curves, spread
-from seqwarm.experiments.launch import check_same_data, read_raw_config, run_or_reuse, scale_schedule_steps
+from seqwarm.experiments.launch import (
+    check_same_data,
+    read_raw_config,
+    scale_schedule_steps,
+    scaled_batch,
+    scaled_lr_units,
+)
 from seqwarm.experiments.report import write_report
-from seqwarm.run.command import command_line, train_argv
+from seqwarm.experiments.runner import (
+    DEFAULT_SMOOTH_STEPS,
+    DEFAULT_SPIKE_THRESHOLD,
+    Arm,
+    ArmOptions,
+    ArmRunner,
+    check_arm_options,
+    check_arms,
+    eval_rows,
+    read_arm,
+    refuse_run_flags,
+    require_out,
+)
+from seqwarm.run.command import command_line
 from seqwarm.run.spec import RunSpec, resolve_config, with_changes
-from seqwarm.trainer.metrics import read_metrics
 from seqwarm.util.atomic import write_json
 from seqwarm.util.errors import UserError
 from seqwarm.util.version import __version__
+
+__all__ = [  # eval_rows and the defaults stay importable from here, where they were
+    "DEFAULT_SMOOTH_STEPS",
+    "DEFAULT_SPIKE_THRESHOLD",
+    "MODES",
+    "RUNS",
+    "CompareOptions",
+    "ComparePlan",
+    "build_report",
+    "eval_rows",
+    "plan_compare",
+    "run_compare",
+    "with_modes",
+    "with_seed_spread",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +79,6 @@ QUICK_EVAL_ITERS = 4
 EVALS_PER_RUN = 16
 """Evaluations over the baseline when --eval-interval is not given (more points, finer crossings)."""
 QUICK_EVALS_PER_RUN = 12
-DEFAULT_SPIKE_THRESHOLD = 1.2
-DEFAULT_SMOOTH_STEPS = 8
 
 TARGET_DEFINITION = (
     "target = the baseline's final full-length validation loss. Each run's tokens (or elapsed seconds) to "
@@ -64,30 +95,18 @@ STABILITY_DEFINITION = (
 
 
 @dataclass(frozen=True)
-class CompareOptions:
-    """What ``seqwarm compare`` takes besides the runs' shared spec."""
+class CompareOptions(ArmOptions):
+    """What ``seqwarm compare`` takes besides the runs' shared spec, and :class:`ArmOptions`: ``out``,
+    ``seeds`` (the first seed's pair in DIR/baseline and DIR/curriculum, the others in DIR/seed-S/), the
+    spike threshold and smoothing, ``eval_interval`` (None: EVALS_PER_RUN evaluations over the baseline),
+    ``eval_iters`` (None: 8, or QUICK_EVAL_ITERS with ``quick``) and ``log_interval``."""
 
-    out: Path | None = None
-    """Folder for the runs and the report (required)."""
     quick: bool = False
     """A short comparison: QUICK_FRACTION x the token budget, curriculum and LR schedule shrunk alike."""
     scale_batch: int = 1
     """Run the curriculum at K x the global batch (the paper: 8)."""
     scale_lr: float = 1.0
     """Run the curriculum at M x the learning rate (the paper: 4)."""
-    spike_threshold: float = DEFAULT_SPIKE_THRESHOLD
-    """A spike is an excursion of the smoothed loss ratio above this."""
-    smooth_steps: int = DEFAULT_SMOOTH_STEPS
-    """Trailing-mean window of the loss ratio, in logged steps (1 = raw)."""
-    eval_interval: int | None = None
-    """Validate every N steps (None: EVALS_PER_RUN evaluations over the baseline)."""
-    eval_iters: int | None = None
-    """Validation micro-batches per evaluation (None: 8, or QUICK_EVAL_ITERS with ``quick``)."""
-    log_interval: int | None = None
-    """A train row every N steps (None: every step)."""
-    seeds: int = 1
-    """Seeds per arm: the spec's seed S, then S+1, ... (the first pair in DIR/baseline and DIR/curriculum,
-    the others in DIR/seed-S/); the report gives each seed and the median and min–max over them."""
     modes: tuple[str, ...] = ()
     """Curriculum modes to compare (from :data:`MODES`), each an arm of its own in DIR/<mode> against the
     one baseline (empty: the single ``curriculum`` arm, in the config's or --curriculum-mode's mode)."""
@@ -123,32 +142,14 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
     ``base`` (writes their configs into ``options.out/configs``). Every arm's settings are checked here,
     before anything trains."""
 
-    if not options.out:
-        raise UserError("--out DIR is required: the folder for the runs and the report")
+    require_out(options.out, "the runs and the report")
     if options.scale_batch < 1:
         raise UserError(f"--scale-batch {options.scale_batch}: must be a whole number >= 1 (the paper used 8)")
     if not options.scale_lr > 0 or not math.isfinite(options.scale_lr):
         raise UserError(f"--scale-lr {options.scale_lr}: must be a positive number (the paper used 4)")
-    if not options.spike_threshold > 1:
-        raise UserError(
-            f"--spike-threshold {options.spike_threshold}: must be above 1 (a ratio to the minimum "
-            "loss so far), e.g. 1.2"
-        )
-    if options.smooth_steps < 1:
-        raise UserError(f"--smooth-steps {options.smooth_steps}: must be >= 1 (1 = no smoothing)")
-    if options.seeds < 1:
-        raise UserError(f"--seeds {options.seeds}: must be a whole number >= 1 (3 or more to measure the spread)")
+    check_arm_options(options)
     _check_modes(base, options.modes)
-    for given, flag in (
-        (base.settings.get("curriculum") is False, "--no-curriculum"),
-        (base.resume, "--resume"),
-        (base.allow_config_change, "--allow-config-change"),
-    ):
-        if given:
-            raise UserError(
-                f"{flag} is not a compare flag: compare runs the baseline with --no-curriculum "
-                "itself and resumes or reuses runs found in --out"
-            )
+    refuse_run_flags(base, "compare")
     out = Path(options.out)
     raw = read_raw_config(base)
     cfg = resolve_config(replace(base, out=out / "baseline"))
@@ -167,7 +168,7 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
             value = getattr(cfg, f"train_{unit}")
             if value:
                 changes[f"train_{unit}"] = max(1, round(value * fraction))
-        changes.update(_scaled_lr_units(cfg.lr, fraction, fraction))
+        changes.update(scaled_lr_units(cfg.lr, fraction, fraction))
         notes.append(
             f"--quick: {fraction:g}x the config's budget; the curriculum, LR warmup and LR decay are "
             "shrunk by the same factor so the recipe keeps its shape"
@@ -189,7 +190,7 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
     k, m = options.scale_batch, options.scale_lr
     cur_changes = dict(changes)
     if k != 1 or m != 1:
-        cur_changes.update(_scaled_batch(cfg, base_cfg, k, m, changes))
+        cur_changes.update(scaled_batch(base_cfg, k, m))
         notes.append(
             f"curriculum at {k}x global batch and {m:g}x learning rate (peak and min): "
             f"total_curriculum_step and any warmup/decay/cap counted in steps divided by {k}, so "
@@ -210,7 +211,7 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
             config=write_json(out / "configs" / f"{arm}.json", cur_raw),
             out=out / arm,
         )
-    _check_arms(runs)
+    check_arms(runs)
     if options.modes:
         notes.append(
             f"--modes: one curriculum run per mode ({', '.join(options.modes)}) in {out}/<mode>, each "
@@ -240,19 +241,6 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
     return ComparePlan(out, runs, settings, notes, seed_runs)
 
 
-def _check_arms(runs: dict[str, RunSpec]) -> None:
-    """Resolve every arm's settings now: a mode that refuses a setting (a length bucket outside truncate,
-    window under a pipeline) is one error naming each arm, not an exit after the other arms trained."""
-    problems = []
-    for arm, spec in runs.items():
-        try:
-            resolve_config(spec)
-        except UserError as err:
-            problems.append(f"{arm}: {err}")
-    if problems:
-        raise UserError("an arm of this comparison cannot run as set:\n  " + "\n  ".join(problems))
-
-
 def _check_modes(base: RunSpec, modes: tuple[str, ...]) -> None:
     """Refuse --modes values outside :data:`MODES`, a mode named twice, and --modes with --curriculum-mode."""
     if not modes:
@@ -273,36 +261,6 @@ def _check_modes(base: RunSpec, modes: tuple[str, ...]) -> None:
         )
 
 
-def _scaled_lr_units(lr, step_factor: float, amount_factor: float) -> dict[str, Any]:
-    """Warmup/decay flags: lengths in iterations x step_factor, in samples/tokens x amount_factor."""
-    out: dict[str, Any] = {}
-    for kind in ("warmup", "decay"):
-        for unit in ("iters", "samples", "tokens"):
-            out[f"lr_{kind}_{unit}"] = None
-        unit = lr.warmup_unit if kind == "warmup" else lr.decay_unit
-        if unit is None:
-            continue
-        value = getattr(lr, f"{kind}_{unit}")
-        factor = step_factor if unit == "iters" else amount_factor
-        out[f"lr_{kind}_{unit}"] = max(1, round(value * factor))
-    out["lr_decay_style"] = lr.decay_style
-    return out
-
-
-def _scaled_batch(cfg, base_cfg, k: int, m: float, changes: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "train_batch_size": base_cfg.train_batch_size * k,
-        "gradient_accumulation_steps": base_cfg.gradient_accumulation_steps * k,
-        "train_micro_batch_size_per_gpu": base_cfg.micro_batch_size,
-        "lr": base_cfg.lr.lr * m,
-        "min_lr": base_cfg.lr.min_lr * m if base_cfg.lr.min_lr else None,
-    }
-    out.update(_scaled_lr_units(base_cfg.lr, 1.0 / k, 1.0))
-    if base_cfg.train_iters:
-        out["train_iters"] = max(1, math.ceil(base_cfg.train_iters / k))
-    return out
-
-
 # --------------------------------------------------------------------------------------------------
 # running
 
@@ -310,9 +268,7 @@ def _scaled_batch(cfg, base_cfg, k: int, m: float, changes: dict[str, Any]) -> d
 def run_compare(base: RunSpec, options: CompareOptions, *, echo=print) -> dict[str, Any]:
     """Plan, run (or reuse / resume) every arm of every seed, and write the report. Returns its dict."""
     plan = plan_compare(base, options)
-    state_path = plan.out / "compare_state.json"
-    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
-    status: dict[str, dict[str, Any]] = {}
+    runner = ArmRunner(plan.out / "compare_state.json", echo=echo)
     for note in plan.notes:
         echo(f"note: {note}")
     first = plan.settings["seeds"][0]
@@ -320,9 +276,8 @@ def run_compare(base: RunSpec, options: CompareOptions, *, echo=print) -> dict[s
     for seed, runs in plan.by_seed().items():
         # the first seed's keys are the one-seed keys, so an earlier one-seed comparison is extended
         keys = {name: name if seed == first else f"seed-{seed}/{name}" for name in runs}
-        for name in runs:  # the baseline first, once per seed, then each curriculum arm
-            status[keys[name]] = run_one(keys[name], runs[name], state.get(keys[name], {}), echo)
-            write_json(state_path, {**state, **status})
+        # the baseline first, once per seed, then each curriculum arm
+        status = runner.run(Arm(keys[name], spec) for name, spec in runs.items())
         for arm in plan.curricula:
             pair = {"baseline": status[keys["baseline"]], "curriculum": status[keys[arm]]}
             reports[arm][seed] = build_report(plan.for_seed(seed, arm), pair)
@@ -332,27 +287,6 @@ def run_compare(base: RunSpec, options: CompareOptions, *, echo=print) -> dict[s
         report = with_seed_spread(reports["curriculum"])
     write_report(plan.out, report)
     return report
-
-
-def run_one(key: str, spec: RunSpec, known: dict[str, Any], echo) -> dict[str, Any]:
-    """Train, resume or reuse one run; what happened (``status``, ``argv``, ``session_s``, ``message``)."""
-    from seqwarm.trainer.loop import TrainingDiverged
-
-    echo(f"\n=== {key}: {command_line(spec)}")
-    if known.get("status") == "diverged" and known.get("argv") == train_argv(spec):
-        echo(f"{key}: diverged before ({known.get('message')}); not run again")
-        return known
-    t0 = time.perf_counter()
-    try:
-        what, _ = run_or_reuse(spec)
-        result: dict[str, Any] = {"status": what, "argv": train_argv(spec)}
-    except TrainingDiverged as err:
-        result = {"status": "diverged", "argv": train_argv(spec), "message": str(err)}
-        echo(f"{key}: diverged: {err}")
-    result["session_s"] = round(time.perf_counter() - t0, 1)
-    if result["status"] == "reused":
-        echo(f"{key}: reusing the finished run in {spec.out}")
-    return result
 
 
 def with_seed_spread(reports: dict[int, dict[str, Any]]) -> dict[str, Any]:
@@ -395,28 +329,12 @@ def with_modes(by_mode: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return report
 
 
-def eval_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Evaluation rows in order, one per step (a resumed run may log the final step twice)."""
-    by_step: dict[int, dict[str, Any]] = {}
-    for r in rows:
-        if r.get("kind") == "eval":
-            by_step[r["step"]] = r
-    return [by_step[s] for s in sorted(by_step)]
-
-
-def _run_summary(
-    name: str, spec: RunSpec, status: dict[str, Any], rows: list[dict[str, Any]], threshold: float, window: int
-) -> dict[str, Any]:
-    run_dir = Path(spec.out)
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else {}
-    run_cfg = config.get("run", {})
-    evals = eval_rows(rows)
-    train = [r for r in rows if r.get("kind") == "train"]
+def _run_summary(spec: RunSpec, status: dict[str, Any], threshold: float, window: int) -> dict[str, Any]:
+    arm = read_arm(spec.out)
+    summary, run_cfg, evals, train = arm.summary, arm.run, arm.evals, arm.train
     cur = run_cfg.get("curriculum")
     return {
-        "run_dir": str(run_dir),
+        "run_dir": str(arm.run_dir),
         "status": status.get("status"),
         "diverged": status.get("status") == "diverged",
         "command": command_line(spec),
@@ -429,7 +347,7 @@ def _run_summary(
         "global_batch_size": run_cfg.get("train_batch_size"),
         "lr": (run_cfg.get("lr") or {}).get("lr"),
         "total_curriculum_step": (cur or {}).get("schedule_config", {}).get("total_curriculum_step") if cur else None,
-        "num_params": summary.get("num_params") or config.get("model", {}).get("num_params"),
+        "num_params": summary.get("num_params") or arm.config.get("model", {}).get("num_params"),
         "curriculum_mode": (cur or {}).get("mode") if cur else None,
         "evals": {
             "step": [r["step"] for r in evals],
@@ -446,10 +364,7 @@ def build_report(plan: ComparePlan, status: dict[str, dict[str, Any]]) -> dict[s
 
     threshold, window = plan.settings["spike_threshold"], plan.settings["smooth_steps"]
     check_same_data([Path(plan.runs[name].out) for name in RUNS])
-    runs = {}
-    for name in RUNS:
-        rows = read_metrics(Path(plan.runs[name].out) / "metrics.jsonl")
-        runs[name] = _run_summary(name, plan.runs[name], status.get(name, {}), rows, threshold, window)
+    runs = {name: _run_summary(plan.runs[name], status.get(name, {}), threshold, window) for name in RUNS}
     base, cur = runs["baseline"], runs["curriculum"]
     report: dict[str, Any] = {
         "seqwarm_version": __version__,

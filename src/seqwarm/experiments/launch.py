@@ -1,9 +1,10 @@
 """Launching training runs for experiments: run specs in, run folders out.
 
-``compare`` and ``tune`` start runs exactly as the CLI does, with :func:`seqwarm.run.training.run_training`
-on :class:`~seqwarm.run.spec.RunSpec` s (changed with :func:`seqwarm.run.spec.with_changes`). This module
-holds what both need besides: the config files a run needs (e.g. a different ``total_curriculum_step``)
-and whether a run folder can be reused, resumed or started. The ``seqwarm train ...`` command line that
+``compare``, ``tune`` and ``sweep`` start runs exactly as the CLI does, with
+:func:`seqwarm.run.training.run_training` on :class:`~seqwarm.run.spec.RunSpec` s (changed with
+:func:`seqwarm.run.spec.with_changes`), through :mod:`seqwarm.experiments.runner`. This module holds what
+they need besides: the config files and flags a run needs (e.g. a different ``total_curriculum_step``, a
+scaled batch) and whether a run folder can be reused, resumed or started. The ``seqwarm train ...`` command line that
 reproduces a spec is :func:`seqwarm.run.command.command_line`.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import shutil
 from collections.abc import Mapping
 from dataclasses import replace
@@ -103,6 +105,38 @@ def scale_schedule_steps(raw: Mapping[str, Any], factor: float) -> dict[str, Any
                 last = max(last + 1, round(s * factor))  # keep them strictly increasing
                 steps.append(last)
             sc["max_step"] = steps
+    return out
+
+
+def scaled_lr_units(lr, step_factor: float, amount_factor: float) -> dict[str, Any]:
+    """Warmup/decay flags: lengths in iterations x step_factor, in samples/tokens x amount_factor."""
+    out: dict[str, Any] = {}
+    for kind in ("warmup", "decay"):
+        for unit in ("iters", "samples", "tokens"):
+            out[f"lr_{kind}_{unit}"] = None
+        unit = lr.warmup_unit if kind == "warmup" else lr.decay_unit
+        if unit is None:
+            continue
+        value = getattr(lr, f"{kind}_{unit}")
+        factor = step_factor if unit == "iters" else amount_factor
+        out[f"lr_{kind}_{unit}"] = max(1, round(value * factor))
+    out["lr_decay_style"] = lr.decay_style
+    return out
+
+
+def scaled_batch(base_cfg, k: int, m: float) -> dict[str, Any]:
+    """The flags that run ``base_cfg`` at ``k`` x its global batch (more accumulation steps) and ``m`` x its
+    learning rate, its schedules counted in steps divided by ``k`` so that they cover the same samples."""
+    out: dict[str, Any] = {
+        "train_batch_size": base_cfg.train_batch_size * k,
+        "gradient_accumulation_steps": base_cfg.gradient_accumulation_steps * k,
+        "train_micro_batch_size_per_gpu": base_cfg.micro_batch_size,
+        "lr": base_cfg.lr.lr * m,
+        "min_lr": base_cfg.lr.min_lr * m if base_cfg.lr.min_lr else None,
+    }
+    out.update(scaled_lr_units(base_cfg.lr, 1.0 / k, 1.0))
+    if base_cfg.train_iters:
+        out["train_iters"] = max(1, math.ceil(base_cfg.train_iters / k))
     return out
 
 

@@ -5,7 +5,9 @@ A *cell* is one point of the grid; each cell is laid out as a ``seqwarm compare 
 (``DIR/CELL/baseline``, ``DIR/CELL/curriculum``, ``DIR/CELL/seed-S/...``), planned by
 :func:`seqwarm.experiments.compare.plan_compare`, except that at batch scale K *both* arms train at K x
 the global batch (the curriculum's and the LR schedule's step counts divided by K, so they cover the
-same samples). Finished runs are reused and runs with checkpoints resumed, so a killed sweep continues.
+same samples). Every cell's seed is handed to the experiments' one runner
+(:class:`~seqwarm.experiments.runner.ArmRunner`): finished runs are reused and runs with checkpoints
+resumed, so a killed sweep continues. The report's markdown is :mod:`seqwarm.experiments.sweep_report`.
 
 The curriculum mode and document masking are axes only when given more than one value (one value is
 a setting of every run, as in ``seqwarm train``, and leaves the cell names as they were). Cells that
@@ -21,7 +23,6 @@ seed's baseline final loss.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,19 +30,11 @@ from typing import Any
 
 from seqwarm.curriculum.schedule import CURRICULUM_MODES
 from seqwarm.experiments import curves, spread
-from seqwarm.experiments.compare import (
-    DEFAULT_SMOOTH_STEPS,
-    DEFAULT_SPIKE_THRESHOLD,
-    MODES,
-    RUNS,
-    CompareOptions,
-    eval_rows,
-    plan_compare,
-    run_one,
-)
+from seqwarm.experiments.compare import MODES, RUNS, CompareOptions, plan_compare
 from seqwarm.experiments.launch import check_same_data
+from seqwarm.experiments.runner import Arm, ArmOptions, ArmRunner, arm_options, read_arm, refuse_run_flags, require_out
+from seqwarm.experiments.sweep_report import BEST_DEFINITION, DIVERGED_DEFINITION, LIMITS_DEFINITION, render_sweep
 from seqwarm.run.spec import RunSpec, with_changes
-from seqwarm.trainer.metrics import read_metrics
 from seqwarm.trainer.plots import plot_sweep
 from seqwarm.util.atomic import write_json, write_text
 from seqwarm.util.errors import UserError
@@ -50,11 +43,12 @@ POSITIONS = ("learned", "rotary")
 
 
 @dataclass(frozen=True)
-class SweepOptions:
-    """The grid of ``seqwarm sweep`` (each axis a list; None on an axis: the config's value)."""
+class SweepOptions(ArmOptions):
+    """The grid of ``seqwarm sweep`` (each axis a list; None on an axis: the config's value), and
+    :class:`ArmOptions`: ``out`` (the folder for the cells, sweep.json, sweep.md and sweep.png), the seeds
+    per cell and arm, the spike threshold and smoothing, and the evaluation and log intervals (None: as
+    compare chooses)."""
 
-    out: Path | None = None
-    """Folder for the cells, sweep.json, sweep.md and sweep.png (required)."""
     lr: tuple[float, ...] = ()
     """Peak learning rates (empty: the config's)."""
     scale_batch: tuple[int, ...] = (1,)
@@ -69,18 +63,6 @@ class SweepOptions:
     """Curriculum modes (None: the config's); several make an axis whose cells share their baseline."""
     document_masking: tuple[bool | None, ...] = (None,)
     """Document masking off and/or on, in both arms (None: the config's)."""
-    seeds: int = 1
-    """Seeds per cell and arm."""
-    spike_threshold: float = DEFAULT_SPIKE_THRESHOLD
-    """A spike is an excursion of the smoothed loss ratio above this."""
-    smooth_steps: int = DEFAULT_SMOOTH_STEPS
-    """Trailing-mean window of the loss ratio, in logged steps."""
-    eval_interval: int | None = None
-    """Validate every N steps (None: as compare chooses)."""
-    eval_iters: int | None = None
-    """Validation micro-batches per evaluation (None: as compare chooses)."""
-    log_interval: int | None = None
-    """A train row every N steps (None: every step)."""
 
 
 def _num(value: float | None) -> str:
@@ -94,8 +76,7 @@ def cell_name(lr: float | None, k: int, clip: float | None, warmup: int | None, 
 
 def plan_sweep(base: RunSpec, options: SweepOptions) -> list[dict[str, Any]]:
     """Every cell: its grid values and, per seed, the two runs' specs (writes each cell's configs)."""
-    if not options.out:
-        raise UserError("--out DIR is required: the folder for the sweep's runs and its report")
+    require_out(options.out, "the sweep's runs and its report")
     bad = [f"--pos {p}: choose learned or rotary" for p in options.pos if p not in POSITIONS]
     bad += [f"--scale-batch {k}: must be >= 1" for k in options.scale_batch if k < 1]
     bad += [f"--lr {v:g}: must be positive" for v in options.lr if not v > 0]
@@ -117,6 +98,7 @@ def plan_sweep(base: RunSpec, options: SweepOptions) -> list[dict[str, Any]]:
             bad.append(f"{flag}: a value is named twice; name each once")
     if bad:
         raise UserError("; ".join(bad))
+    refuse_run_flags(base, "sweep")
     mode_axis = len(options.curriculum_mode) > 1  # one value: a setting of every run, not an axis
     mask_axis = len(options.document_masking) > 1
     cells = []
@@ -147,14 +129,8 @@ def plan_sweep(base: RunSpec, options: SweepOptions) -> list[dict[str, Any]]:
         plan = plan_compare(
             spec,
             CompareOptions(
-                out=Path(options.out) / folder,
+                **{**arm_options(options), "out": Path(options.out) / folder},
                 scale_batch=k,
-                seeds=options.seeds,
-                spike_threshold=options.spike_threshold,
-                smooth_steps=options.smooth_steps,
-                eval_interval=options.eval_interval,
-                eval_iters=options.eval_iters,
-                log_interval=options.log_interval,
                 # a mode axis: the cell is a `compare --modes` of one mode, its baseline shared by the modes
                 modes=(mode,) if mode_axis else (),
             ),
@@ -182,13 +158,6 @@ def _mode_text(mode: str | None) -> str:
     return "cfg" if mode is None else mode
 
 
-DIVERGED_DEFINITION = (
-    "diverged = a non-finite loss, a smoothed loss-ratio spike above the threshold, or a blow-up: a training "
-    "loss above threshold x ln(vocabulary size), worse than that many times a uniform guess (the loss ratio, "
-    "measured against the lowest loss so far, misses a blow-up that comes before the loss has fallen)"
-)
-
-
 def blow_up_ceiling(vocab_size: Any, threshold: float) -> float | None:
     """The training loss above which a run has blown up: ``threshold`` x the loss of a uniform guess."""
     return threshold * math.log(vocab_size) if isinstance(vocab_size, int) and vocab_size > 1 else None
@@ -196,20 +165,16 @@ def blow_up_ceiling(vocab_size: Any, threshold: float) -> float | None:
 
 def run_result(spec: RunSpec, status: dict[str, Any], threshold: float, window: int) -> dict[str, Any]:
     """Final loss, divergence, spikes and the validation curve of one finished (or diverged) run."""
-    run_dir = Path(spec.out)
-    rows = read_metrics(run_dir / "metrics.jsonl") if (run_dir / "metrics.jsonl").is_file() else []
-    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").is_file() else {}
-    config = json.loads((run_dir / "config.json").read_text()) if (run_dir / "config.json").is_file() else {}
-    evals = eval_rows(rows)
-    final = summary.get("final_val_loss")
-    stab = curves.stability([r for r in rows if r.get("kind") == "train"], threshold, window)
+    arm = read_arm(spec.out)
+    evals, train = arm.evals, arm.train
+    final = arm.summary.get("final_val_loss")
+    stab = curves.stability(train, threshold, window)
     non_finite = status.get("status") == "diverged" or not (isinstance(final, (int, float)) and math.isfinite(final))
-    losses = [float(r["loss"]) for r in rows if r.get("kind") == "train" and isinstance(r.get("loss"), (int, float))]
-    finite = [v for v in losses if math.isfinite(v)]
-    ceiling = blow_up_ceiling((config.get("model") or {}).get("vocab_size"), threshold)
+    finite = arm.finite_losses()
+    ceiling = blow_up_ceiling((arm.config.get("model") or {}).get("vocab_size"), threshold)
     blew_up = ceiling is not None and any(v > ceiling for v in finite)
     return {
-        "run_dir": str(run_dir),
+        "run_dir": str(arm.run_dir),
         "status": status.get("status"),
         "final_val_loss": final,
         "spikes": stab["spikes"],
@@ -218,8 +183,8 @@ def run_result(spec: RunSpec, status: dict[str, Any], threshold: float, window: 
         "blew_up": blew_up,
         "max_train_loss": max(finite) if finite else None,
         "max_loss_ratio": stab["max_loss_ratio"],
-        "peak_lr": (config.get("run", {}).get("lr") or {}).get("lr"),
-        "global_batch_size": config.get("run", {}).get("train_batch_size"),
+        "peak_lr": (arm.run.get("lr") or {}).get("lr"),
+        "global_batch_size": arm.run.get("train_batch_size"),
         "tokens": [r["tokens"] for r in evals],
         "val_loss": [r["val_loss"] for r in evals],
     }
@@ -239,18 +204,16 @@ def run_sweep(base: RunSpec, options: SweepOptions, *, echo=print) -> dict[str, 
     """Run (or reuse / resume) every cell's runs; write sweep.json, sweep.md and sweep.png."""
     cells = plan_sweep(base, options)
     out = Path(options.out)
-    state_path = out / "sweep_state.json"
-    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    runner = ArmRunner(out / "sweep_state.json", echo=echo)
     results = []
     for cell in cells:
         per_seed = []
         for seed, runs in cell["runs"].items():
+            keys = {arm: state_key(out, cell, seed, arm) for arm in RUNS}
+            status = runner.run(Arm(keys[arm], runs[arm]) for arm in RUNS)
             row: dict[str, Any] = {"seed": seed}
             for arm in RUNS:
-                key = state_key(out, cell, seed, arm)
-                state[key] = run_one(key, runs[arm], state.get(key, {}), echo)
-                write_json(state_path, state)
-                row[arm] = run_result(runs[arm], state[key], options.spike_threshold, options.smooth_steps)
+                row[arm] = run_result(runs[arm], status[keys[arm]], options.spike_threshold, options.smooth_steps)
             check_same_data([Path(runs[arm].out) for arm in RUNS])
             row["tokens_to_target"] = _tokens_to_target(row)
             per_seed.append(row)
@@ -297,14 +260,6 @@ def _tokens_to_target(row: dict[str, Any]) -> dict[str, Any]:
         return {"target": None, "baseline": None, "curriculum": None, "speedup": None}
     res = curves.speedup_to_target(base["tokens"], base["val_loss"], cur["tokens"], cur["val_loss"])
     return {"target": res.target, "baseline": res.baseline, "curriculum": res.curriculum, "speedup": res.speedup}
-
-
-BEST_DEFINITION = (
-    "the best baseline = the cell, at the grid's smallest batch scale, whose baseline has the lowest median "
-    "final val loss among those that diverged on no seed; its final loss on each seed is that seed's target; "
-    "tokens ratio = a run's tokens to reach the target / the best baseline's own tokens to it (same seed; "
-    "below 1: fewer tokens than the best baseline)."
-)
 
 
 def against_best_baseline(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
@@ -356,13 +311,6 @@ def against_best_baseline(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
-LIMITS_DEFINITION = (
-    "for each arm and each setting of the other grid axes: the largest peak LR of the grid at which no seed "
-    "diverged, and the smallest at which some seed did (none: no LR of the grid made it diverge, so the "
-    "limit lies above the grid)."
-)
-
-
 def stability_limits(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The largest LR each arm survives, per batch scale / clipping / warmup / position setting (see
     :data:`LIMITS_DEFINITION`); cells at the config's own LR (no ``--lr`` axis) are left out."""
@@ -405,100 +353,3 @@ def _arm_spread(per_seed: list[dict[str, Any]], arm: str) -> dict[str, Any]:
         out["tokens_to_target"] = spread.spread(s["tokens_to_target"]["curriculum"] for s in per_seed)
         out["reached"] = sum(s["tokens_to_target"]["curriculum"] is not None for s in per_seed)
     return out
-
-
-def render_sweep(report: dict[str, Any]) -> str:
-    """sweep.md: one row per cell and arm."""
-    n = report["grid"]["seeds"]
-    lines = [
-        "# seqwarm sweep: baseline vs curriculum over a grid",
-        "",
-        f"{n} seed(s) per cell"
-        + (" (one seed: no spread measured)" if n == 1 else "")
-        + "; values are median (min–max over seeds).",
-        "",
-        "| cell | arm | final val loss | diverged | max loss ratio | tokens to target | reached | speedup_tokens |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for c in report["cells"]:
-        for arm in RUNS:
-            a = c[arm]
-            sp, tt = a.get("speedup_tokens"), a.get("tokens_to_target")
-            reach = f"{_cell(tt, ',.0f')} | {a['reached']}/{n} | {_cell(sp, '.2f')}" if tt else "– | – | –"
-            lines.append(
-                f"| {c['name']} | {arm} | {_cell(a['final_val_loss'], '.4f')} | {a['diverged']}/{n} | "
-                f"{_cell(a.get('max_loss_ratio') or {}, '.3f')} | {reach} |"
-            )
-    lines += [
-        "",
-        DIVERGED_DEFINITION + "; max loss ratio = the largest "
-        "smoothed training loss over the lowest before it (the spike signal; a spike is above the "
-        "threshold); target = the baseline's final "
-        "loss (same cell and seed); tokens to target = the curriculum's tokens to reach it; speedup_tokens "
-        "= the baseline's tokens to it / the curriculum's.",
-        "",
-        f"_{report['definitions']['spread']}_",
-        "",
-    ]
-    lines += _render_limits(report.get("stability_limits") or [])
-    lines += _render_best(report.get("against_best_baseline"))
-    lines += ["![final loss against LR](sweep.png)", ""]
-    return "\n".join(lines)
-
-
-def _render_best(best: dict[str, Any] | None) -> list[str]:
-    """sweep.md's section: every cell and arm in tokens to the best baseline's final loss."""
-    if not best:
-        return [
-            "No baseline at the smallest batch scale trained without diverging: no best baseline to "
-            "measure the cells against.",
-            "",
-        ]
-    targets = spread.spread(t["target"] for t in best["targets"])
-    lines = [
-        "## Against the best baseline",
-        "",
-        f"The best baseline is `{best['cell']}` (final val loss {_cell(targets, '.4f')}). "
-        "Tokens ratio = tokens to reach that seed's best-baseline final loss / the best baseline's own.",
-        "",
-        "| cell | arm | tokens ratio | reached |",
-        "|---|---|---:|---:|",
-    ]
-    for r in best["rows"]:
-        lines.append(f"| {r['cell']} | {r['arm']} | {_cell(r['tokens_ratio'], '.2f')} | {r['reached']}/{r['seeds']} |")
-    return lines + ["", "_" + BEST_DEFINITION[0].upper() + BEST_DEFINITION[1:] + "_", ""]
-
-
-def _render_limits(limits: list[dict[str, Any]]) -> list[str]:
-    """sweep.md's section: the largest LR each arm survives."""
-    if not limits:
-        return []
-    lines = [
-        "## The largest LR each arm survives",
-        "",
-        "| batch scale | clipping | warmup | positions | arm | largest LR, no seed diverged | smallest LR that "
-        "diverged |",
-        "|---:|---|---|---|---|---:|---:|",
-    ]
-    for r in limits:
-        clip = "config" if r["clip_grad"] is None else ("off" if r["clip_grad"] == 0 else f"{r['clip_grad']:g}")
-        warmup = "config" if r["lr_warmup_iters"] is None else str(r["lr_warmup_iters"])
-        stable = "none" if r["largest_stable_lr"] is None else f"{r['largest_stable_lr']:g}"
-        failed = (
-            f"none up to {max(r['lrs']):g}" if r["smallest_diverged_lr"] is None else f"{r['smallest_diverged_lr']:g}"
-        )
-        arm = r["arm"] + (f", {r['curriculum_mode']} cells" if r.get("curriculum_mode") else "")
-        if r.get("document_masking") is not None:
-            arm += f", document masking {'on' if r['document_masking'] else 'off'}"
-        lines.append(
-            f"| x{r['scale_batch']} | {clip} | {warmup} | {r['pos'] or 'config'} | {arm} | {stable} | {failed} |"
-        )
-    return lines + ["", "_" + LIMITS_DEFINITION[0].upper() + LIMITS_DEFINITION[1:] + "_", ""]
-
-
-def _cell(s: dict[str, Any], fmt: str) -> str:
-    if s.get("median") is None:
-        return "–"
-    if s["n"] == 1:
-        return format(s["median"], fmt)
-    return f"{format(s['median'], fmt)} ({format(s['min'], fmt)}–{format(s['max'], fmt)})"

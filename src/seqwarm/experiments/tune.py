@@ -32,11 +32,10 @@ from typing import Any
 
 from seqwarm.curriculum.plan import make_plan
 from seqwarm.experiments.launch import read_raw_config, total_curriculum_step_of, with_total_curriculum_step
+from seqwarm.experiments.runner import read_arm, refuse_run_flags, require_out, train_arm
 from seqwarm.experiments.tune_search import Probe, ProbeResult, Runner, run_sequentially, search_largest_passing
 from seqwarm.run.command import command_line, train_argv
 from seqwarm.run.spec import RunSpec, resolve_config, with_changes
-from seqwarm.run.training import run_training
-from seqwarm.trainer.metrics import read_metrics
 from seqwarm.util.atomic import write_json
 from seqwarm.util.errors import UserError
 
@@ -71,20 +70,17 @@ def probe_paths(folder: Path, value: int) -> tuple[Path, Path, Path]:
 def read_probe(run_dir: Path, value: int) -> ProbeResult | None:
     """A finished probe's evidence from its run folder (None when it did not finish)."""
 
-    summary = Path(run_dir) / "summary.json"
-    if not summary.is_file():
+    if not (Path(run_dir) / "summary.json").is_file():
         return None
-    rows = [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if r.get("kind") == "eval"]
-    by_step = {r["step"]: r for r in rows}
-    steps = sorted(by_step)
-    wall = json.loads(summary.read_text()).get("wall_time_s", 0.0)
-    return ProbeResult(value, steps, [by_step[s]["val_ppl"] for s in steps], elapsed_s=wall)
+    arm = read_arm(run_dir)
+    evals = arm.evals
+    wall = arm.summary.get("wall_time_s", 0.0)
+    return ProbeResult(value, [r["step"] for r in evals], [r["val_ppl"] for r in evals], elapsed_s=wall)
 
 
 def run_probe(spec: ProbeSpec, value: int) -> ProbeResult:
-    """Train the probe for ``value`` (output to its log file) and return its evidence."""
-    from seqwarm.trainer.loop import TrainingDiverged
-
+    """Train the probe for ``value`` on the experiments' runner (:func:`~seqwarm.experiments.runner.train_arm`,
+    from scratch; output to its log file) and return its evidence."""
     if spec.threads:
         import torch
 
@@ -97,18 +93,17 @@ def run_probe(spec: ProbeSpec, value: int) -> ProbeResult:
     t0 = time.perf_counter()
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log, contextlib.redirect_stdout(log), _logs_to(log):
-        try:
-            run_training(run)
-        except TrainingDiverged as err:
-            evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("kind") == "eval"]
-            return ProbeResult(
-                value,
-                [r["step"] for r in evals],
-                [r["val_ppl"] for r in evals],
-                diverged=True,
-                message=str(err).split(";")[0],
-                elapsed_s=time.perf_counter() - t0,
-            )
+        outcome = train_arm(run)  # a new folder: trained from scratch, never reused or resumed
+    if outcome["status"] == "diverged":
+        evals = [r for r in read_arm(run_dir).rows if r.get("kind") == "eval"]
+        return ProbeResult(
+            value,
+            [r["step"] for r in evals],
+            [r["val_ppl"] for r in evals],
+            diverged=True,
+            message=outcome["message"].split(";")[0],
+            elapsed_s=time.perf_counter() - t0,
+        )
     result = read_probe(run_dir, value)
     if result is None:
         raise RuntimeError(f"probe T={value} finished without {run_dir}/summary.json")
@@ -210,18 +205,10 @@ class TuneOptions:
 def setup_tune(base: RunSpec, args: TuneOptions) -> TuneSetup:
     """Check the options and work out the probes' length, evaluation interval and the search range."""
 
-    if not args.out:
-        raise UserError("--out DIR is required: the folder for the probes, tune.json and tuned_config.json")
-    for given, flag in (
-        (base.settings.get("curriculum") is False, "--no-curriculum"),
-        (base.resume, "--resume"),
-        (base.allow_config_change, "--allow-config-change"),
-    ):
-        if given:
-            raise UserError(
-                f"{flag} is not a tune flag: tune searches the curriculum's length and resumes "
-                "a search found in --out by itself"
-            )
+    require_out(args.out, "the probes, tune.json and tuned_config.json")
+    refuse_run_flags(
+        base, "tune", "tune searches the curriculum's length and resumes a search found in --out by itself"
+    )
     if not args.probe_multiple > 0:
         raise UserError(f"--probe-multiple {args.probe_multiple}: must be > 0 (probes last this many LR warmups)")
     if not args.fluctuation > 0:

@@ -10,25 +10,24 @@ from __future__ import annotations
 import argparse
 
 from seqwarm.cli.commands.common import training_console
-from seqwarm.cli.commands.spec_flags import spec_from_args
-from seqwarm.cli.commands.train import add_parser_with_train_flags
-from seqwarm.experiments.compare import (
-    DEFAULT_SMOOTH_STEPS,
-    DEFAULT_SPIKE_THRESHOLD,
-    MODES,
-    QUICK_FRACTION,
-    CompareOptions,
-    run_compare,
+from seqwarm.cli.commands.experiment_flags import (
+    add_experiment_parser,
+    add_seeds_flag,
+    add_stability_flags,
+    arm_options,
 )
+from seqwarm.cli.commands.spec_flags import spec_from_args
+from seqwarm.experiments.compare import MODES, QUICK_FRACTION, CompareOptions, run_compare
 from seqwarm.experiments.report import TIME_NOTE, mode_rows, spread_text
 from seqwarm.run.spec import RunSpec
 from seqwarm.util.units import human_count
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_parser_with_train_flags(
+    p, g = add_experiment_parser(
         sub,
         "compare",
+        out="the runs and the report",
         help="run the baseline and the curriculum on the same budget and report the speedup",
         description="Train the baseline (--no-curriculum) and the curriculum run on the same data, seed, model "
         "and token budget, one after the other, in DIR/baseline and DIR/curriculum (a finished run is reused, "
@@ -39,8 +38,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "DIR/truncate, ...), the report one row per mode against the baseline. "
         "All `seqwarm train` flags apply to every run.",
     )
-    g = p.add_argument_group("compare")
-    g.add_argument("--out", metavar="DIR", help="folder for the runs and the report (required)")
     g.add_argument(
         "--quick",
         action="store_true",
@@ -62,12 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="M",
         help="run the curriculum at M x the learning rate (the paper: 4)",
     )
-    g.add_argument(
-        "--seeds",
-        type=int,
-        default=1,
-        metavar="N",
-        help="N seeds per arm (--seed S, then S+1, ...; the first pair in DIR/baseline and "
+    add_seeds_flag(
+        g,
+        "N seeds per arm (--seed S, then S+1, ...; the first pair in DIR/baseline and "
         "DIR/curriculum (or DIR/<mode>), the others in DIR/seed-S/): the report gives every seed, the median and "
         "min-max, and whether the difference exceeds the seed spread (default 1: no spread measured)",
     )
@@ -81,21 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         f"(trained once per seed); the report has one row per mode. Modes: {', '.join(MODES)}, "
         "comma-separated; not with --curriculum-mode",
     )
-    g.add_argument(
-        "--spike-threshold",
-        type=float,
-        default=DEFAULT_SPIKE_THRESHOLD,
-        metavar="R",
-        help="a spike is an excursion of the smoothed loss ratio (loss / minimum so far) above R "
-        f"(default {DEFAULT_SPIKE_THRESHOLD})",
-    )
-    g.add_argument(
-        "--smooth-steps",
-        type=int,
-        default=DEFAULT_SMOOTH_STEPS,
-        metavar="N",
-        help=f"trailing-mean window of the loss ratio, in logged steps (default {DEFAULT_SMOOTH_STEPS}; 1 = raw)",
-    )
+    add_stability_flags(g)
     p.set_defaults(func=run)
 
 
@@ -110,17 +90,7 @@ def _modes(text: str) -> tuple[str, ...]:
 def compare_inputs(args: argparse.Namespace) -> tuple[RunSpec, CompareOptions]:
     """The runs' shared spec and the comparison's options from the parsed ``seqwarm compare`` flags."""
     options = CompareOptions(
-        out=args.out,
-        quick=args.quick,
-        scale_batch=args.scale_batch,
-        scale_lr=args.scale_lr,
-        spike_threshold=args.spike_threshold,
-        smooth_steps=args.smooth_steps,
-        eval_interval=args.eval_interval,
-        eval_iters=args.eval_iters,
-        log_interval=args.log_interval,
-        seeds=args.seeds,
-        modes=args.modes,
+        **arm_options(args), quick=args.quick, scale_batch=args.scale_batch, scale_lr=args.scale_lr, modes=args.modes
     )
     return spec_from_args(args, out=None), options
 

@@ -9,9 +9,13 @@ from collections.abc import Callable
 from typing import Any
 
 from seqwarm.cli.commands.common import training_console
+from seqwarm.cli.commands.experiment_flags import (
+    add_experiment_parser,
+    add_seeds_flag,
+    add_stability_flags,
+    arm_options,
+)
 from seqwarm.cli.commands.spec_flags import spec_from_args
-from seqwarm.cli.commands.train import add_parser_with_train_flags
-from seqwarm.experiments.compare import DEFAULT_SMOOTH_STEPS, DEFAULT_SPIKE_THRESHOLD
 from seqwarm.experiments.sweep import SweepOptions, run_sweep
 from seqwarm.run.spec import RunSpec
 
@@ -47,9 +51,11 @@ def _on_off(text: str) -> tuple[bool, ...]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_parser_with_train_flags(
+    p, g = add_experiment_parser(
         sub,
         "sweep",
+        out="the runs and the report",
+        group="sweep grid (comma-separated lists)",
         help="baseline and curriculum over a grid of LR, batch scale, clipping, warmup, positions, modes",
         description="Train the baseline and the curriculum in every cell of a grid (each cell a `seqwarm compare "
         "--seeds N` of its own in DIR/CELL; at --scale-batch K both arms train at K x the global batch), then "
@@ -60,8 +66,6 @@ def register(sub: argparse._SubParsersAction) -> None:
         "are reused, so a killed sweep continues. The grid flags take comma-separated lists; every other "
         "`seqwarm train` flag applies to all runs.",
     )
-    g = p.add_argument_group("sweep grid (comma-separated lists)")
-    g.add_argument("--out", metavar="DIR", help="folder for the runs and the report (required)")
     g.add_argument(
         "--lr",
         dest="sweep_lr",
@@ -121,28 +125,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="document masking in both arms: alone or 'on', every run as in `seqwarm train`; 'off,on' "
         "is an axis (default: the config's)",
     )
-    g.add_argument("--seeds", type=int, default=1, metavar="N", help="seeds per cell and arm (default 1)")
-    g.add_argument(
-        "--spike-threshold",
-        type=float,
-        default=DEFAULT_SPIKE_THRESHOLD,
-        metavar="R",
-        help=f"a spike is a smoothed loss-ratio excursion above R (default {DEFAULT_SPIKE_THRESHOLD})",
-    )
-    g.add_argument(
-        "--smooth-steps",
-        type=int,
-        default=DEFAULT_SMOOTH_STEPS,
-        metavar="N",
-        help=f"trailing-mean window of the loss ratio (default {DEFAULT_SMOOTH_STEPS})",
-    )
+    add_seeds_flag(g, "seeds per cell and arm (default 1)")
+    add_stability_flags(g)
     p.set_defaults(func=run)
 
 
 def sweep_inputs(args: argparse.Namespace) -> tuple[RunSpec, SweepOptions]:
     """The runs' shared spec and the grid from the parsed ``seqwarm sweep`` flags."""
     options = SweepOptions(
-        out=args.out,
+        **arm_options(args),
         lr=args.sweep_lr,
         scale_batch=args.scale_batch,
         clip_grad=args.sweep_clip,
@@ -150,12 +141,6 @@ def sweep_inputs(args: argparse.Namespace) -> tuple[RunSpec, SweepOptions]:
         pos=args.pos or (("rotary",) if args.rotary else ("learned",)),
         curriculum_mode=args.sweep_mode,
         document_masking=args.sweep_masking,
-        seeds=args.seeds,
-        spike_threshold=args.spike_threshold,
-        smooth_steps=args.smooth_steps,
-        eval_interval=args.eval_interval,
-        eval_iters=args.eval_iters,
-        log_interval=args.log_interval,
     )
     return spec_from_args(args, out=None), options
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 import argparse
 
 from seqwarm.cli.commands.common import count, training_console
+from seqwarm.cli.commands.experiment_flags import add_experiment_parser
 from seqwarm.cli.commands.spec_flags import spec_from_args
-from seqwarm.cli.commands.train import add_parser_with_train_flags
 from seqwarm.experiments.tune import (
     DEFAULT_FLUCTUATION_PCT,
     DEFAULT_PROBE_EVALS,
@@ -21,17 +21,16 @@ from seqwarm.run.spec import RunSpec
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = add_parser_with_train_flags(
+    p, g = add_experiment_parser(
         sub,
         "tune",
+        out="the probes, state and results",
         help="binary-search total_curriculum_step with short probe runs (paper appendix A.1)",
         description="Find the largest total_curriculum_step whose probe run (the first few multiples of the "
         "LR warmup) shows no significant fluctuation of the full-length validation perplexity. Prints each "
         "probe, writes DIR/tune.json and DIR/tuned_config.json (the input config with the chosen value). "
         "Rerunning with the same --out skips finished probes. All `seqwarm train` flags apply to the probes.",
     )
-    g = p.add_argument_group("tune")
-    g.add_argument("--out", metavar="DIR", help="folder for the probes, state and results (required)")
     g.add_argument(
         "--probe-multiple",
         type=float,
