@@ -19,7 +19,7 @@ import gc
 import logging
 import os
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -58,27 +58,12 @@ def run_options(spec: RunSpec) -> RunOptions:
 
     if spec.out is None:
         raise ValueError("a run needs spec.out, the run folder")
+    same = [f.name for f in fields(RunOptions) if f.name not in ("out", "model_name", "recorded")]  # spec's names
     return RunOptions(
         out=Path(spec.out),
         model_name=spec.model,
-        seed=spec.seed,
-        device=spec.device,
-        resume=spec.resume,
-        allow_config_change=spec.allow_config_change,
-        eval_interval=spec.eval_interval,
-        eval_iters=spec.eval_iters,
-        save_interval=spec.save_interval,
-        keep_checkpoints=spec.keep_checkpoints,
-        log_interval=spec.log_interval,
-        progress_bar=spec.progress_bar,
-        tensorboard=spec.tensorboard,
-        tensorboard_dir=spec.tensorboard_dir,
-        tensorboard_log_interval=spec.tensorboard_log_interval,
-        log_optimizer_states_to_tensorboard=spec.log_optimizer_states_to_tensorboard,
-        wandb_project=spec.wandb_project,
-        wandb_run_name=spec.wandb_run_name,
-        exit_duration_in_mins=spec.exit_duration_in_mins,
         recorded={k: getattr(spec, k) for k in RECORDED_OPTIONS},
+        **{name: getattr(spec, name) for name in same},
     )
 
 
