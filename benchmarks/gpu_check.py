@@ -10,7 +10,7 @@ In at most ~5 minutes on one GPU it prints:
   batches; ``model(x[:, :L])``, backward, clip, step) measured in the same run;
 - the same table as JSON with ``--json FILE``.
 
-"seqwarm's loop" is what ``seqwarm train`` runs per optimizer step: :func:`seqwarm.trainer.loop.accumulate_step`
+"seqwarm's loop" is what ``seqwarm train`` runs per optimizer step (:meth:`seqwarm.trainer.loop.Run._train_step`)
 driving a :class:`~seqwarm.curriculum.engine.CurriculumEngine` (curriculum length, shaping, token count, clock,
 LR, clipping, fused AdamW from :func:`seqwarm.trainer.optim.build_optimizer`) in the run's resolved precision.
 
@@ -38,7 +38,6 @@ import torch  # noqa: E402
 
 from seqwarm.config import load_config  # noqa: E402
 from seqwarm.curriculum.engine import CurriculumEngine  # noqa: E402
-from seqwarm.trainer.backends import accumulate_step  # noqa: E402
 from seqwarm.trainer.model import GPT, GPTConfig  # noqa: E402
 from seqwarm.trainer.optim import build_optimizer  # noqa: E402
 
@@ -124,7 +123,10 @@ def measure(args, device, cfg_model, length, mode, compiled, precision, batches,
 
     def loop():  # what seqwarm's loop does per step: the length once, each micro-batch cut once, the step
         engine.begin_step()
-        return accumulate_step(engine, lambda: engine.cut(next(it)), 1)
+        loss = engine.run(engine.cut(next(it)))
+        engine.backward(loss)
+        engine.end_step(engine.update())  # clip, LR from the clock, optimizer step; then the clock
+        return torch.stack([loss.detach()]).mean()  # the loop's mean over micro-batches, read at log rows
 
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(engine.config.precision)
     # the bare loop: what a hand-written loop does with the same batch at the same length

@@ -67,6 +67,7 @@ def tiny_run(folder, data_dir, config, *, builder=None, model=None, dropout=0.1,
     from seqwarm import load_config
     from seqwarm.data import open_prepared
     from seqwarm.run.spec import RunSpec
+    from seqwarm.run.training import run_options
     from seqwarm.trainer.loop import Run
     from seqwarm.trainer.model import GPTConfig
     from seqwarm.trainer.run_folder import prepare_run_dir
@@ -77,7 +78,7 @@ def tiny_run(folder, data_dir, config, *, builder=None, model=None, dropout=0.1,
                       "progress_bar": False, "tensorboard": False, "device": "cpu", **options})  # fmt: skip
     if not spec.resume:
         prepare_run_dir(spec)
-    return Run(load_config(config), spec, data, model_cfg, builder=builder, memory_probe=memory_probe)
+    return Run(load_config(config), run_options(spec), data, model_cfg, builder=builder, memory_probe=memory_probe)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -61,16 +61,16 @@ def test_a_run_killed_before_its_first_checkpoint_continues_with_resume(tmp_path
 def test_nan_weights_are_never_saved(tmp_path, byte_data, capsys, monkeypatch):
     from seqwarm.curriculum.engine import CurriculumEngine
 
-    real_step = CurriculumEngine.step
+    real_end = CurriculumEngine.end_step  # the loop ends each step itself, after the update
 
-    def poisoned(self):
-        stepped = real_step(self)
-        if stepped and self.progress.step == 4:  # the loss of step 4 was finite; its update is not
+    def poisoned(self, applied=True):
+        progress = real_end(self, applied)
+        if applied and progress.step == 4:  # the loss of step 4 was finite; its update is not
             with torch.no_grad():
                 next(self.module.parameters()).fill_(float("nan"))
-        return stepped
+        return progress
 
-    monkeypatch.setattr(CurriculumEngine, "step", poisoned)
+    monkeypatch.setattr(CurriculumEngine, "end_step", poisoned)
     cfg = small_config(tmp_path / "c.json", train_tokens=100_000)
     run = tmp_path / "run"
     code = train(

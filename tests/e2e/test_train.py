@@ -384,7 +384,7 @@ def test_the_loop_reads_the_loss_only_at_log_rows(tmp_path, byte_data):
     real = Run._checked_losses
 
     def counting(self, pending):
-        reads.append([e[0] for e in pending])
+        reads.append([e.step for e in pending])
         return real(self, pending)
 
     rows = {}

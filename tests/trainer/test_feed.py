@@ -1,5 +1,5 @@
-"""Batches to the device (issue #14): cut once, to the step's length, before the copy, trivial keys left
-out, read one batch ahead on a thread on CUDA — and not one number changes.
+"""Batches to the device (issue #14): drawn raw (read one batch ahead on a thread on CUDA), cut once by the
+loop, to the step's length, before the copy, trivial keys left out — and not one number changes.
 
 The slow, end-to-end tests of this file are in tests/e2e/test_feed_runs.py.
 """
@@ -68,24 +68,19 @@ def test_lean_batch_keeps_what_is_not_trivial():
 
 
 @pytest.mark.parametrize("threaded", [False, True])
-def test_the_feed_hands_out_the_source_batches_in_order_each_cut_once(threaded):
+def test_the_feed_hands_out_the_source_batches_in_order_raw_and_copies_the_cut(threaded):
     reference = _source()
-    cuts = []
-
-    def cut(batch):
-        cuts.append(tuple(batch["input_ids"].shape))
-        return truncate_batch(batch, 4 + len(cuts) - 1)
-
     with DeviceFeed(_source(), "cpu", drop_trivial=True, threaded=threaded) as feed:
         for i in range(7):
-            got, want = feed.next_batch(cut), reference.next_batch()
-            assert set(got) == {"input_ids", "labels"}
+            raw, want = feed.draw(), reference.next_batch()
+            assert set(raw) == set(want) and all(torch.equal(raw[k], want[k]) for k in want), i  # whole, all keys
+            got = feed.to_device(truncate_batch(raw, 4 + i))  # the loop's cut, on the host, then the copy
+            assert set(got) == {"input_ids", "labels"}  # the trivial mask and positions left out
             assert all(torch.equal(got[k], want[k][:, : 4 + i]) for k in got), i
         assert feed.state_dict()["sample_index"] == reference.state_dict()["sample_index"]  # one read ahead
         assert bool(_threads()) == threaded
-        assert feed.next_batch()["input_ids"].shape == (3, 16)  # no cut: every column
+        assert feed.to_device(feed.draw())["input_ids"].shape == (3, 16)  # not cut: every column
     assert not _threads()
-    assert cuts == [(3, 16)] * 7  # every batch cut once, whole when cut, on the consumer's side
     reference.next_batch()
     assert feed.batches.state_dict() == reference.state_dict()  # the batch read ahead was given back
 
@@ -100,8 +95,8 @@ def test_the_feed_moves_only_the_columns_of_the_cut(monkeypatch):
 
     monkeypatch.setattr(DeviceFeed, "_move", record)
     feed = DeviceFeed(_source(micro=2, seq=32), "cpu", drop_trivial=True, threaded=True)
-    feed.next_batch(lambda b: truncate_batch(b, 8))
-    feed.next_batch(lambda b: truncate_batch(b, 8))
+    feed.to_device(truncate_batch(feed.draw(), 8))
+    feed.to_device(truncate_batch(feed.draw(), 8))
     feed.close()
     assert moved == [{"input_ids": (2, 8), "labels": (2, 8)}] * 2
 
@@ -109,14 +104,14 @@ def test_the_feed_moves_only_the_columns_of_the_cut(monkeypatch):
 def test_the_state_of_a_feed_is_the_position_before_the_next_batch_it_hands_out():
     feed, reference = DeviceFeed(_source(), "cpu", threaded=True), _source()
     for _ in range(3):
-        feed.next_batch()
+        feed.draw()
         reference.next_batch()
     state = feed.state_dict()
     assert state == reference.state_dict()  # the batch fetched ahead (maybe still being read) not counted
     expected = reference.next_batch()
     resumed = DeviceFeed(_source(), "cpu", threaded=True)
     resumed.load_state_dict(state)
-    for got in (resumed.next_batch(), (feed.load_state_dict(state), feed.next_batch())[1]):  # drops the one in flight
+    for got in (resumed.draw(), (feed.load_state_dict(state), feed.draw())[1]):  # drops the one in flight
         assert all(torch.equal(got[k], v) for k, v in expected.items())
     feed.close()
     resumed.close()
@@ -124,7 +119,7 @@ def test_the_state_of_a_feed_is_the_position_before_the_next_batch_it_hands_out(
 
 
 @pytest.mark.parametrize("threaded", [False, True])
-def test_an_error_in_the_source_is_raised_by_next_batch_and_leaves_no_thread(threaded):
+def test_an_error_in_the_source_is_raised_by_draw_and_leaves_no_thread(threaded):
     source = _source()
     real, calls = source.next_batch, []
 
@@ -136,10 +131,10 @@ def test_an_error_in_the_source_is_raised_by_next_batch_and_leaves_no_thread(thr
 
     source.next_batch = flaky
     feed = DeviceFeed(source, "cpu", threaded=threaded)
-    feed.next_batch()
-    feed.next_batch()
+    feed.draw()
+    feed.draw()
     with pytest.raises(OSError, match="disk went away"):
-        feed.next_batch()
+        feed.draw()
     assert not _threads()
     feed.close()  # closing again is fine
 
@@ -151,7 +146,7 @@ def test_on_cuda_the_feed_copies_pinned_batches_ahead_on_a_side_stream():
     with DeviceFeed(_source(), "cuda", drop_trivial=True) as feed:
         assert feed.threaded
         for _ in range(5):
-            got, want = feed.next_batch(lambda b: truncate_batch(b, 5)), reference.next_batch()
+            got, want = feed.to_device(truncate_batch(feed.draw(), 5)), reference.next_batch()
             assert got["input_ids"].is_cuda and set(got) == {"input_ids", "labels"}
             assert all(torch.equal(got[k].cpu(), want[k][:, :5]) for k in got)
     assert not _threads()

@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 from helpers import tiny_run
 from seqwarm import load_config
+from seqwarm.trainer.backends import RunChoices
 from seqwarm.trainer.record import TrainResult, finish_lines, format_start
 
 TINY = Path(__file__).resolve().parents[2] / "examples" / "tiny_cpu.json"
@@ -34,6 +35,7 @@ def test_the_data_line_names_the_tokenizer_not_its_record():
         device="cpu",
         info=SimpleNamespace(world_size=1),
         cfg=load_config(TINY),
+        choices=RunChoices("fp32", "default on cpu", None),
         precision_info={"source": "default on cpu", "tf32_matmul": False},
     )  # fmt: skip
     lines = format_start(run)

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from seqwarm.curriculum.clock import Progress
 from seqwarm.curriculum.inputs import check_state_format, set_lr
 from seqwarm.curriculum.loss_scale import LossScaler, resolve_precision
 from seqwarm.curriculum.run import EngineSettings, as_run_config
@@ -89,7 +90,9 @@ class CurriculumEngine:
     The curriculum itself (mode, length per step, token counts, clock) is a
     :class:`~seqwarm.curriculum.warmup.SequenceLengthWarmup`, ``engine.slw``. ``process_group``: where
     ``count_tokens_by: loss_mask`` counts are summed (None: the default group; pass the data-parallel group when the
-    default group also spans model-parallel ranks). ``inject_via_kwargs``: inject ``curriculum_seqlen`` into a
+    default group also spans model-parallel ranks). ``mode``: the curriculum mode (None: the config's, else
+    chosen from the model's forward). ``precision``: the precision to train in (None: the config's, else the
+    device's: :func:`~seqwarm.config.resolve_precision`). ``inject_via_kwargs``: inject ``curriculum_seqlen`` into a
     forward that reads it from ``**kwargs`` (DeepSpeed's legacy test models); without it only a
     forward with a parameter named ``curriculum_seqlen`` is injected into. In inject mode every
     training output is checked against the length (a model that ignores it is an error). ``layout``: how
@@ -105,29 +108,31 @@ class CurriculumEngine:
         process_group: Any = None,
         inject_via_kwargs: bool = False,
         layout: str = "auto",
+        mode: str | None = None,
+        precision: str | None = None,
     ):
         self.module = model
         self.optimizer = optimizer
         param = next(model.parameters(), None)
         device_type = param.device.type if param is not None else "cpu"
-        # a config that names no precision trains in bf16 on CUDA (the device decides, once, here)
-        cfg: EngineSettings = resolve_precision(
-            as_run_config(config, _world_size()), device_type, bf16_supported(device_type)
-        )
+        cfg: EngineSettings = as_run_config(config, _world_size())
         self.config = cfg
+        if precision is None:  # a config that names no precision trains in bf16 on CUDA (the device decides)
+            self.config = cfg = resolve_precision(cfg, device_type, bf16_supported(device_type))
+        self.precision: str = precision or cfg.precision
         forward = _unwrap(model).forward
         self._signature = inspect.signature(forward)
         self._input_places: dict[tuple, dict[str, int | str]] = {}  # call shape -> where the tokens are
         self.slw = SequenceLengthWarmup.from_config(
-            cfg, forward, process_group=process_group, inject_via_kwargs=inject_via_kwargs, layout=layout
+            cfg, forward, mode=mode, process_group=process_group, inject_via_kwargs=inject_via_kwargs, layout=layout
         )
         self.scheduler = self.slw.scheduler
         self.mode = self.slw.mode
         self.gradient_accumulation_steps = int(cfg.gradient_accumulation_steps)
         self.micro_steps = 0
         self._grad_norm: torch.Tensor | None = None
-        self.loss_scaler = LossScaler(cfg.fp16) if cfg.precision == "fp16" else None
-        self._autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        self.loss_scaler = LossScaler(cfg.fp16) if self.precision == "fp16" else None
+        self._autocast_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(self.precision)
         self._device_type: str | None = None
         # a torch.compile'd model (in place, or some of its blocks) gets the sequence dimension of the
         # shaped batch marked dynamic: one graph for every curriculum length instead of one per length
@@ -190,7 +195,11 @@ class CurriculumEngine:
     @property
     def done(self) -> bool:
         """Whether a budget (train_tokens / train_iters / train_samples) is reached."""
-        return self.slw.done
+        return self.stop_reason() is not None
+
+    def stop_reason(self) -> str | None:
+        """Why training is over at the clock (a budget reached), else None."""
+        return self.slw.stop_reason()
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """True when the next :meth:`step` call will update the parameters."""
@@ -292,10 +301,25 @@ class CurriculumEngine:
         return loss
 
     def step(self) -> bool:
-        """Count a micro-step; at an accumulation boundary clip, set the LR, step and advance the clock.
+        """Count a micro-step; at an accumulation boundary clip, set the LR, step and advance the clock
+        (:meth:`update`, then :meth:`end_step`).
 
         Returns True when the parameters were updated (False off a boundary or on an fp16 overflow).
         """
+        applied = self.update()
+        if self.micro_steps % self.gradient_accumulation_steps == 0:
+            self.end_step(applied)
+        return applied
+
+    def end_step(self, applied: bool = True) -> Progress:
+        """Close the optimizer step in flight (``slw.end_step``): the clock advances by its tokens when
+        ``applied``; after an fp16 overflow skip (False) nothing moves."""
+        return self.slw.end_step(applied=applied)
+
+    def update(self) -> bool:
+        """:meth:`step` without ending the step: count a micro-step; at an accumulation boundary clip, set
+        the LR from the clock and step the optimizer (on an fp16 overflow drop the gradients instead). A
+        loop that ends its steps itself (seqwarm's) calls :meth:`end_step` after it. True when updated."""
         self.micro_steps += 1
         if self.micro_steps % self.gradient_accumulation_steps:
             return False
@@ -308,7 +332,6 @@ class CurriculumEngine:
             overflow = not bool(torch.isfinite(norm))
             self.loss_scaler.update(overflow)
             if overflow:  # skip: the clock, the curriculum and the LR stay where they are
-                self.slw.end_step(applied=False)
                 self.optimizer.zero_grad(set_to_none=True)
                 return False
             self._grad_norm = norm * inv_scale
@@ -322,7 +345,6 @@ class CurriculumEngine:
         set_lr(self.optimizer, self.slw.step_lr())
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        self.slw.end_step()
         return True
 
     # -- internals --------------------------------------------------------------------------------

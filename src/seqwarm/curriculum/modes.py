@@ -67,7 +67,12 @@ def forward_name(forward: Callable) -> str:
 
 
 def resolve_mode(
-    mode: str | None, forward: Callable | None, *, pipeline: bool = False, inject_via_kwargs: bool = False
+    mode: str | None,
+    forward: Callable | None,
+    *,
+    pipeline: bool = False,
+    inject_via_kwargs: bool = False,
+    length_bucket: int | None = None,
 ) -> str:
     """The mode that delivers the length: ``mode`` checked against the model, or chosen (None / "auto").
 
@@ -79,10 +84,13 @@ def resolve_mode(
     (every Hugging Face model) would swallow the keyword and train at full length while the clock
     counts the short length. ``inject_via_kwargs=True`` is the opt-in for a forward that does read
     ``curriculum_seqlen`` from its ``**kwargs`` (DeepSpeed's legacy test models). A pipeline engine
-    (``pipeline=True``) cannot pass keyword arguments through its stages: truncate by default.
+    (``pipeline=True``) cannot pass keyword arguments through its stages: truncate by default. With a
+    ``length_bucket`` auto is truncate (the cut is made on the data, into buckets; never injected).
     """
     if mode == "auto":
         mode = None
+    if length_bucket is not None and mode is None:
+        mode = "truncate"
     if mode is not None and mode not in CURRICULUM_MODES:
         raise ValueError(f"curriculum mode must be one of {CURRICULUM_MODES} or None (auto), got {mode!r}")
     if pipeline:

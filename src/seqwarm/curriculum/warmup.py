@@ -138,10 +138,10 @@ class SequenceLengthWarmup:
         self.curriculum = curriculum if curriculum is not None and curriculum.enabled else None
         self.scheduler = CurriculumScheduler(self.curriculum) if self.curriculum is not None else None
         self.bucket: int | None = length_bucket if self.scheduler else None
-        if self.bucket is not None and mode in (None, "auto"):
-            mode = "truncate"  # the cut is made on the data, into buckets; never injected
         self.mode = (
-            resolve_mode(mode, forward, pipeline=pipeline, inject_via_kwargs=inject_via_kwargs)
+            resolve_mode(
+                mode, forward, pipeline=pipeline, inject_via_kwargs=inject_via_kwargs, length_bucket=self.bucket
+            )
             if self.scheduler
             else None
         )

@@ -19,7 +19,7 @@ import gc
 import logging
 import os
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,11 +36,35 @@ from seqwarm.util.errors import UserError
 from seqwarm.util.units import human_count
 
 if TYPE_CHECKING:  # seqwarm.trainer.loop imports torch: only when a run starts
+    from seqwarm.trainer.backends import RunChoices
+    from seqwarm.trainer.options import RunOptions
     from seqwarm.trainer.record import TrainResult
 
-__all__ = ["run_training", "recipe_note"]
+__all__ = ["run_training", "recipe_note", "run_options", "RECORDED_OPTIONS"]
 
 logger = logging.getLogger(__name__)
+
+RECORDED_OPTIONS = (
+    "out", "data", "model", "seed", "device", "eval_interval", "eval_iters", "save_interval", "keep_checkpoints",
+    "log_interval", "allow_config_change", "progress_bar", "tensorboard", "tensorboard_dir", "wandb_project",
+    "wandb_run_name", "exit_duration_in_mins", "dist_timeout_s",
+)  # fmt: skip
+"""The spec's fields recorded under ``options`` in ``RUN/config.json`` (the run's options, not its recipe)."""
+
+
+def run_options(spec: RunSpec) -> RunOptions:
+    """The :class:`~seqwarm.trainer.options.RunOptions` the loop reads, from a spec whose ``out`` is set."""
+    from seqwarm.trainer.options import RunOptions
+
+    if spec.out is None:
+        raise ValueError("a run needs spec.out, the run folder")
+    same = [f.name for f in fields(RunOptions) if f.name not in ("out", "model_name", "recorded")]  # spec's names
+    return RunOptions(
+        out=Path(spec.out),
+        model_name=spec.model,
+        recorded={k: getattr(spec, k) for k in RECORDED_OPTIONS},
+        **{name: getattr(spec, name) for name in same},
+    )
 
 
 def run_training(spec: RunSpec) -> TrainResult:
@@ -168,14 +192,11 @@ def _data_dir(spec: RunSpec, info) -> Path:
     return data_dir
 
 
-def _check_memory(spec: RunSpec, cfg: RunConfig, model_cfg, info) -> None:
+def _check_memory(spec: RunSpec, cfg: RunConfig, model_cfg, info, device, choices: RunChoices) -> None:
     """:func:`seqwarm.trainer.memory.check_memory` for this run's model, batch, precision and sharding."""
-    from seqwarm.trainer.distributed import device_for
-
-    device = device_for(info, spec.device)
     zero = (cfg.deepspeed or {}).get("zero_optimization") or {}
     sharded = spec.fsdp or (spec.deepspeed and isinstance(zero, dict) and int(zero.get("stage") or 0) > 0)
-    half = cfg.precision in ("fp16", "bf16") or (not cfg.precision_named and device.type == "cuda")
+    half = choices.precision in ("fp16", "bf16")
     estimate = estimate_memory(
         model_cfg.num_params(),
         vocab_rows=getattr(model_cfg, "padded_vocab_size", model_cfg.vocab_size),
@@ -217,11 +238,13 @@ def _run(spec: RunSpec, info, stop) -> TrainResult:
 def _train_in(folder, spec: RunSpec, cfg: RunConfig, info, say, stop) -> TrainResult:
     """The run in its locked folder (see :func:`_run`)."""
     from seqwarm.data import open_prepared
-    from seqwarm.trainer.backends import TorchEngineBuilder
+    from seqwarm.trainer.backends import TorchEngineBuilder, decide
+    from seqwarm.trainer.distributed import device_for
     from seqwarm.trainer.loop import Run
     from seqwarm.trainer.model import GPTConfig
     from seqwarm.trainer.optim import apply_optimizer_settings
     from seqwarm.trainer.record import finish_lines, format_start, record_session
+    from seqwarm.trainer.resume import saved_section
     from seqwarm.trainer.stop import RunStopped
 
     stages = spec.pipeline_stages or 1
@@ -259,8 +282,13 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, info, say, stop) -> TrainRe
             builder = DeepSpeedEngineBuilder(pipeline_stages=stages if stages > 1 else 0)
         else:
             builder = TorchEngineBuilder(fsdp=spec.fsdp, compile=cfg.compile)
-    _check_memory(spec, cfg, model_cfg, info)  # before the model is built: too big is an exit 2, not an OOM
-    run = Run(cfg, spec, data, model_cfg, dist_info=info, builder=builder, stop=stop)
+    # the precision and the curriculum mode, decided once, before anything is built
+    device = device_for(info, spec.device)
+    resumed = saved_section(Path(spec.out), "run").get("precision") if spec.resume else None
+    choices = decide(cfg, builder, model_cfg, device, resumed)
+    _check_memory(spec, cfg, model_cfg, info, device, choices)  # before the model is built: an exit 2, not an OOM
+    options = run_options(spec)
+    run = Run(cfg, options, data, model_cfg, dist_info=info, builder=builder, choices=choices, stop=stop)
     spec = replace(spec, start_over=False)  # done: the old record is moved aside (a stopped run continues)
     resuming = bool(spec.resume) and folder.holds_run  # --resume auto on a folder with no run: a new one
     resumed = run.resume() if resuming else False

@@ -1,25 +1,152 @@
-"""How a run's model, optimizer and engine are built, and how one optimizer step is taken.
+"""How a run's model, optimizer and engine are built, what a run decides before it builds them, and what
+the loop needs of the engine it drives.
 
 An :class:`EngineBuilder` is the backend component :class:`seqwarm.trainer.loop.Run` calls: the torch one here
 (one device, DDP or FSDP2, driven by a :class:`~seqwarm.curriculum.engine.CurriculumEngine`), DeepSpeed's in
-:mod:`seqwarm.integrations.deepspeed.run`, Hugging Face models' in :mod:`seqwarm.integrations.hf.run`.
+:mod:`seqwarm.integrations.deepspeed.run`, Hugging Face models' in :mod:`seqwarm.integrations.hf.run`. The
+engine it builds is an :class:`Engine` (a :class:`PipelineEngine` when a step's micro-batches are trained in
+one call). :func:`decide` makes the run's :class:`RunChoices` (its precision and curriculum mode), once,
+before anything is built; they are handed to what needs them and never written into the config.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from seqwarm.config import RunConfig
+from seqwarm.config import RunConfig, resolve_precision
+from seqwarm.curriculum.clock import Progress
+from seqwarm.curriculum.engine import bf16_supported
+from seqwarm.curriculum.modes import resolve_mode
 from seqwarm.trainer.checkpoint import Checkpointer, TorchCheckpointer
 from seqwarm.trainer.distributed import DistInfo, wrap_model
 from seqwarm.trainer.optim import build_optimizer
 
-__all__ = ["Built", "EngineBuilder", "TorchEngineBuilder", "accumulate_step"]
+__all__ = [
+    "Built",
+    "Engine",
+    "EngineBuilder",
+    "PipelineEngine",
+    "RunChoices",
+    "TorchEngineBuilder",
+    "curriculum_mode",
+    "decide",
+]
+
+
+# -- what a run decides before anything is built ------------------------------------------------------
+@dataclass(frozen=True)
+class RunChoices:
+    """What a run decides once, before its model is built, and hands to what needs it (the memory check,
+    the builder and its engine, the feed, the record). Never written into the config."""
+
+    precision: str
+    """fp32 | bf16 | fp16: the config's, else the resumed run's, else the device's."""
+    precision_source: str
+    """Where the precision came from: ``config``, ``resumed run`` or ``default on <device>``."""
+    mode: str | None
+    """How the curriculum length reaches the model: truncate | reshape | window | inject (None: no curriculum)."""
+
+    def recorded(self, cfg: RunConfig) -> RunConfig:
+        """``cfg`` as the run trains it, for what the run records and prints (config.json, the start lines):
+        the precision and the mode filled in. Nothing reads them back from it."""
+        out = replace(cfg, precision=self.precision, precision_named=True)
+        if cfg.curriculum is not None and self.mode and cfg.curriculum.mode != self.mode:
+            out = replace(out, curriculum=replace(cfg.curriculum, mode=self.mode))
+        return out
+
+
+def curriculum_mode(cfg: RunConfig, forward: Callable | None, *, pipeline: bool = False) -> str | None:
+    """The curriculum mode of a run whose model has this ``forward`` (None: a pipeline, which passes no
+    keyword through its stages): :func:`~seqwarm.curriculum.modes.resolve_mode` on the config's mode, the
+    rule every engine applies; None without a curriculum."""
+    cur = cfg.curriculum
+    if cur is None or not cur.enabled:
+        return None
+    return resolve_mode(cur.mode, forward, pipeline=pipeline, length_bucket=cfg.length_bucket)
+
+
+def decide(
+    cfg: RunConfig, builder: EngineBuilder, model_cfg, device: torch.device, resumed: str | None = None
+) -> RunChoices:
+    """The run's :class:`RunChoices`: the precision by :func:`~seqwarm.config.resolve_precision` (the
+    config's; else ``resumed``, the precision of the run being resumed; else bf16 on a CUDA device that
+    supports it, fp32 elsewhere) and the mode by the builder (:meth:`EngineBuilder.curriculum_mode`)."""
+    kind = device.type
+    precision = resolve_precision(cfg, kind, bf16_supported(kind), resumed=resumed).precision
+    source = "config" if cfg.precision_named else "resumed run" if resumed is not None else f"default on {kind}"
+    return RunChoices(precision, source, builder.curriculum_mode(cfg, model_cfg))
+
+
+# -- what the loop drives -----------------------------------------------------------------------------
+class Engine(Protocol):
+    """What :class:`seqwarm.trainer.loop.Run` (and the evaluator and metrics it hands the engine to) uses of
+    an engine: :class:`~seqwarm.curriculum.engine.CurriculumEngine` and DeepSpeed's
+    :class:`~seqwarm.integrations.deepspeed.curriculum.DeepSpeedEngineAdapter` satisfy it. Optional, read
+    with ``getattr``: ``probe_memory(batch)`` (the trial step) and ``loss_scale`` (fp16)."""
+
+    module: Any
+    """The wrapped model (its ``training`` flag)."""
+
+    @property
+    def progress(self) -> Progress:
+        """The clock: optimizer steps applied, samples and tokens trained (all ranks)."""
+
+    @property
+    def current_seqlen(self) -> int | None:
+        """The length of the step in flight, or of the last one."""
+
+    @property
+    def lr(self) -> float | None:
+        """The learning rate of the last applied step."""
+
+    @property
+    def grad_norm(self) -> float | None:
+        """The gradient norm of the last applied step (None: not measured)."""
+
+    @property
+    def skipped_steps(self) -> int:
+        """Steps whose update an fp16 overflow skipped."""
+
+    def train(self, mode: bool = True) -> Any: ...
+
+    def eval(self) -> Any: ...
+
+    def __call__(self, batch: Mapping[str, Any]) -> Any:
+        """The model on a full-length batch (evaluation)."""
+
+    def begin_step(self) -> int | None:
+        """Decide the length of the optimizer step about to run, once."""
+
+    def cut(self, batch: Mapping[str, Any]) -> dict[str, Any]:
+        """A raw micro-batch cut to the step's length, on the host, and counted."""
+
+    def run(self, batch: Mapping[str, Any]) -> torch.Tensor:
+        """The forward of a micro-batch :meth:`cut` made (the loss)."""
+
+    def backward(self, loss: torch.Tensor) -> Any: ...
+
+    def update(self) -> bool:
+        """Count a micro-batch; after the step's last: clip, the LR from the clock, the optimizer step
+        (True when applied). The step stays open."""
+
+    def end_step(self, applied: bool = True) -> Progress:
+        """Close the step: the clock advances by its tokens when ``applied``."""
+
+    def stop_reason(self) -> str | None:
+        """Why the run is over at the clock (a budget reached), else None."""
+
+
+class PipelineEngine(Engine, Protocol):
+    """An engine that trains a step's micro-batches in one call (DeepSpeed's pipeline)."""
+
+    def train_batch(self, micro_batches: Sequence[Mapping[str, Any]]) -> tuple[float, bool]:
+        """Forward, backward and update over the step's cut micro-batches: the mean loss, and whether the
+        update was applied. The step stays open."""
 
 
 @dataclass
@@ -30,17 +157,14 @@ class Built:
     """The unwrapped GPT (what checkpoints and ``seqwarm eval`` hold)."""
     optimizer: Any
     """The torch optimizer (its Adam moments are logged)."""
-    engine: Any
-    """What the loop drives: ``engine(batch) -> loss``, ``backward``, ``step``, ``progress``, ``state_dict``."""
+    engine: Engine
+    """What the loop drives (a :class:`PipelineEngine` with ``whole_steps``)."""
     parallelism: str
     """Recorded in config.json: ``none``, ``ddp``, ``fsdp2``, ``deepspeed-zero2``, ..."""
     resolved: dict[str, Any] = field(default_factory=dict)
     """Extra entries of config.json (the DeepSpeed run records its resolved DeepSpeed config)."""
-    train_step: Callable[[Any, Callable[[], dict], int], Any] | None = None
-    """``train_step(engine, next_batch, micro_batches) -> mean loss`` of one optimizer step whose length the
-    loop decided (``engine.begin_step()``); ``next_batch()`` gives a micro-batch already cut
-    (``engine.cut``). A float or a 0-d tensor the loop reads only at log, eval and save steps (None:
-    :func:`accumulate_step`)."""
+    whole_steps: bool = False
+    """The engine trains a step's micro-batches in one call (:meth:`PipelineEngine.train_batch`)."""
     label_style: str = "megatron"
     """The batches the model takes: ``megatron`` (shifted labels) or ``hf`` (labels = inputs; the model shifts)."""
 
@@ -51,24 +175,15 @@ class EngineBuilder(Protocol):
     def data_parallel(self, info: DistInfo) -> tuple[int, int]:
         """This rank's index among the data-parallel replicas, and their number."""
 
-    def build(self, model_cfg, cfg: RunConfig, info: DistInfo, device: torch.device) -> Built:
+    def curriculum_mode(self, cfg: RunConfig, model_cfg) -> str | None:
+        """The curriculum mode this backend's model trains in (:func:`curriculum_mode` on its forward),
+        before anything is built; a mode the backend cannot run is refused here."""
+
+    def build(self, model_cfg, cfg: RunConfig, info: DistInfo, device: torch.device, choices: RunChoices) -> Built:
         """The model, optimizer and engine of the run (called once, after seeding)."""
 
     def checkpointer(self, built: Built, folder: Path, info: DistInfo, keep: int, interval: int = 0) -> Checkpointer:
         """The checkpointer of what :meth:`build` returned, saving every ``interval`` steps."""
-
-
-def accumulate_step(engine, next_batch: Callable[[], dict], micro_batches: int) -> torch.Tensor:
-    """One optimizer step of ``micro_batches`` forward/backward passes on micro-batches already cut; this
-    rank's mean loss (a 0-d tensor on the device: reading it is a host sync, which the loop does only at
-    log rows)."""
-    losses = []
-    for _ in range(micro_batches):
-        loss = engine.run(next_batch())
-        engine.backward(loss)
-        losses.append(loss.detach())
-        engine.step()
-    return torch.stack(losses).mean()
 
 
 class TorchEngineBuilder:
@@ -81,7 +196,12 @@ class TorchEngineBuilder:
     def data_parallel(self, info: DistInfo) -> tuple[int, int]:
         return info.rank, info.world_size
 
-    def build(self, model_cfg, cfg: RunConfig, info: DistInfo, device: torch.device) -> Built:
+    def curriculum_mode(self, cfg: RunConfig, model_cfg) -> str | None:
+        from seqwarm.trainer.model import GPT
+
+        return curriculum_mode(cfg, GPT.forward)
+
+    def build(self, model_cfg, cfg: RunConfig, info: DistInfo, device: torch.device, choices: RunChoices) -> Built:
         from seqwarm.curriculum.engine import CurriculumEngine
         from seqwarm.trainer.model import GPT
 
@@ -89,11 +209,13 @@ class TorchEngineBuilder:
         if self.compile:  # in place (the state dict keeps its keys), before DDP / FSDP2 wrap it
             for module in model.blocks if self.fsdp else [model]:
                 module.compile()
-        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.precision)
+        half = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(choices.precision)
         wrapped = wrap_model(model, info, self.fsdp, device, param_dtype=half if device.type == "cuda" else None)
         optimizer = build_optimizer(model, cfg)  # after sharding: FSDP2 params are DTensors
         parallelism = "fsdp2" if self.fsdp else ("ddp" if info.enabled else "none")
-        engine = CurriculumEngine(wrapped, optimizer, cfg, layout="dense")  # seqwarm's windows: dense rows
+        engine = CurriculumEngine(  # seqwarm's windows: dense rows
+            wrapped, optimizer, cfg, layout="dense", mode=choices.mode, precision=choices.precision
+        )
         return Built(model, optimizer, engine, parallelism, resolved={"compile": self.compile})
 
     def checkpointer(

@@ -1,32 +1,32 @@
-"""Training micro-batches on the device: read one ahead on CUDA, cut once, only what the step trains copied.
+"""Training micro-batches on the device: read one ahead on CUDA, only what the step trains copied.
 
 :class:`DeviceFeed` sits between a batch source (:class:`~seqwarm.data.dataset.TrainBatches`, a
-Megatron blend: anything with ``next_batch``, ``state_dict``, ``load_state_dict``) and the loop:
+Megatron blend: anything with ``next_batch``, ``state_dict``, ``load_state_dict``) and the loop, which
+draws each raw micro-batch, cuts it on the host and hands the cut to the feed's copy:
 
-- :meth:`DeviceFeed.next_batch` takes the loop's ``cut`` (the engine's: the one cut of the micro-batch
-  to the step's length, :meth:`seqwarm.curriculum.warmup.SequenceLengthWarmup.cut`) and applies it to the host batch
-  before the copy, so only the columns the step trains are pinned and copied — at length 64 of 1024, a
-  sixteenth of the bytes. With ``drop_trivial`` (a model whose defaults they are, bit for bit) a
-  ``loss_mask`` of ones and ``position_ids`` that are ``arange`` per row are left out after the cut;
-- on CUDA a background thread reads the next micro-batch from the source while the current one trains
-  (the cut needs the step's length, which is decided when the step begins); the cut part is copied into
-  pinned memory and sent with ``non_blocking=True`` on a side stream, and the consumer's stream waits
-  for that copy (an event), never the host;
-- on the CPU (or with ``threaded=False``) there is no thread and no copy: the batch is read, cut
-  (views) and handed out when asked for.
+- :meth:`DeviceFeed.draw` is the next full-length micro-batch on the host. On CUDA a background thread
+  reads the one after it from the source while this one trains (the cut needs the step's length, which
+  is decided when the step begins, so the thread reads raw batches only);
+- :meth:`DeviceFeed.to_device` copies a micro-batch the loop cut already (the engine's one cut,
+  :meth:`seqwarm.curriculum.warmup.SequenceLengthWarmup.cut`), so only the columns the step trains are
+  pinned and copied — at length 64 of 1024, a sixteenth of the bytes. With ``drop_trivial`` (a model
+  whose defaults they are, bit for bit) a ``loss_mask`` of ones and ``position_ids`` that are ``arange``
+  per row are left out first. On CUDA the cut part is copied into pinned memory and sent with
+  ``non_blocking=True`` on a side stream, and the consumer's stream waits for that copy (an event), never
+  the host; on the CPU nothing is copied (a cut is a view).
 
-The order of batches is the source's. :meth:`DeviceFeed.state_dict` is the source's position before
-the first batch not yet handed out (a batch read ahead is not lost in a checkpoint), and
-:meth:`DeviceFeed.close` (after a run, or when it raised) stops the thread and rewinds the source to
-that position. An exception in the thread is raised by the :meth:`DeviceFeed.next_batch` that wanted
-its batch.
+The feed never calls back into the curriculum. The order of batches is the source's.
+:meth:`DeviceFeed.state_dict` is the source's position before the first batch not yet drawn (a batch
+read ahead is not lost in a checkpoint), and :meth:`DeviceFeed.close` (after a run, or when it raised)
+stops the thread and rewinds the source to that position. An exception in the thread is raised by the
+:meth:`DeviceFeed.draw` that wanted its batch.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -61,10 +61,10 @@ def lean_batch(batch: Mapping[str, Any], droppable: Iterable[str] = TRIVIAL_KEYS
 
 
 class DeviceFeed:
-    """Micro-batches from ``batches`` on ``device``, each cut by the ``cut`` given to :meth:`next_batch`
-    (see the module docstring). ``drop_trivial``: leave out a trivial ``loss_mask`` / ``position_ids``
-    after the cut (True), or only the trivial ones of these keys (a tuple). ``threaded``: read one batch
-    ahead on a background thread (default: on CUDA only).
+    """Micro-batches from ``batches``, drawn raw (:meth:`draw`) and, once the loop cut them, put on
+    ``device`` (:meth:`to_device`; see the module docstring). ``drop_trivial``: leave out a trivial
+    ``loss_mask`` / ``position_ids`` before the copy (True), or only the trivial ones of these keys (a
+    tuple). ``threaded``: read one batch ahead on a background thread (default: on CUDA only).
     """
 
     def __init__(
@@ -86,14 +86,6 @@ class DeviceFeed:
         self._stream = None
 
     # -- what one micro-batch becomes -------------------------------------------------------------
-    def _prepare(self, batch: dict[str, Any], cut: Callable[[dict], dict] | None) -> dict[str, Any]:
-        """The host batch cut (once) and, with ``drop_trivial``, without its trivial keys."""
-        if cut is not None:
-            batch = cut(batch)
-        if not self.drop_trivial:
-            return batch
-        return lean_batch(batch, TRIVIAL_KEYS if self.drop_trivial is True else self.drop_trivial)
-
     def _move(self, batch: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         """The (cut) host batch on the device, and the CUDA event its copy ends with (None off CUDA):
         through pinned memory, on the feed's side stream when it has one."""
@@ -157,19 +149,26 @@ class DeviceFeed:
         return batch
 
     # -- the consumer -----------------------------------------------------------------------------
-    def next_batch(self, cut: Callable[[dict], dict] | None = None) -> dict[str, Any]:
-        """The next micro-batch on the device, cut by ``cut`` on the host first (None: as it is)."""
+    def draw(self) -> dict[str, Any]:
+        """The next micro-batch as the source gives it: full length, on the host (read ahead on CUDA)."""
         if not self.threaded:
-            return self._received(self._move(self._prepare(self.batches.next_batch(), cut)))
+            return self.batches.next_batch()
         if self._thread is None:
             self._start()
             self._submit()
         batch = self._take()
         self._submit()  # read while this one trains
-        return self._received(self._move(self._prepare(batch, cut)))
+        return batch
+
+    def to_device(self, batch: dict[str, Any]) -> dict[str, Any]:
+        """``batch`` (a host micro-batch the loop cut already) on the device, ready for the current stream;
+        with ``drop_trivial``, without its trivial keys."""
+        if self.drop_trivial:
+            batch = lean_batch(batch, TRIVIAL_KEYS if self.drop_trivial is True else self.drop_trivial)
+        return self._received(self._move(batch))
 
     def state_dict(self) -> dict[str, Any]:
-        """The source's position before the first micro-batch not handed out yet."""
+        """The source's position before the first micro-batch not drawn yet."""
         return dict(self._pending) if self._pending is not None else self.batches.state_dict()
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

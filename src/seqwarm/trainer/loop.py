@@ -2,13 +2,15 @@
 
 :class:`Run` is the loop. An *engine builder* (:mod:`seqwarm.trainer.backends`: one device, DDP or
 FSDP2; the DeepSpeed one in :mod:`seqwarm.integrations.deepspeed.run`) builds the GPT, its optimizer and
-the engine the loop drives, says how one optimizer step is taken and supplies the checkpointer
-(:mod:`seqwarm.trainer.checkpoint`). Each optimizer step, the loop asks the engine for the step's
-length once (``engine.begin_step()``), draws ``gradient_accumulation_steps`` micro-batches that the feed
-cuts once (``engine.cut``) before they reach the device, and takes one optimizer step, until the clock
-reaches the budget, calling the evaluator (:mod:`seqwarm.trainer.evaluator`, always full length), the
-metrics logger (:mod:`seqwarm.trainer.metrics`) and the checkpointer. :func:`seqwarm.run.training.run_training`
-sets a run up from a :class:`~seqwarm.run.spec.RunSpec`.
+the engine the loop drives (a :class:`~seqwarm.trainer.backends.Engine`), and supplies the checkpointer
+(:mod:`seqwarm.trainer.checkpoint`); the run's precision and curriculum mode are decided before
+(:func:`~seqwarm.trainer.backends.decide`). One optimizer step reads top to bottom in
+:meth:`Run._train_step`: the step's length decided once, each micro-batch drawn raw from the feed
+(:mod:`seqwarm.trainer.feed`), cut once on the host, copied to the device, forward and backward; the
+update (clip, the LR from the clock); the step's end, which moves the clock. The loop steps until the
+clock reaches the budget, calling the evaluator (:mod:`seqwarm.trainer.evaluator`, always full length),
+the metrics logger (:mod:`seqwarm.trainer.metrics`) and the checkpointer.
+:func:`seqwarm.run.training.run_training` sets a run up from a :class:`~seqwarm.run.spec.RunSpec`.
 """
 
 from __future__ import annotations
@@ -16,24 +18,23 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from seqwarm.config import RunConfig, resolve_precision
-from seqwarm.curriculum.clock import stop_reason
-from seqwarm.data.meta import data_fingerprint
-from seqwarm.trainer.backends import EngineBuilder, TorchEngineBuilder, accumulate_step
+from seqwarm.config import RunConfig
+from seqwarm.trainer.backends import EngineBuilder, RunChoices, TorchEngineBuilder, decide
 from seqwarm.trainer.checkpoint import first_nonfinite, list_checkpoints, rng_state, set_rng_state
 from seqwarm.trainer.distributed import DistInfo, device_for, gather_floats, mean_over_ranks
 from seqwarm.trainer.evaluator import Evaluator
 from seqwarm.trainer.feed import DeviceFeed
 from seqwarm.trainer.history import append_event
 from seqwarm.trainer.metrics import MetricsLogger, adam_stats, optimizer_states, step_point, truncate_metrics
+from seqwarm.trainer.options import RunOptions
 from seqwarm.trainer.plots import plot_run
-from seqwarm.trainer.record import TrainResult, jsonable, versions
+from seqwarm.trainer.record import TrainResult, data_record, jsonable, versions
 from seqwarm.trainer.resume import check_resume_config, saved_section
 from seqwarm.trainer.stop import RunStopped, StopNow, StopRequest
 from seqwarm.trainer.trackers import forget_wandb_run, tracker_config
@@ -53,44 +54,49 @@ class TrainingDiverged(SeqwarmError):
     exit_code = 3
 
 
-RECORDED_OPTIONS = (
-    "out", "data", "model", "seed", "device", "eval_interval", "eval_iters", "save_interval", "keep_checkpoints",
-    "log_interval", "allow_config_change", "progress_bar", "tensorboard", "tensorboard_dir", "wandb_project",
-    "wandb_run_name", "exit_duration_in_mins", "dist_timeout_s",
-)  # fmt: skip
-"""The run spec's fields recorded under ``options`` in ``RUN/config.json`` (the run's options, not its recipe)."""
+@dataclass
+class StepEntry:
+    """A step whose loss the loop has not read yet: read with the others at the next log, eval or save step
+    (one host transfer, one gather across ranks)."""
+
+    step: int
+    length: int | None  # its curriculum length (every rank must have trained at the same one)
+    loss: Any  # this rank's mean loss: a 0-d tensor on the device, or a float
+    tokens: int = 0  # the clock's tokens after the step
+    step_tokens: int = 0  # the tokens it trained (summed over ranks)
+    seconds: float = 0.0
+    point: dict[str, Any] | None = None  # the trackers' per-step point when one is due (the loss added once read)
 
 
 class Run:
     """One training run in a folder: the loop, calling its engine, checkpointer, evaluator and logger.
 
-    ``cfg``: the checked recipe. ``spec``: the run's :class:`~seqwarm.run.spec.RunSpec` (its options: the
-    folder ``out``, which must be set, the seed, device, intervals, trackers, resume; read as they are,
-    not copied). ``memory_probe``: one forward + backward at the full length and micro-batch before the
-    first step, so an OOM comes in the first minute and the ETA knows a long step's cost from step 1
-    (None: run it, except for a compiled run on a CPU; True / False: always / never); the numbers are the
-    same with or without it. ``stop``: what
-    ends it early (default: the stop signals and ``spec.exit_duration_in_mins``).
+    ``cfg``: the checked recipe. ``options``: how the run is driven (:class:`~seqwarm.trainer.options.RunOptions`:
+    the folder, seed, device, intervals, trackers, resume, and what to record of them). ``choices``: the
+    precision and curriculum mode decided before anything is built (None: :func:`~seqwarm.trainer.backends.decide`
+    here). ``memory_probe``: one forward + backward at the full length and micro-batch before the first step,
+    so an OOM comes in the first minute and the ETA knows a long step's cost from step 1 (None: run it, except
+    for a compiled run on a CPU; True / False: always / never); the numbers are the same with or without it.
+    ``stop``: what ends it early (default: the stop signals and ``options.exit_duration_in_mins``).
     """
 
     def __init__(
         self,
         cfg: RunConfig,
-        spec: Any,
+        options: RunOptions,
         data,
         model_cfg,
         *,
         dist_info: DistInfo | None = None,
         builder: EngineBuilder | None = None,
+        choices: RunChoices | None = None,
         memory_probe: bool | None = None,
         stop: StopRequest | None = None,
     ):
-        if spec.out is None:
-            raise ValueError("Run needs spec.out, the run folder")
-        opts = spec
-        self.cfg, self.opts, self.data, self.model_cfg = cfg, spec, data, model_cfg
+        opts = options
+        self.cfg, self.opts, self.data, self.model_cfg = cfg, opts, data, model_cfg
         self.memory_probe = memory_probe
-        self.stop = stop or StopRequest(minutes=getattr(spec, "exit_duration_in_mins", None))
+        self.stop = stop or StopRequest(minutes=opts.exit_duration_in_mins)
         self.info = dist_info or DistInfo()
         self.is_main = self.info.is_main
         builder = builder or TorchEngineBuilder()
@@ -100,18 +106,23 @@ class Run:
         self.device = device_for(self.info, opts.device)
         self.run_dir = Path(opts.out)
         self.ckpt_dir = self.run_dir / "checkpoints"
-        cfg = self.cfg = self._resolve_precision(cfg)
+        resumed = saved_section(self.run_dir, "run").get("precision") if opts.resume else None
+        self.choices = choices = choices or decide(cfg, builder, model_cfg, self.device, resumed)
+        tf32 = self.device.type == "cuda" and choices.precision == "fp32"
+        if tf32:  # fp32 weights and reductions, TF32 tensor-core matmuls (~8x fp32 on an A100/H100)
+            torch.set_float32_matmul_precision("high")
+        self.precision_info = {"precision": choices.precision, "source": choices.precision_source, "tf32_matmul": tf32}
+        logger.debug(
+            "precision %s (%s)%s", choices.precision, choices.precision_source, ", TF32 matmuls" if tf32 else ""
+        )
         saved_model = saved_section(self.run_dir, "model") if opts.resume else {}
         if saved_model and hasattr(model_cfg, "vocab_multiple") and "vocab_multiple" not in saved_model:
             # written before the vocabulary was padded: the resumed run keeps its (unpadded) shapes
             model_cfg = self.model_cfg = model_cfg.replace(vocab_multiple=1)
         torch.manual_seed(opts.seed)  # same initial weights on every rank
-        built = builder.build(model_cfg, cfg, self.info, self.device)
+        built = builder.build(model_cfg, cfg, self.info, self.device, choices)
         self.model, self.optimizer, self.engine = built.model, built.optimizer, built.engine
-        mode = getattr(self.engine, "mode", None)
-        if cfg.curriculum is not None and mode and cfg.curriculum.mode != mode:  # record what auto chose
-            cfg = self.cfg = cfg.replace(curriculum=replace(cfg.curriculum, mode=mode))
-        self._step = built.train_step or accumulate_step
+        self.whole_steps = built.whole_steps
         self.checkpointer = builder.checkpointer(
             built, self.ckpt_dir, self.info, opts.keep_checkpoints, opts.save_interval
         )
@@ -165,10 +176,9 @@ class Run:
         # seqwarm's GPT: a trivial loss mask / positions are its defaults, so they need not be copied; but
         # window mode keeps its positions, which turn trivial at the full length: a compiled model would
         # see other inputs there and trace a second training graph (window's point is one)
-        window = cfg.curriculum is not None and cfg.curriculum.mode == "window"
-        drop = ("loss_mask",) if window else True
+        drop = ("loss_mask",) if choices.mode == "window" else True
         self.feed = DeviceFeed(self.batches, self.device, drop_trivial=built.label_style == "megatron" and drop)
-        """The batches on the device: cut to the step's length before the copy, read one ahead on CUDA."""
+        """The micro-batches: drawn raw (read one ahead on CUDA), copied to the device once the loop cut them."""
         self.elapsed_before = 0.0
         self.t_start = time.perf_counter()
         self.last_val: float | None = None
@@ -177,22 +187,10 @@ class Run:
         self.resumed_from: dict[str, Any] | None = None  # the resumed checkpoint's config
         self.saved_step: int | None = None  # a stop right after a save does not write it twice
         self.resolved = {
-            "run": jsonable(cfg.to_dict()),
-            "model": {"preset": opts.model, **asdict(model_cfg), "num_params": model_cfg.num_params()},
-            "data": {
-                "folder": str(Path(data.folder).resolve()),
-                "tokenizer": data.meta.get("tokenizer"),
-                "vocab_size": data.vocab_size,
-                "fingerprint": data_fingerprint(data.meta),
-                "train_tokens": data.meta["splits"]["train"]["tokens"],
-                "val_tokens": data.meta["splits"]["val"]["tokens"],
-                **(
-                    {"megatron": {k: data.meta[k] for k in ("sources", "split", "split_rounding", "eod_id")}}
-                    if data.meta.get("format") == "megatron"
-                    else {}
-                ),
-            },
-            "options": jsonable({**{k: getattr(opts, k) for k in RECORDED_OPTIONS}, "memory_probe": memory_probe}),
+            "run": jsonable(choices.recorded(cfg).to_dict()),
+            "model": {"preset": opts.model_name, **asdict(model_cfg), "num_params": model_cfg.num_params()},
+            "data": data_record(data),
+            "options": jsonable({**opts.recorded, "memory_probe": memory_probe}),
             "world_size": cfg.world_size,
             "parallelism": built.parallelism,
             "device": str(self.device),
@@ -200,22 +198,6 @@ class Run:
             "versions": versions(),
             **built.resolved,
         }
-
-    def _resolve_precision(self, cfg: RunConfig) -> RunConfig:
-        """The precision the run trains in: the config's; else the resumed run's (a checkpoint keeps
-        what it was trained in); else the device's default (bf16 on CUDA). TF32 matmuls for fp32 on CUDA."""
-        from seqwarm.curriculum.engine import bf16_supported
-
-        kind = self.device.type
-        saved = saved_section(self.run_dir, "run").get("precision") if self.opts.resume else None
-        source = "config" if cfg.precision_named else "resumed run" if saved is not None else f"default on {kind}"
-        cfg = resolve_precision(cfg, kind, bf16_supported(kind), resumed=saved)
-        tf32 = self.device.type == "cuda" and cfg.precision == "fp32"
-        if tf32:  # fp32 weights and reductions, TF32 tensor-core matmuls (~8x fp32 on an A100/H100)
-            torch.set_float32_matmul_precision("high")
-        self.precision_info = {"precision": cfg.precision, "source": source, "tf32_matmul": tf32}
-        logger.debug("precision %s (%s)%s", cfg.precision, source, ", TF32 matmuls" if tf32 else "")  # --verbose
-        return cfg
 
     def elapsed(self) -> float:
         """Training wall-clock seconds of the run, earlier sessions included."""
@@ -246,7 +228,7 @@ class Run:
         bad = self._nonfinite_state()
         if bad is not None:  # never write a checkpoint a resume would diverge from at once
             raise TrainingDiverged(
-                f"the {bad} became NaN or infinite by step {self.engine.global_steps} (the loss was still finite); "
+                f"the {bad} became NaN or infinite by step {self.engine.progress.step} (the loss was still finite); "
                 f"not saving it: {self.last_good()}. Lower the learning rate, raise min_difficulty, or "
                 "lengthen the curriculum"
             )
@@ -257,11 +239,11 @@ class Run:
             "elapsed_s": self.elapsed(),
             "last_val": self.last_val,
         }
-        path = self.checkpointer.save(self.engine.global_steps, loop_state)
-        self.saved_step = self.engine.global_steps
+        path = self.checkpointer.save(self.engine.progress.step, loop_state)
+        self.saved_step = self.engine.progress.step
         if path is not None:
             self.last_saved = Path(path)
-            append_event(self.run_dir, "checkpoint", step=self.engine.global_steps)  # rank 0: the record
+            append_event(self.run_dir, "checkpoint", step=self.engine.progress.step)  # rank 0: the record
         return path
 
     def resume(self) -> bool:
@@ -273,17 +255,17 @@ class Run:
             return False
         path, state = found
         self.resumed_from = state["config"]  # the config the checkpoint was written with (history.jsonl)
-        self.last_saved, self.saved_step = Path(path), self.engine.global_steps
+        self.last_saved, self.saved_step = Path(path), self.engine.progress.step
         self.feed.load_state_dict(state["data"])
         set_rng_state(state["rng"])
         self.elapsed_before = float(state.get("elapsed_s", 0.0))
         self.last_val = state.get("last_val")
         if self.is_main:
-            truncate_metrics(self.run_dir / "metrics.jsonl", self.engine.global_steps)
+            truncate_metrics(self.run_dir / "metrics.jsonl", self.engine.progress.step)
             logger.info(
                 "resumed from %s (step %d, %s tokens)",
                 path,
-                self.engine.global_steps,
+                self.engine.progress.step,
                 f"{self.engine.progress.tokens:,}",
             )
         return True
@@ -316,59 +298,70 @@ class Run:
             wanted = self.device.type == "cuda" or not (self.cfg.compile or self.resolved.get("compile"))
         if not callable(probe) or not wanted:
             return
-        length, micro = self.model_cfg.seq_length, self.cfg.micro_batch_size
+        length, micro, step = self.model_cfg.seq_length, self.cfg.micro_batch_size, self.engine.progress.step + 1
         seconds = trial_step(
-            probe,
-            length=length,
-            micro=micro,
-            vocab_size=self.data.vocab_size,
-            device=self.device,
-            step=self.engine.global_steps + 1,
+            probe, length=length, micro=micro, vocab_size=self.data.vocab_size, device=self.device, step=step
         )
         self.log.trial(micro * length * self.info.world_size, seconds)
         if self.device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(self.device) / 2**30
             logger.info("trial step at length %d x %d fits: peak %.2f GiB", length, micro, peak)
 
-    def _next_batch(self) -> dict:
-        return self.feed.next_batch(self.engine.cut)
+    def _train_step(self) -> Any:
+        """One optimizer step, top to bottom; this rank's mean loss (a 0-d tensor on the device, or a float,
+        read at the next log, eval or save step). An fp16 overflow skips the update: the clock stays."""
+        engine, feed, micro_batches = self.engine, self.feed, self.cfg.gradient_accumulation_steps
+        engine.begin_step()  # the step's length, decided once, before its micro-batches are drawn
+        if self.whole_steps:  # a pipeline trains the step's micro-batches in one call (DeepSpeed's train_batch)
+            loss, applied = engine.train_batch([feed.to_device(engine.cut(feed.draw())) for _ in range(micro_batches)])
+        else:
+            losses, applied = [], False
+            for _ in range(micro_batches):
+                raw = feed.draw()  # full length, on the host (read one ahead on CUDA)
+                batch = feed.to_device(engine.cut(raw))  # one cut, counted; only the columns it keeps are copied
+                loss = engine.run(batch)  # forward (gradients are reduced across ranks on the step's last)
+                engine.backward(loss)
+                losses.append(loss.detach())
+                applied = engine.update()  # after the step's last micro-batch: clip, the LR from the clock, update
+            loss = torch.stack(losses).mean()
+        engine.end_step(applied)  # the clock moves by the step's tokens, summed over ranks (not on an fp16 skip)
+        return loss
 
-    def _checked_losses(self, pending: list[tuple]) -> list[float]:
-        """The losses of ``pending`` (step, length, loss) entries: one host transfer, one gather across
-        ranks; TrainingDiverged at the first step whose loss is not finite."""
-        values = [e[2] for e in pending]
+    def _checked_losses(self, entries: list[StepEntry]) -> list[float]:
+        """The losses of ``entries``: one host transfer, one gather across ranks; TrainingDiverged at the
+        first step whose loss is not finite."""
+        values = [e.loss for e in entries]
         if all(isinstance(v, torch.Tensor) for v in values):
             losses = torch.stack([v.detach().float().reshape(()) for v in values]).tolist()
         else:
             losses = [float(v) for v in values]
         if self.info.enabled:
             device = self.device if self.info.backend == "nccl" else torch.device("cpu")
-            losses = mean_over_ranks(
-                losses, [e[0] for e in pending], [int(e[1] or 0) for e in pending], self.info, device
-            )
-        for (step, length, _), loss in zip(pending, losses):
+            steps, lengths = [e.step for e in entries], [int(e.length or 0) for e in entries]
+            losses = mean_over_ranks(losses, steps, lengths, self.info, device)
+        for e, loss in zip(entries, losses):
             if not math.isfinite(loss):
                 raise TrainingDiverged(
-                    f"the training loss became {loss} at step {step} (length {length}); {self.last_good()}. "
+                    f"the training loss became {loss} at step {e.step} (length {e.length}); {self.last_good()}. "
                     "Lower the learning rate, raise min_difficulty, or lengthen the curriculum"
                 )
         return losses
 
-    def _log_pending(self, pending: list[tuple]) -> None:
+    def _log_pending(self, pending: list[StepEntry]) -> None:
         """Read the losses of the steps since the last read and add the steps to the log window."""
         if pending:
-            for (*_, window, point), loss in zip(pending, self._checked_losses([e[:3] for e in pending])):
-                self.log.step(*window[:2], loss, window[2])
-                if point is not None:
-                    self.log.point({**point, "loss": loss})
+            for e, loss in zip(pending, self._checked_losses(pending)):
+                self.log.step(e.tokens, e.step_tokens, loss, e.seconds)
+                if e.point is not None:
+                    self.log.point({**e.point, "loss": loss})
             pending.clear()
 
     def train(self) -> TrainResult:
         self.t_start = time.perf_counter()
         cfg, engine = self.cfg, self.engine
-        reason = stop_reason(engine.progress, cfg)
+        reason = engine.stop_reason()  # the budget: the engine's clock against the config's limits
         skips_in_a_row = 0
-        pending: list[tuple] = []  # steps whose loss is not read yet: (step, length, loss, window entry)
+        pending: list[StepEntry] = []  # steps whose loss is not read yet
         self.log.open(engine.progress.tokens)
         engine.train()
         self._probe_memory()
@@ -376,18 +369,17 @@ class Run:
         try:
             while reason is None:
                 # on request: the same step on every rank, saved
-                if stopped := self.stop.agreed(self.info, engine.global_steps):
+                if stopped := self.stop.agreed(self.info, engine.progress.step):
                     self._log_pending(pending)  # the losses since the last read, checked
-                    if engine.global_steps and self.saved_step != engine.global_steps:
+                    if engine.progress.step and self.saved_step != engine.progress.step:
                         self.save()
                     raise RunStopped(stopped, engine.progress, self.last_saved or self.ckpt_dir)
                 t0 = time.perf_counter()
-                tokens_before, step_before = engine.progress.tokens, engine.progress.step
-                engine.begin_step()  # the step's length, decided once, before its micro-batches are drawn
-                step_loss = self._step(engine, self._next_batch, cfg.gradient_accumulation_steps)
+                before = engine.progress
+                step_loss = self._train_step()
                 p = engine.progress
-                if p.step == step_before:  # fp16 overflow: skipped, nothing advanced; no eval/log/save
-                    self._checked_losses([(p.step, engine.current_seqlen, step_loss)])
+                if p.step == before.step:  # fp16 overflow: skipped, nothing advanced; no eval/log/save
+                    self._checked_losses([StepEntry(p.step, engine.current_seqlen, step_loss)])
                     skips_in_a_row += 1
                     if skips_in_a_row >= MAX_SKIPS_IN_A_ROW:
                         raise TrainingDiverged(
@@ -398,11 +390,13 @@ class Run:
                     continue
                 skips_in_a_row = 0
                 seconds = time.perf_counter() - t0
+                point = step_point(self.log.point_interval, engine, p, cfg, seconds, self._optimizer_states)
                 pending.append(
-                    (p.step, engine.current_seqlen, step_loss, (p.tokens, p.tokens - tokens_before, seconds))
-                    + (step_point(self.log.point_interval, engine, p, cfg, seconds, self._optimizer_states),)
+                    StepEntry(
+                        p.step, engine.current_seqlen, step_loss, p.tokens, p.tokens - before.tokens, seconds, point
+                    )
                 )
-                reason = stop_reason(p, cfg)
+                reason = engine.stop_reason()
                 last = reason is not None  # the run ends with this step: evaluated and saved below anyway
                 evaluate, save = self.evaluator.due(p.step, last), self.checkpointer.due(p.step, last)
                 if evaluate or save or self.log.due(p.step, last=last):
@@ -432,7 +426,7 @@ class Run:
         self.checkpointer.finish(engine.progress, self.resolved, self.last_val)
         summary = self._summary(final_val, reason)
         self.log.finish(summary)
-        return TrainResult(self.run_dir, engine.global_steps, engine.progress.tokens, final_val, reason, summary)
+        return TrainResult(self.run_dir, engine.progress.step, engine.progress.tokens, final_val, reason, summary)
 
     def _summary(self, final_val: float, reason: str) -> dict[str, Any]:
         p = self.engine.progress

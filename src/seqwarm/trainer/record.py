@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from seqwarm.config.describe import describe
+from seqwarm.data.meta import data_fingerprint
 from seqwarm.trainer.history import append_event
 from seqwarm.trainer.metrics import format_duration
 from seqwarm.trainer.resume import config_changes, format_changes
@@ -24,6 +25,7 @@ from seqwarm.util.version import __version__
 
 __all__ = [
     "TrainResult",
+    "data_record",
     "finish_lines",
     "format_start",
     "jsonable",
@@ -60,6 +62,22 @@ def versions() -> dict[str, str]:
 def jsonable(obj: Any) -> Any:
     """``obj`` as plain JSON values (tuples become lists, anything else unknown a string)."""
     return json.loads(json.dumps(obj, default=lambda o: list(o) if isinstance(o, tuple) else str(o)))
+
+
+def data_record(data: Any) -> dict[str, Any]:
+    """What config.json records of a run's data (a prepared folder or a Megatron blend): where it is, its
+    tokenizer, vocabulary, fingerprint and split sizes (and a blend's sources)."""
+    meta = data.meta
+    megatron = meta.get("format") == "megatron"
+    return {
+        "folder": str(Path(data.folder).resolve()),
+        "tokenizer": meta.get("tokenizer"),
+        "vocab_size": data.vocab_size,
+        "fingerprint": data_fingerprint(meta),
+        "train_tokens": meta["splits"]["train"]["tokens"],
+        "val_tokens": meta["splits"]["val"]["tokens"],
+        **({"megatron": {k: meta[k] for k in ("sources", "split", "split_rounding", "eod_id")}} if megatron else {}),
+    }
 
 
 def write_resolved_config(run: Any) -> Path:
@@ -112,7 +130,7 @@ def format_start(run: Any) -> list[str]:
         f"{line} ({p['source']}{', TF32 matmuls' if p['tf32_matmul'] else ''})"
         if line.startswith("precision:")
         else line
-        for line in describe(run.cfg)
+        for line in describe(run.choices.recorded(run.cfg))  # the precision and mode it trains in
     ]
     lines.append(f"resolved config: {run.run_dir / 'config.json'}")
     return lines

@@ -97,17 +97,19 @@ def _offloads_optimizer(ds: Mapping[str, Any]) -> bool:
     return isinstance(off, Mapping) and off.get("device") in ("cpu", "nvme")
 
 
-def deepspeed_config(cfg: RunConfig, *, pipeline: bool = False) -> dict[str, Any]:
+def deepspeed_config(cfg: RunConfig, *, pipeline: bool = False, precision: str | None = None) -> dict[str, Any]:
     """The dict for ``deepspeed.initialize(config=...)`` from a checked :class:`RunConfig`.
 
     Starts from ``cfg.deepspeed`` (the user's config minus the curriculum and ``seqwarm`` blocks), so
     ZeRO, offload, activation checkpointing, ... pass through untouched (the tensorboard / wandb /
     csv_monitor blocks go to seqwarm's trackers instead, :mod:`seqwarm.trainer.trackers`). seqwarm then sets
     what it resolved itself: the batch sizes (micro batch x accumulation x data-parallel size),
-    gradient clipping and precision (``--precision`` wins over the file's fp16/bf16 blocks). The
+    gradient clipping and precision (``precision``, else the config's: ``--precision`` wins over the file's
+    fp16/bf16 blocks). The
     ``optimizer`` and ``scheduler`` blocks are dropped: seqwarm builds the optimizer from the former
     and sets the learning rate from its own clock (the latter's warmup was mapped onto it).
     """
+    precision = precision or cfg.precision
     ds = copy.deepcopy(dict(cfg.deepspeed))
     for key in _OWNED_KEYS:
         ds.pop(key, None)
@@ -119,10 +121,10 @@ def deepspeed_config(cfg: RunConfig, *, pipeline: bool = False) -> dict[str, Any
     ds["gradient_clipping"] = float(cfg.gradient_clipping or 0.0)
     for name in ("fp16", "bf16"):
         block = dict(ds.get(name) or {})
-        block["enabled"] = cfg.precision == name
+        block["enabled"] = precision == name
         if block["enabled"] or name in ds:
             ds[name] = block
-    if cfg.precision == "fp16":  # seqwarm's view of the fp16 block (loss scaling) is the checked one
+    if precision == "fp16":  # seqwarm's view of the fp16 block (loss scaling) is the checked one
         f = cfg.fp16
         ds["fp16"].update(
             loss_scale=f.loss_scale,
@@ -368,8 +370,8 @@ def _deprecated(old: str, new: str) -> None:
 
 class DeepSpeedEngineAdapter:
     """A DeepSpeed engine with :class:`~seqwarm.curriculum.engine.CurriculumEngine`'s surface (``begin_step``, ``cut``,
-    ``run``, ``backward``, ``step``, the clock), so that :class:`seqwarm.trainer.loop.Run`'s loop, logging and
-    evaluation drive it unchanged."""
+    ``run``, ``backward``, ``update``, ``end_step``, the clock), so that :class:`seqwarm.trainer.loop.Run`'s loop,
+    logging and evaluation drive it unchanged (:class:`seqwarm.trainer.backends.Engine`)."""
 
     def __init__(self, ds_engine: Any, config: RunConfig, *, mode: str | None = None):
         self.module = ds_engine
@@ -385,6 +387,9 @@ class DeepSpeedEngineAdapter:
     lr = property(lambda self: self.slw.lr)
     skipped_steps = property(lambda self: self.slw.skipped_steps)
     done = property(lambda self: self.slw.done)
+
+    def stop_reason(self) -> str | None:
+        return self.slw.stop_reason()
 
     @property
     def grad_norm(self) -> float | None:
@@ -426,6 +431,23 @@ class DeepSpeedEngineAdapter:
 
     def step(self) -> None:
         self.curriculum.step()
+
+    def _applied(self) -> bool:
+        return self.curriculum._applied()  # DeepSpeed skips an update on an fp16 overflow
+
+    def update(self) -> bool:
+        """DeepSpeed's ``step()`` (it counts the micro-batch); at the step's last micro-batch the LR of the
+        clock including this step is set first. True when the parameters were updated; the step stays open
+        (:meth:`end_step` closes it)."""
+        boundary = self.module.is_gradient_accumulation_boundary()
+        if boundary:
+            set_lr(self.module.optimizer, self.slw.step_lr())
+        self.module.step()
+        return boundary and self._applied()
+
+    def end_step(self, applied: bool = True) -> Any:
+        """Close the step in flight: the clock advances by its tokens when ``applied``."""
+        return self.slw.end_step(applied=applied)
 
     def state_dict(self) -> dict[str, Any]:
         return self.curriculum.state_dict()

@@ -24,6 +24,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from seqwarm.curriculum.inputs import set_lr
 from seqwarm.integrations.deepspeed.curriculum import DeepSpeedEngineAdapter, require_deepspeed
 from seqwarm.util.errors import UserError
 
@@ -123,21 +124,28 @@ def to_pipe_batch(batch: Mapping[str, torch.Tensor]) -> tuple[tuple[torch.Tensor
 
 
 class PipelineEngineAdapter(DeepSpeedEngineAdapter):
-    """A ``PipelineEngine`` behind the CurriculumEngine surface: :meth:`train_batch` trains one whole
-    optimizer step; calling the adapter in eval mode runs ``eval_batch`` on one full-length batch."""
+    """A ``PipelineEngine`` behind the CurriculumEngine surface (:class:`seqwarm.trainer.backends.PipelineEngine`):
+    :meth:`train_batch` trains the micro-batches of one whole optimizer step; calling the adapter in eval
+    mode runs ``eval_batch`` on one full-length batch."""
 
     def __call__(self, batch: Mapping[str, Any]) -> torch.Tensor:
         if self.module.training:
             raise RuntimeError("a pipeline engine trains whole steps: use train_batch(micro_batches)")
         return self.module.eval_batch(iter([to_pipe_batch(batch)]), num_micro_batches=1)
 
-    def train_batch(self, micro_batches: Iterable[Mapping[str, torch.Tensor]]) -> float:
-        """One optimizer step over micro-batches :meth:`cut` already made: the LR set, ``train_batch``,
-        the clock advanced; the mean loss."""
-        return float(self.curriculum.train_batch([to_pipe_batch(b) for b in micro_batches]))
+    def train_batch(self, micro_batches: Iterable[Mapping[str, torch.Tensor]]) -> tuple[float, bool]:
+        """One optimizer step over micro-batches :meth:`cut` already made: the LR of the clock including
+        them set, DeepSpeed's ``train_batch``. The mean loss (over micro-batches and data-parallel ranks) and
+        whether the update was applied; the step stays open (:meth:`end_step` closes it)."""
+        set_lr(self.module.optimizer, self.slw.step_lr())
+        loss = self.module.train_batch(iter([to_pipe_batch(b) for b in micro_batches]))
+        return float(loss), self._applied()
 
     def backward(self, loss: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("a pipeline engine runs backward inside train_batch")
 
     def step(self) -> None:
+        raise RuntimeError("a pipeline engine steps inside train_batch")
+
+    def update(self) -> bool:
         raise RuntimeError("a pipeline engine steps inside train_batch")

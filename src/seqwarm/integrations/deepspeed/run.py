@@ -30,13 +30,13 @@ from seqwarm.integrations.deepspeed.curriculum import (
     require_deepspeed,
     skip_cpu_shm_comm,
 )
-from seqwarm.trainer.backends import Built
+from seqwarm.trainer.backends import Built, RunChoices, curriculum_mode
 from seqwarm.trainer.checkpoint import list_checkpoints, save_checkpoint, save_due
 from seqwarm.trainer.distributed import DistInfo, barrier
 from seqwarm.trainer.record import jsonable
 from seqwarm.util.errors import UserError
 
-__all__ = ["DeepSpeedEngineBuilder", "DeepSpeedCheckpointer", "deepspeed_process_group", "pipeline_step", "DS_SUBDIR"]
+__all__ = ["DeepSpeedEngineBuilder", "DeepSpeedCheckpointer", "deepspeed_process_group", "DS_SUBDIR"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,20 @@ class DeepSpeedEngineBuilder:
         coord = PipeDataParallelTopology(num_pp=stages, num_dp=world // stages).get_coord(info.rank)
         return int(coord.data), world // stages
 
-    def build(self, model_cfg, cfg, info: DistInfo, device: torch.device) -> Built:
+    def curriculum_mode(self, cfg, model_cfg) -> str | None:
+        from seqwarm.trainer.model import GPT
+
+        pipeline = self.pipeline_stages > 0
+        if pipeline and (cfg.document_masking or cfg.curriculum is not None and cfg.curriculum.mode == "window"):
+            what = "--document-masking" if cfg.document_masking else "curriculum mode 'window'"
+            raise UserError(
+                f"--pipeline-stages {self.pipeline_stages} with {what}: the pipeline stages pass only the "
+                "hidden states, not the document_ids the attention mask is built from; drop "
+                "--pipeline-stages, or use curriculum mode truncate / reshape without document masking"
+            )
+        return curriculum_mode(cfg, None if pipeline else GPT.forward, pipeline=pipeline)
+
+    def build(self, model_cfg, cfg, info: DistInfo, device: torch.device, choices: RunChoices) -> Built:
         from deepspeed.accelerator import get_accelerator
 
         from seqwarm.trainer.model import GPT
@@ -113,14 +126,7 @@ class DeepSpeedEngineBuilder:
                 f"or choose DeepSpeed's accelerator with DS_ACCELERATOR={device.type}"
             )
         pipeline = self.pipeline_stages > 0
-        if pipeline and (cfg.document_masking or cfg.curriculum is not None and cfg.curriculum.mode == "window"):
-            what = "--document-masking" if cfg.document_masking else "curriculum mode 'window'"
-            raise UserError(
-                f"--pipeline-stages {self.pipeline_stages} with {what}: the pipeline stages pass only the "
-                "hidden states, not the document_ids the attention mask is built from; drop "
-                "--pipeline-stages, or use curriculum mode truncate / reshape without document masking"
-            )
-        ds_config = deepspeed_config(cfg, pipeline=pipeline)
+        ds_config = deepspeed_config(cfg, pipeline=pipeline, precision=choices.precision)
         # deepspeed.comm wraps the torch.distributed group already set up (the PipelineModule needs it)
         self.deepspeed.init_distributed(dist_backend=get_accelerator().communication_backend_name())
         if pipeline:
@@ -139,10 +145,10 @@ class DeepSpeedEngineBuilder:
         return Built(
             model,
             optimizer,
-            adapter(ds, cfg),
+            adapter(ds, cfg, mode=choices.mode),
             parallelism,
             resolved={"deepspeed": jsonable(ds_config)},
-            train_step=pipeline_step if pipeline else None,
+            whole_steps=pipeline,
         )
 
     def checkpointer(
@@ -157,12 +163,6 @@ class DeepSpeedEngineBuilder:
             deepspeed=self.deepspeed,
             pipeline_stages=self.pipeline_stages,
         )
-
-
-def pipeline_step(engine, next_batch, micro_batches: int) -> float:
-    """One pipeline step over ``micro_batches`` micro-batches (DeepSpeed's ``train_batch``)."""
-    micro = [next_batch() for _ in range(micro_batches)]
-    return engine.train_batch(micro)  # already the mean over micro-batches and data-parallel ranks
 
 
 class DeepSpeedCheckpointer:

@@ -34,7 +34,7 @@ import torch.nn as nn
 from seqwarm.config import RunConfig
 from seqwarm.integrations.hf.blocks import attn_implementation, block_forward, check_block_attention
 from seqwarm.integrations.hf.trainer import require_transformers
-from seqwarm.trainer.backends import Built, TorchEngineBuilder
+from seqwarm.trainer.backends import Built, RunChoices, TorchEngineBuilder, curriculum_mode
 from seqwarm.trainer.distributed import DistInfo, wrap_model
 from seqwarm.trainer.optim import build_optimizer
 from seqwarm.util.errors import UserError
@@ -168,7 +168,18 @@ class CausalLMLoss(nn.Module):
 class HFEngineBuilder(TorchEngineBuilder):
     """A Hugging Face causal LM on one device or under DDP, driven by a CurriculumEngine."""
 
-    def build(self, model_cfg: HFModelConfig, cfg: RunConfig, info: DistInfo, device: torch.device) -> Built:
+    def curriculum_mode(self, cfg: RunConfig, model_cfg: HFModelConfig) -> str | None:
+        if cfg.curriculum is not None and cfg.curriculum.mode == "inject":
+            raise UserError(
+                f"curriculum mode 'inject': {model_cfg.architecture} takes **kwargs and ignores "
+                "curriculum_seqlen (it would train at full length); use curriculum_mode 'truncate', "
+                "'reshape' or 'window'"
+            )
+        return curriculum_mode(cfg, CausalLMLoss.forward)
+
+    def build(
+        self, model_cfg: HFModelConfig, cfg: RunConfig, info: DistInfo, device: torch.device, choices: RunChoices
+    ) -> Built:
         from seqwarm.curriculum.engine import CurriculumEngine
 
         if self.fsdp:
@@ -176,14 +187,8 @@ class HFEngineBuilder(TorchEngineBuilder):
                 "--fsdp shards seqwarm's GPT blocks; an hf: model trains under DDP (torchrun without "
                 "--fsdp), or with CurriculumTrainer and FSDP/DeepSpeed"
             )
-        if cfg.curriculum is not None and cfg.curriculum.mode == "inject":
-            raise UserError(
-                f"curriculum mode 'inject': {model_cfg.architecture} takes **kwargs and ignores "
-                "curriculum_seqlen (it would train at full length); use curriculum_mode 'truncate', "
-                "'reshape' or 'window'"
-            )
         lm = model_cfg.build().to(device)
-        window = cfg.curriculum is not None and cfg.curriculum.mode == "window"
+        window = choices.mode == "window"
         if cfg.document_masking or window:
             what = "--document-masking" if cfg.document_masking else "curriculum_mode 'window'"
             check_block_attention(lm, what, model_cfg.architecture)  # never train across documents unseen
@@ -204,7 +209,7 @@ class HFEngineBuilder(TorchEngineBuilder):
         return Built(
             lm,
             optimizer,
-            CurriculumEngine(wrapped, optimizer, cfg, layout="dense"),
+            CurriculumEngine(wrapped, optimizer, cfg, layout="dense", mode=choices.mode, precision=choices.precision),
             "ddp" if info.enabled else "none",
             label_style="hf",
         )
