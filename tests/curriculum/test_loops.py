@@ -6,6 +6,7 @@ keywords."""
 
 from __future__ import annotations
 
+import warnings
 from collections import namedtuple
 
 import pytest
@@ -247,3 +248,38 @@ def test_plan_from_the_keywords_is_the_plan_of_the_same_deepspeed_config():
     assert reshape.points[0].tokens_per_step == 4 * 64  # reshape keeps every token: the mode is planned
     with pytest.raises(ValueError, match="does not divide"):
         slw.plan(8, micro_batch_size=3)
+
+
+def test_a_resume_that_forgot_the_curriculum_state_is_said_by_the_lr_scheduler():
+    from seqwarm.curriculum.lr_scheduler import CurriculumLRScheduler
+
+    def run(slw, optimizer, steps):
+        scheduler = CurriculumLRScheduler(optimizer, slw)
+        for _ in range(steps):
+            slw.begin_step()
+            slw.cut(get_batch(torch.Generator().manual_seed(0)))
+            scheduler.step(slw.step_progress())  # before optimizer.step(): the clock including this step
+            optimizer.step()
+            slw.end_step()
+
+    def fresh():
+        model = torch.nn.Linear(2, 2)
+        model.weight.grad = torch.ones(2, 2)
+        slw = SequenceLengthWarmup(min_length=8, max_length=BLOCK, steps=4, multiple_of=8, lr=LRConfig(lr=0.1))
+        return slw, torch.optim.AdamW(model.parameters(), lr=0.1)
+
+    slw, optimizer = fresh()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a fresh run says nothing
+        run(slw, optimizer, 2)
+    forgot, opt2 = fresh()
+    opt2.load_state_dict(optimizer.state_dict())
+    with pytest.warns(UserWarning, match="the curriculum's state was not restored"):
+        run(forgot, opt2, 1)
+    restored, opt3 = fresh()
+    opt3.load_state_dict(optimizer.state_dict())
+    restored.load_state_dict(slw.state_dict())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        run(restored, opt3, 1)
+    assert restored.progress.step == 3
