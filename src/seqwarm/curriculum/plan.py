@@ -257,9 +257,8 @@ def compile_count(cfg: PlanSettings, seqlens: list[int]) -> tuple[int, str]:
     with the rows dynamic (Dynamo's automatic dynamic shapes); each set of inputs (:func:`_inputs`) is a
     graph of its own; in inject mode the int ``curriculum_seqlen`` is specialized on its first value and
     made dynamic when it changes (one more graph); validation runs under ``no_grad``, a guard: one more.
-    Counted for contiguous inputs, as the CUDA feed copies them; the trial step on CUDA (full length,
-    before step 1, not marked) adds one, and on a CPU the cut batches are strided views, so reaching the
-    full length retraces once more in truncate and inject mode."""
+    Counted for contiguous inputs, which ``SequenceLengthWarmup.cut`` hands back; the trial step on CUDA
+    (full length, before step 1, not marked) adds one."""
     groups: dict[frozenset[str], list[tuple[int, int]]] = {}
     for length in seqlens:
         groups.setdefault(_inputs(cfg, length), []).append(_step_shape(cfg, length))
