@@ -1,5 +1,6 @@
 """Every README snippet runs: Python blocks are executed, every `seqwarm ...` command line is run
-(training and prepare lines with a tiny budget / tiny input appended, so they finish in seconds).
+(training and prepare lines with a tiny budget / tiny input appended, so they finish in seconds). The
+Python blocks of the pages in PAGES (docs/YOUR_LOOP.md) run too.
 
 The slow, end-to-end tests of this file are in tests/e2e/test_readme_runs.py.
 """
@@ -16,10 +17,12 @@ from seqwarm.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+PAGES = ("docs/YOUR_LOOP.md",)
+"""Pages of docs/ whose Python blocks run here like the README's."""
 
 
-def blocks(lang):
-    return re.findall(rf"```{lang}\n(.*?)```", README, flags=re.S)
+def blocks(lang, text=README):
+    return re.findall(rf"```{lang}\n(.*?)```", text, flags=re.S)
 
 
 def commands():
@@ -42,6 +45,14 @@ def test_readme_opens_with_the_two_commands():
 @pytest.mark.parametrize("code", blocks("python"))
 def test_python_blocks_run(code):
     exec(compile(code, "README.md", "exec"), {})
+
+
+PAGE_BLOCKS = [(page, code) for page in PAGES for code in blocks("python", (ROOT / page).read_text())]
+
+
+@pytest.mark.parametrize("page, code", PAGE_BLOCKS, ids=[f"{p}-{i}" for i, (p, _) in enumerate(PAGE_BLOCKS)])
+def test_python_blocks_of_the_pages_run(page, code):
+    exec(compile(code, page, "exec"), {})
 
 
 def test_every_command_parses():

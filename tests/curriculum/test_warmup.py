@@ -444,7 +444,7 @@ def test_the_step_protocol_cannot_freeze_silently():
 
 
 def test_the_plain_loop_of_the_readme_trains_at_the_schedule(one_thread):
-    """The loop of the issue and the README, with a Hugging Face GPT-2 built from a config."""
+    """A plain loop with a dict batch (`model(**slw.cut(batch))`) and a Hugging Face GPT-2 built from a config."""
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     model = transformers.GPT2LMHeadModel(

@@ -45,6 +45,7 @@ from seqwarm.curriculum.batch import (  # the counting rule lives with the ops; 
 __all__ = [
     "LAYOUTS",
     "batch_layout",
+    "check_cut",
     "cut_to_layout",
     "longest_sequence",
     "read_layout",
@@ -218,6 +219,25 @@ def _cut_padding_free(batch: Mapping[str, Any], seqlen: int) -> dict[str, Any]:
         if key in batch:
             out[key] = int(kept.max())
     return out
+
+
+def check_cut(layout: str, mode: str | None, bucketed: bool, model_name: str = "the model") -> None:
+    """ValueError for a cut that cannot keep each sequence's first L real tokens of a ``layout`` batch: an
+    injected length on left-padded or padding-free rows (the model cuts columns, not sequences), a
+    re-chunking mode (reshape, window) or a length bucket on anything but dense rows."""
+    if mode not in ("truncate", "reshape", "window") and layout in ("left_padded", "padding_free"):
+        raise ValueError(
+            f"curriculum mode inject: {model_name} cuts its inputs to their first L columns itself, which in a "
+            f"{layout.replace('_', '-')} batch are not each sequence's first L tokens; use curriculum mode "
+            "'truncate' (seqwarm cuts each sequence)"
+        )
+    if layout != "dense" and (mode in ("reshape", "window") or bucketed):
+        what = f"curriculum mode {mode}" if not bucketed else "a length bucket"
+        raise ValueError(
+            f"{what} works on dense rows; this batch is {layout.replace('_', '-')} (rows of one sequence each, or "
+            "sequences back to back): re-chunking it would make rows of padding and join sequences across it. "
+            "Use curriculum mode 'truncate', which keeps each sequence's first L real tokens"
+        )
 
 
 def cut_to_layout(batch: Mapping[str, Any], seqlen: int, layout: str) -> dict[str, Any]:

@@ -49,19 +49,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
-from seqwarm.util.problems import Checker
-
-DECAY_STYLES = ("constant", "linear", "cosine", "inverse-sqrt", "inverse-square-root")
-"""The decay styles; ``inverse-square-root`` (Megatron's spelling) is ``inverse-sqrt``."""
-RULES = ("seqwarm", "megatron")
-"""How a step's LR follows from the clock: seqwarm's (the clock including the step) or Megatron-DeepSpeed's."""
-WARMUP_UNITS = ("iters", "samples", "tokens")
-"""The units LR warmup may be measured in (``LRConfig.warmup_<unit>``), in order of precedence."""
-DECAY_UNITS = ("tokens", "iters", "samples")
-"""The units the decay may be measured in (``LRConfig.decay_<unit>``), in order of precedence."""
+from seqwarm.curriculum.lr_checks import (  # the names of the settings and the checks of their values
+    DECAY_STYLES,
+    DECAY_UNITS,
+    RULES,
+    WARMUP_UNITS,
+    check_lr_fields,
+)
+from seqwarm.util.problems import Checker, raise_if_problems
 
 
 class Clock(Protocol):
@@ -81,8 +79,12 @@ class Clock(Protocol):
 class LRConfig:
     """Learning-rate schedule: warmup in iters/samples/tokens, decay in tokens (or iters/samples).
 
-    Build it checked with :func:`lr_config_from` (``load_config`` does); at most one warmup and one
-    decay length is set.
+    Every instance is checked when it is built (one :class:`~seqwarm.util.problems.ConfigError` lists every
+    problem with its fix): ``0 <= min_lr <= lr``, a known decay style and rule, at most one warmup and one
+    decay length, the warmup ending before the decay. ``load_config`` builds it with :func:`lr_config_from`,
+    which also fills in a decay length from the run's budget; a linear or cosine decay without one decays over
+    the budget of the :class:`~seqwarm.curriculum.warmup.SequenceLengthWarmup` it is handed to
+    (:func:`with_budget`), and is an error without a budget.
     """
 
     lr: float = 6e-4
@@ -107,6 +109,11 @@ class LRConfig:
     """One of :data:`RULES`. ``"megatron"``: Megatron-DeepSpeed's scheduler (see the module's docstring);
     then ``decay_iters`` (iteration-based training) or ``decay_samples`` (sample-based) is always set, as
     Megatron's ``lr_decay_steps``, and ``decay_tokens``, when set, decays by tokens instead."""
+
+    def __post_init__(self) -> None:
+        chk = Checker()
+        check_lr_fields(chk, {f.name: getattr(self, f.name) for f in fields(self)})
+        raise_if_problems(chk, "LRConfig")
 
     @property
     def warmup_unit(self) -> str | None:
@@ -209,6 +216,8 @@ def lr_config_from(
                 f"warmup must end before the decay does ({decay:,} {unit})",
                 "shorten the warmup or lengthen the decay",
             )
+    if chk.problems:  # the caller raises them all; the LRConfig is never used
+        return LRConfig()
     return LRConfig(lr=peak if peak is not None else default_lr, min_lr=min_lr, decay_style=style, rule=rule, **units)
 
 
@@ -296,6 +305,11 @@ def lr_at(progress: Clock, cfg: LRConfig) -> float:
     if cfg.rule == "megatron":
         steps, samples, tokens = megatron_clock(progress, cfg)
         return megatron_lr(steps, tokens, progress.warmup_end_tokens, cfg, samples=samples)
+    if cfg.decay_style in ("linear", "cosine") and cfg.decay_unit is None:
+        raise ValueError(
+            f"{cfg.decay_style} decay without a decay length (LRConfig.decay_tokens, _iters or _samples) would hold "
+            "the peak LR: set one, or hand the LRConfig to a SequenceLengthWarmup with a budget (with_budget)"
+        )
     if progress.warmup_end_tokens is None:
         frac = _warmup_fraction(progress, cfg)
         if frac < 1.0:

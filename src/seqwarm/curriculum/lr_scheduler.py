@@ -17,6 +17,7 @@ lived only in :mod:`seqwarm.integrations.hf.trainer`, which still re-exports it.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,7 +42,9 @@ class CurriculumLRScheduler(torch.optim.lr_scheduler.LRScheduler):
     or a DeepSpeed-style dict / JSON path. :meth:`step` takes the clock of the step about to be applied
     (the clock *including* it: call it before ``optimizer.step()``); without an argument it re-applies
     the last clock given (so a caller that steps it after the optimizer, like ``Trainer``, changes nothing).
-    ``get_last_lr()`` is the LR of the step in flight.
+    ``get_last_lr()`` is the LR of the step in flight. Its first clock at step 1 while the optimizer already
+    has state (loaded from a checkpoint) is a warning: the curriculum's state was not restored, so the ramp
+    and the LR schedule would start again from the beginning.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, source: Any, last_epoch: int = -1):
@@ -65,6 +68,14 @@ class CurriculumLRScheduler(torch.optim.lr_scheduler.LRScheduler):
         """Set every group's LR for the clock ``progress`` (None: the last clock given, again: the step
         count does not move, so a caller that also steps it after the optimizer counts each step once)."""
         if progress is not None:
+            if progress.step == 1 and self.last_epoch == 0 and any(self.optimizer.state.values()):
+                warnings.warn(
+                    "the clock is at its first step but the optimizer has state (loaded from a checkpoint?): "
+                    "the curriculum's state was not restored, so the length ramp and the LR schedule start "
+                    "again. Save slw.state_dict() (or this scheduler's state_dict()) with every checkpoint "
+                    "and load it on resume",
+                    stacklevel=2,
+                )
             self.progress = progress
         if progress is not None or self.last_epoch < 0:  # (the constructor's own first call counts)
             self.last_epoch += 1

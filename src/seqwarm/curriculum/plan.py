@@ -7,12 +7,13 @@ token counts of ``count_tokens_by: loss_mask`` runs, which depend on the data.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from seqwarm.curriculum.checks import CUSTOM
 from seqwarm.curriculum.clock import Progress, advance, bucket_length, micro_batch_shape, stop_reason, tokens_per_step
 from seqwarm.curriculum.lr import (
+    LRConfig,
     decay_tokens_from_iters,
     decay_tokens_from_samples,
     lr_at,
@@ -20,7 +21,7 @@ from seqwarm.curriculum.lr import (
     warmup_samples_from_tokens,
 )
 from seqwarm.curriculum.run import PlanSettings
-from seqwarm.curriculum.schedule import difficulty_at
+from seqwarm.curriculum.schedule import CurriculumConfig, difficulty_at
 from seqwarm.util.errors import UserError
 from seqwarm.util.units import human_count
 
@@ -82,8 +83,70 @@ class Plan:
         return out
 
 
+@dataclass(frozen=True)
+class LoopSettings:
+    """What :func:`make_plan` reads, for a loop configured by keywords rather than a config file: build it
+    with :meth:`of`, or let :meth:`SequenceLengthWarmup.plan <seqwarm.curriculum.warmup.SequenceLengthWarmup.plan>`
+    do (a :class:`~seqwarm.curriculum.run.PlanSettings`)."""
+
+    full_length: int | None
+    curriculum: CurriculumConfig | None
+    lr: LRConfig
+    train_tokens: int | None
+    train_iters: int | None
+    train_samples: int | None
+    train_batch_size: int
+    micro_batch_size: int
+    gradient_accumulation_steps: int
+    world_size: int = 1
+    length_bucket: int | None = None
+    document_masking: bool = False
+    rampup_batch_size: Any = None
+    warnings: tuple[str, ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        curriculum: CurriculumConfig | None,
+        lr: LRConfig | None,
+        budget: Any,
+        batch_size: int,
+        micro_batch_size: int | None = None,
+        seq_length: int | None = None,
+        length_bucket: int | None = None,
+        mode: str | None = None,
+    ) -> LoopSettings:
+        """``budget``: ``train_tokens`` / ``train_iters`` / ``train_samples`` attributes; ``batch_size``:
+        sequences per optimizer step (all ranks, all micro-batches), ``micro_batch_size`` rows per cut (it
+        divides ``batch_size``; default ``batch_size``; reshape drops a partial row per cut); ``seq_length``:
+        default the curriculum's top; ``mode``: how the length reaches the model (default the curriculum's)."""
+        if curriculum is not None and mode is not None:
+            curriculum = replace(curriculum, mode=mode)
+        micro = batch_size if micro_batch_size is None else micro_batch_size
+        for name, value in (("batch_size", batch_size), ("micro_batch_size", micro)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"plan(): {name} must be an int >= 1, got {value!r}")
+        if batch_size % micro:
+            raise ValueError(f"plan(): micro_batch_size {micro} does not divide batch_size {batch_size}")
+        full = seq_length if seq_length is not None else curriculum.max_difficulty if curriculum else None
+        return cls(
+            full_length=full,
+            curriculum=curriculum,
+            lr=lr if lr is not None else LRConfig(),
+            train_tokens=budget.train_tokens,
+            train_iters=budget.train_iters,
+            train_samples=budget.train_samples,
+            train_batch_size=batch_size,
+            micro_batch_size=micro,
+            gradient_accumulation_steps=batch_size // micro,
+            length_bucket=length_bucket,
+        )
+
+
 def make_plan(cfg: PlanSettings, *, keep_series: bool = False) -> Plan:
-    """Simulate the run's clock until it stops (or, with no budget, until the curriculum ends)."""
+    """Simulate the run's clock until it stops (or, with no budget, until the curriculum ends). ``cfg``: a
+    run config (``seqwarm plan``'s), or :class:`LoopSettings` for a loop configured by keywords
+    (``SequenceLengthWarmup.plan``)."""
     if cfg.full_length is None:
         raise UserError("the full sequence length is unknown: set seq_length (--seq-length) or a curriculum")
     cur = cfg.curriculum
@@ -194,9 +257,8 @@ def compile_count(cfg: PlanSettings, seqlens: list[int]) -> tuple[int, str]:
     with the rows dynamic (Dynamo's automatic dynamic shapes); each set of inputs (:func:`_inputs`) is a
     graph of its own; in inject mode the int ``curriculum_seqlen`` is specialized on its first value and
     made dynamic when it changes (one more graph); validation runs under ``no_grad``, a guard: one more.
-    Counted for contiguous inputs, as the CUDA feed copies them; the trial step on CUDA (full length,
-    before step 1, not marked) adds one, and on a CPU the cut batches are strided views, so reaching the
-    full length retraces once more in truncate and inject mode."""
+    Counted for contiguous inputs, which ``SequenceLengthWarmup.cut`` hands back; the trial step on CUDA
+    (full length, before step 1, not marked) adds one."""
     groups: dict[frozenset[str], list[tuple[int, int]]] = {}
     for length in seqlens:
         groups.setdefault(_inputs(cfg, length), []).append(_step_shape(cfg, length))

@@ -1,35 +1,25 @@
 """SequenceLengthWarmup: the sequence-length curriculum of one training run, as one small object.
 
-Composer's ``SeqLengthWarmup`` is a thin class over a functional op; this is the same split. The
-ops (:func:`~seqwarm.curriculum.batch.truncate_batch`, :func:`~seqwarm.curriculum.batch.reshape_batch`,
-:func:`~seqwarm.curriculum.batch.bucket_batch`), the schedule (:func:`~seqwarm.curriculum.schedule.difficulty_at`), the
-clock (:func:`~seqwarm.curriculum.clock.advance`) and the LR (:func:`~seqwarm.curriculum.lr.lr_at`) stay pure;
-the object adds only what needs state — the length of the optimizer step in flight, decided once by
-:meth:`SequenceLengthWarmup.begin_step`, the tokens its micro-batches held once cut, and the clock::
+Composer's ``SeqLengthWarmup`` is a thin class over a functional op; this is the same split. The ops
+(:mod:`~seqwarm.curriculum.batch`, :mod:`~seqwarm.curriculum.layouts`), the schedule, the clock and the LR stay
+pure; the object adds only what needs state — the length of the optimizer step in flight, decided once by
+:meth:`~SequenceLengthWarmup.begin_step`, the tokens its micro-batches held once cut, and the clock::
 
     slw = SequenceLengthWarmup(min_length=8, max_length=1024, steps=15000, multiple_of=8)
-    for batch in loader:                 # one full-length micro-batch per optimizer step here
-        length = slw.begin_step()        # the length of this step, decided once
-        loss = model(**slw.cut(batch)).loss
-        loss.backward(); optimizer.step(); optimizer.zero_grad()
-        slw.end_step()                   # the clock moves by the tokens cut (summed over ranks)
+    while not slw.done:
+        length = slw.begin_step()                    # the length of this step, decided once
+        for micro_step in range(accumulation):
+            X, Y = slw.cut(get_batch("train"))       # the same kind back (a tuple here), contiguous
+            logits, loss = model(X, Y)
+            (loss / accumulation).backward()
+        optimizer.step(); optimizer.zero_grad()
+        slw.end_step()                               # the clock moves by the tokens cut (over ranks)
 
-With gradient accumulation, :meth:`~SequenceLengthWarmup.cut` every micro-batch between the two calls;
-for an fp16 step that was skipped, ``end_step(applied=False)`` leaves the clock where it was (the step is
-retried at the same length). :meth:`~SequenceLengthWarmup.from_deepspeed` reads DeepSpeed's JSON (the
-legacy ``curriculum_learning`` block or the ``data_efficiency`` form) and the Megatron-side recipe of the
-``seqwarm`` block: token budget, token-clock LR (:meth:`~SequenceLengthWarmup.step_lr`, the LR of the
-step in flight, to set before ``optimizer.step()``).
-
-How the length reaches the model (``mode``): ``truncate`` and ``reshape`` cut the batch; ``inject`` adds
-``curriculum_seqlen=L`` for a forward that cuts its inputs itself (auto, ``mode=None``: inject when the
-model's forward has a parameter of that name, else truncate; ``**kwargs`` does not count without
-``inject_via_kwargs=True``; a pipeline cannot inject). In inject mode the model's output is checked
-against the length it was given (:meth:`~SequenceLengthWarmup.check_output`).
-
-:class:`~seqwarm.curriculum.engine.CurriculumEngine`,
-:class:`~seqwarm.integrations.deepspeed.curriculum.DeepSpeedCurriculum`, the Hugging Face ``CurriculumTrainer`` and
-seqwarm's own loop are thin users of this object.
+``end_step(applied=False)`` (an fp16 skip) keeps the clock: the step is retried at the same length. ``mode``:
+``truncate`` / ``reshape`` cut the batch; ``inject`` adds ``curriculum_seqlen=L`` for a forward that cuts its
+inputs itself (auto: when the forward names it), and :meth:`~SequenceLengthWarmup.check_output` checks the
+model ran at it. :class:`~seqwarm.curriculum.engine.CurriculumEngine`, ``DeepSpeedCurriculum``, the Hugging
+Face ``CurriculumTrainer`` and seqwarm's own loop are thin users of this object.
 """
 
 from __future__ import annotations
@@ -53,10 +43,12 @@ from seqwarm.curriculum.batch import (
     window_batch,
 )
 from seqwarm.curriculum.clock import COUNT_TOKENS_BY, Progress, advance, micro_batch_shape, stop_reason
-from seqwarm.curriculum.inputs import keyword_curriculum
-from seqwarm.curriculum.layouts import LAYOUTS, cut_to_layout, longest_sequence, read_layout
+from seqwarm.curriculum.inputs import as_batch, check_keys, check_saved_state, keyword_curriculum
+from seqwarm.curriculum.layouts import LAYOUTS, check_cut, cut_to_layout, longest_sequence, read_layout
 from seqwarm.curriculum.lr import LRConfig, lr_at
+from seqwarm.curriculum.lr_checks import with_budget
 from seqwarm.curriculum.modes import check_injected_output, forward_name, resolve_mode
+from seqwarm.curriculum.plan import LoopSettings, Plan, make_plan
 from seqwarm.curriculum.ranks import global_counts
 from seqwarm.curriculum.run import WarmupSettings, as_run_config
 from seqwarm.curriculum.schedule import CurriculumConfig, CurriculumScheduler
@@ -91,6 +83,8 @@ class SequenceLengthWarmup:
     object's). ``train_tokens`` / ``train_iters`` / ``train_samples``: when :attr:`done` turns true.
     ``world_size``: data-parallel ranks the counts are summed over (None: the size of ``process_group``, the
     default group, or 1 without torch.distributed). ``process_group``: where loss-mask counts are summed.
+    ``keys``: seqwarm's names mapped to a dict batch's, e.g. ``{"input_ids": "idx", "labels": "targets"}``.
+    A linear or cosine ``lr`` decay without a decay length spans the budget.
 
     ``curriculum``: instead of the schedule keywords, a checked
     :class:`~seqwarm.curriculum.schedule.CurriculumConfig` (None: no curriculum — every batch passes at full
@@ -122,8 +116,11 @@ class SequenceLengthWarmup:
         train_samples: int | None = None,
         world_size: int | None = None,
         process_group: Any = None,
+        keys: Mapping[str, str] | None = None,
     ):
         keywords = (min_length, max_length, steps, lengths, until_steps)
+        self.keys = check_keys(keys)
+        self._max_name = "max_difficulty" if curriculum is not None else "max_length"  # the caller's word
         if curriculum is not None and any(v is not None for v in keywords):
             raise TypeError("pass either the schedule keywords or curriculum=, not both")
         if curriculum is None and any(v is not None for v in keywords):
@@ -148,7 +145,8 @@ class SequenceLengthWarmup:
         if self.bucket is not None and self.mode != "truncate":
             raise ValueError(f"length_bucket works only in curriculum mode truncate, not {self.mode}")
         self.count_tokens_by = count_tokens_by
-        self.lr_config = lr
+        budget = {"train_tokens": train_tokens, "train_iters": train_iters, "train_samples": train_samples}
+        self.lr_config = lr = with_budget(lr, budget) if lr is not None else None
         self.limits = Limits(train_tokens, train_iters, train_samples)
         self.world_size = world_size
         self.process_group = process_group
@@ -234,17 +232,24 @@ class SequenceLengthWarmup:
         if not self._open:
             raise RuntimeError(f"{what} outside a step: call begin_step() first (once per optimizer step)")
 
-    def cut(self, batch: Mapping[str, Any], *, trim: bool = False) -> dict[str, Any]:
-        """One micro-batch of the step in flight, cut to its length (a new dict; the input is not changed):
-        truncate / reshape (into buckets with a ``length_bucket``: :func:`~seqwarm.curriculum.batch.bucket_batch`), or
-        with ``curriculum_seqlen`` added (inject); as it is without a curriculum. Its tokens are counted.
-        Padded and padding-free batches (:mod:`~seqwarm.curriculum.layouts`) keep each sequence's first
-        L real tokens, and only real tokens are counted.
+    def cut(self, batch: Any, *, trim: bool = False) -> Any:
+        """One micro-batch of the step in flight, cut to its length, in the form it came in
+        (:func:`~seqwarm.curriculum.inputs.as_batch`): a dict (a new one, under the names of ``keys``), a
+        tuple or list ``(inputs, targets, ...)`` in the same order, or a tensor; every tensor contiguous (the
+        model may ``.view()`` it); the input is not changed. Truncate / reshape (into buckets with a
+        ``length_bucket``: :func:`~seqwarm.curriculum.batch.bucket_batch`), or with ``curriculum_seqlen``
+        added (inject, dicts only); as it is without a curriculum. Its tokens are counted. Padded and
+        padding-free batches (:mod:`~seqwarm.curriculum.layouts`) keep each sequence's first L real tokens,
+        and only real tokens are counted.
 
         ``trim``: in inject mode, also leave out the columns past the length, which the model drops
         itself — what a loop does that copies batches to a device after the cut (only trained columns
         travel); the model still gets ``curriculum_seqlen``."""
         self._need_open("cut()")
+        named, back = as_batch(batch, self.keys, inject=self.mode == "inject" and not trim and self.scheduler)
+        return back(self._cut(named, trim))
+
+    def _cut(self, batch: Mapping[str, Any], trim: bool) -> dict[str, Any]:
         _, rows, seq = batch_shape(batch)
         length = self._step_length
         layout = read_layout(batch, self.layout, strict=length is not None)
@@ -253,13 +258,8 @@ class SequenceLengthWarmup:
             self.current_seqlen = seq
             return dict(batch)
         self._check_top(seq, layout)
+        check_cut(layout, self.mode, self.bucket is not None, self.model_name)
         if self.mode not in ("truncate", "reshape", "window"):
-            if layout in ("left_padded", "padding_free"):
-                raise ValueError(
-                    f"curriculum mode inject: {self.model_name} cuts its inputs to their first L columns "
-                    f"itself, which in a {layout.replace('_', '-')} batch are not each sequence's first L "
-                    "tokens; use curriculum mode 'truncate' (seqwarm cuts each sequence)"
-                )
             out = truncate_batch(batch, length)  # what the model trains on: its first L columns
             self._add(rows, out, layout)
             self._injected = (rows, min(length, seq))
@@ -268,14 +268,6 @@ class SequenceLengthWarmup:
             self._injected = None  # cut to the length here: the model cannot train at another one
             return {**out, "curriculum_seqlen": length}
         if layout != "dense":
-            if self.mode in ("reshape", "window") or self.bucket is not None:
-                what = f"curriculum mode {self.mode}" if self.bucket is None else "a length bucket"
-                raise ValueError(
-                    f"{what} works on dense rows; this batch is {layout.replace('_', '-')} (rows of one "
-                    "sequence each, or sequences back to back): re-chunking it would make rows of padding and "
-                    "join sequences across it. Use curriculum mode 'truncate', which keeps each sequence's "
-                    "first L real tokens"
-                )
             out = cut_to_layout(batch, length, layout)
             self._add(rows, out, layout)
             return out
@@ -316,14 +308,10 @@ class SequenceLengthWarmup:
         top = self.curriculum.max_difficulty
         if self._checked_top or layout == "padding_free" or layout != "dense" and full <= top:
             return  # padded batches are as long as their longest sequence: shorter than the top is fine
-        self._checked_top = True
+        self._checked_top, name, grows = True, self._max_name, "never reaches" if top < full else "stops growing at"
         if top != full:
-            warnings.warn(
-                f"curriculum max_difficulty {top} != the batch's sequence length {full}: the "
-                f"curriculum {'never reaches' if top < full else 'stops growing at'} the full "
-                "length; set max_difficulty to the model's sequence length",
-                stacklevel=4,
-            )
+            message = f"curriculum {name} {top} != the batch's sequence length {full}: the curriculum {grows} the "
+            warnings.warn(message + f"full length; set {name} to the model's sequence length", stacklevel=5)
 
     def _add(self, samples: int, out: Mapping[str, Any], layout: str, shape: tuple[int, int] | None = None) -> None:
         """Count a cut micro-batch ``out`` (``samples`` rows drawn) by the one rule,
@@ -362,16 +350,17 @@ class SequenceLengthWarmup:
             self._totals = global_counts(self._samples, self._tokens, self.world_size, self.process_group)
         return self._totals
 
-    def step_progress(self) -> Progress:
+    def step_progress(self, *, _caller: str = "step_progress()") -> Progress:
         """The clock once the step in flight is applied (its micro-batches so far counted, over all ranks)."""
-        self._need_open("step_progress()")
+        self._need_open(_caller)
         samples, tokens = self._step_totals()
         return advance(self.progress, samples, tokens, self.lr_config or LRConfig())
 
     def step_lr(self) -> float | None:
         """The learning rate of the step in flight — ``lr_at`` of the clock including it: set it on the
         optimizer after the step's last :meth:`cut`, before ``optimizer.step()`` (None without an LR config)."""
-        return lr_at(self.step_progress(), self.lr_config) if self.lr_config is not None else None
+        progress = self.step_progress(_caller="step_lr()")
+        return lr_at(progress, self.lr_config) if self.lr_config is not None else None
 
     def end_step(self, applied: bool = True) -> Progress:
         """Close the step in flight. ``applied``: its update was made, so the clock advances by what was cut
@@ -417,7 +406,9 @@ class SequenceLengthWarmup:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore :meth:`state_dict`'s keys (other keys of a caller's larger state dict are ignored). A step
         was in flight when the state holds its length or counts (the same keys as before the two-call
-        protocol, so older checkpoints load)."""
+        protocol, so older checkpoints load). A state without them (a checkpoint saved without
+        ``slw.state_dict()``) is a ValueError naming what is missing."""
+        check_saved_state(state)
         self.progress = Progress.from_dict(state["progress"])
         self.lr = None if state.get("lr") is None else float(state["lr"])
         self.skipped_steps = int(state["skipped_steps"])
@@ -429,6 +420,23 @@ class SequenceLengthWarmup:
         self._totals = None
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+
+    def plan(self, batch_size: int, *, micro_batch_size: int | None = None, seq_length: int | None = None) -> Plan:
+        """The run ahead of time from these settings, as ``seqwarm plan`` replays a config file
+        (:meth:`LoopSettings.of <seqwarm.curriculum.plan.LoopSettings.of>` reads the arguments: sequences per
+        optimizer step, per cut, the full length) until the budget is reached (none: until the ramp ends)."""
+        return make_plan(
+            LoopSettings.of(
+                self.curriculum,
+                self.lr_config,
+                self.limits,
+                batch_size,
+                micro_batch_size,
+                seq_length,
+                self.bucket,
+                self.mode,
+            )
+        )
 
     def __repr__(self) -> str:
         lr = "None" if self.lr is None else f"{self.lr:.3g}"
