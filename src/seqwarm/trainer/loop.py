@@ -39,6 +39,7 @@ from seqwarm.trainer.stop import RunStopped, StopNow, StopRequest
 from seqwarm.trainer.trackers import forget_wandb_run, tracker_config
 from seqwarm.trainer.trial import trial_step
 from seqwarm.util.errors import SeqwarmError
+from seqwarm.util.fsnames import path_record
 
 logger = logging.getLogger(__name__)
 
@@ -176,11 +177,13 @@ class Run:
         """The newest checkpoint this run wrote or resumed from (every saved one is finite)."""
         self.resumed_from: dict[str, Any] | None = None  # the resumed checkpoint's config
         self.saved_step: int | None = None  # a stop right after a save does not write it twice
+        extra = {k: path_record(v) for k in ("out", "data") if (v := getattr(opts, k))}  # same bytes in any locale
+        extra["memory_probe"] = memory_probe
         self.resolved = {
             "run": jsonable(cfg.to_dict()),
             "model": {"preset": opts.model, **asdict(model_cfg), "num_params": model_cfg.num_params()},
             "data": {
-                "folder": str(Path(data.folder).resolve()),
+                "folder": path_record(Path(data.folder).resolve()),
                 "tokenizer": data.meta.get("tokenizer"),
                 "vocab_size": data.vocab_size,
                 "fingerprint": data_fingerprint(data.meta),
@@ -192,7 +195,7 @@ class Run:
                     else {}
                 ),
             },
-            "options": jsonable({**{k: getattr(opts, k) for k in RECORDED_OPTIONS}, "memory_probe": memory_probe}),
+            "options": jsonable({**{k: getattr(opts, k) for k in RECORDED_OPTIONS}, **extra}),
             "world_size": cfg.world_size,
             "parallelism": built.parallelism,
             "device": str(self.device),
