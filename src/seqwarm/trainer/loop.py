@@ -177,8 +177,6 @@ class Run:
         """The newest checkpoint this run wrote or resumed from (every saved one is finite)."""
         self.resumed_from: dict[str, Any] | None = None  # the resumed checkpoint's config
         self.saved_step: int | None = None  # a stop right after a save does not write it twice
-        extra = {k: path_record(v) for k in ("out", "data") if (v := getattr(opts, k))}  # same bytes in any locale
-        extra["memory_probe"] = memory_probe
         self.resolved = {
             "run": jsonable(cfg.to_dict()),
             "model": {"preset": opts.model, **asdict(model_cfg), "num_params": model_cfg.num_params()},
@@ -195,7 +193,7 @@ class Run:
                     else {}
                 ),
             },
-            "options": jsonable({**{k: getattr(opts, k) for k in RECORDED_OPTIONS}, **extra}),
+            "options": jsonable({**{k: getattr(opts, k) for k in RECORDED_OPTIONS}, "memory_probe": memory_probe}),
             "world_size": cfg.world_size,
             "parallelism": built.parallelism,
             "device": str(self.device),
