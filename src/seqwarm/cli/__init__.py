@@ -208,24 +208,23 @@ def _tolerant_stdout() -> None:
 
 
 def _argument_encoding_problem(argv: list[str]) -> str | None:
-    """Why the arguments cannot be used as given: a non-ASCII one when this Python decodes them (and file
-    names) in a legacy encoding, not UTF-8 (``LC_ALL=C`` with ``PYTHONUTF8=0``, an ISO-8859 locale). The
-    libraries runs write through (PyTorch, TensorBoard, tokenizers) encode names as UTF-8, so such a path
-    would be written under another name or fail half-way."""
-    encoding = sys.getfilesystemencoding()
-    if _utf8(encoding):
+    """Why the arguments cannot be used as given: one this Python cannot turn back into the bytes of a file
+    name. From a real command line every argument can (Python decodes it with the file-system encoding and
+    surrogate escapes, which round-trip any byte: UTF-8, latin-1, ASCII); a str handed to ``main(argv)``
+    from Python may hold letters a legacy encoding (ASCII, latin-1) has no byte for."""
+    encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
+    for arg in argv:
+        try:
+            arg.encode(encoding, errors)  # what os.fsencode does
+        except UnicodeError:
+            break
+    else:
         return None
-    odd = next((a for a in argv if not a.isascii()), None)
-    if odd is None:
-        return None
-    try:  # the bytes as given on the command line, shown escaped
-        shown = odd.encode(encoding, "surrogateescape").decode("ascii", "backslashreplace")
-    except UnicodeError:  # a str that never came from these bytes (main(argv) called from Python)
-        shown = ascii(odd)[1:-1]
+    shown = ascii(arg)[1:-1]
     return (
-        f"the argument '{shown}' is not ASCII, and this Python reads arguments and file names as {encoding} "
-        f"(locale {os.environ.get('LC_ALL') or os.environ.get('LC_CTYPE') or os.environ.get('LANG') or 'C'}"
-        f"{', PYTHONUTF8=0' if os.environ.get('PYTHONUTF8') == '0' else ''}), not UTF-8. "
+        f"the argument '{shown}' has letters that {encoding}, the encoding this Python reads arguments and file "
+        f"names in (locale {os.environ.get('LC_ALL') or os.environ.get('LC_CTYPE') or os.environ.get('LANG') or 'C'}"
+        f"{', PYTHONUTF8=0' if os.environ.get('PYTHONUTF8') == '0' else ''}), cannot write in a file name. "
         "Run seqwarm in Python's UTF-8 mode: PYTHONUTF8=1 (or python -X utf8 -m seqwarm), or a UTF-8 locale "
         "such as LC_ALL=C.UTF-8"
     )

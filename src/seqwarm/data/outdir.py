@@ -14,6 +14,12 @@
 - :func:`check_out`, :func:`clear_leftovers`, :func:`replace_dir`: ``--force`` replaces prepared data
   only, leftovers of killed runs are cleared, and the old folder is removed only once the new one is in.
 - :func:`cache_dir`, :func:`writable_cache_dir`: where the embedded corpus is prepared once.
+- Never from under a run: a training run holds ``.NAME.readers`` beside the data folder it reads, shared
+  (:func:`seqwarm.util.lock.share_lock`, one ``PID NOTE`` line each); ``--force`` refuses (exit 2, naming
+  the runs) when it cannot take that file exclusively, once before it starts and again for the swap itself,
+  which it makes holding the file, so a run starting meanwhile waits for the swap and reads the new data. A
+  run refused at the swap keeps the finished data in a visible ``NAME.new`` beside it. The kernel drops a
+  killed run's lock, so a crashed run never blocks ``--force``.
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from pathlib import Path
 
 from seqwarm.data.meta import META_FILE, META_FORMAT
 from seqwarm.util.errors import UserError
-from seqwarm.util.lock import take_lock
+from seqwarm.util.lock import live_readers, readers_path, take_lock
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +183,48 @@ def check_out(out: Path, force: bool, shown: Path | None = None) -> None:
             f"(no valid {META_FILE}; it holds {', '.join(entries[:5])}"
             f"{', ...' if len(entries) > 5 else ''}); choose another --out, or empty it yourself"
         )
+    _release_readers_lock(*_take_readers_lock(out, name))  # before hours of tokenizing: refused now
+
+
+class _BeingRead(Exception):
+    pass
+
+
+def _being_read(out: Path, name: str, kept: Path | None = None) -> UserError:
+    path = readers_path(out)
+    readers = live_readers(path)
+    who = (
+        "; ".join(f"pid {line.replace(' ', ', ', 1)}" for line in readers)
+        if readers
+        else f"a process on another machine or in another container holds {path.name}"
+    )
+    if kept is None:
+        then = "wait for it to finish (or stop it: it resumes from its checkpoint), then prepare again"
+    else:
+        then = (
+            f"it was left as it is, and the new data is in {str(kept)!r}: move that into place once the "
+            "run has finished, or train on it as it is"
+        )
+    return UserError(
+        f"--force would replace {name!r} under a running seqwarm run that reads it ({who}); {then}. "
+        "--force never replaces data a live run has open"
+    )
+
+
+def _take_readers_lock(out: Path, name: str) -> tuple[Path, int]:
+    """The data folder's readers lock, held exclusively: no run reads ``out`` while it is held (UserError
+    naming the runs when one does)."""
+    path = readers_path(out)
+    try:
+        return path, take_lock(path, lambda _: _BeingRead())
+    except _BeingRead:
+        raise _being_read(out, name) from None
+
+
+def _release_readers_lock(path: Path, fd: int) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        path.unlink()  # while still held, so a reader waiting on it locks the next one
+    os.close(fd)
 
 
 def _pid_alive(pid: int) -> bool:
@@ -226,18 +274,30 @@ def check_inputs_outside(out: Path, inputs: Sequence[str | Path]) -> None:
 
 def replace_dir(tmp: Path, out: Path) -> None:
     """Move the finished ``tmp`` to ``out`` (a real folder, not a link); an existing ``out`` is removed
-    only after that succeeded."""
-    if out.exists():
-        old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+    only after that succeeded, and never while a run reads it: then ``tmp`` is kept as ``NAME.new`` beside
+    ``out`` and UserError names the run."""
+    if not out.exists():
+        os.replace(tmp, out)
+        return
+    try:
+        lock = _take_readers_lock(out, str(out))
+    except UserError:
+        kept = out.parent / f"{out.name}.new"
+        if kept.exists() or kept.is_symlink():
+            kept = out.parent / f"{out.name}.new-{uuid.uuid4().hex[:8]}"
+        os.replace(tmp, kept)
+        raise _being_read(out, str(out), kept) from None
+    old = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+    try:
         os.replace(out, old)
         try:
             os.replace(tmp, out)
         except BaseException:
             os.replace(old, out)
             raise
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, out)
+    finally:
+        _release_readers_lock(*lock)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -143,7 +143,8 @@ class HFTokenizer(Tokenizer):
         return self.hf.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def save(self, folder: str | Path) -> list[str]:
-        self.hf.save(str(Path(folder) / TOKENIZER_FILE))
+        text = self.hf.to_str(pretty=True)  # what hf.save writes; Rust's save/from_file take names as UTF-8
+        (Path(folder) / TOKENIZER_FILE).write_text(text, encoding="utf-8")
         for name, data in self.extra_files.items():
             (Path(folder) / name).write_bytes(data)
         return [TOKENIZER_FILE, *self.extra_files]
@@ -239,13 +240,18 @@ def gpt2_tokenizer(vocab_file: str | Path | None = None, merges_file: str | Path
         except (ValueError, OSError) as err:
             raise UserError(f"--vocab-file {str(vocab)!r} is not a JSON token->id map ({err})") from None
     try:
-        model = models.BPE.from_file(str(vocab), str(merges))
+        model = models.BPE(json.loads(vocab.read_text(encoding="utf-8")), _read_merges(merges))
     except Exception as err:  # tokenizers raises a bare Exception on malformed files
         raise UserError(f"cannot load the BPE files {str(vocab)!r} / {str(merges)!r}: {err}") from None
     hf = _HF(model)
     if hf.token_to_id(EOD_TOKEN) is None:
         raise UserError(f"the vocabulary {str(vocab)!r} has no {EOD_TOKEN!r} entry, needed as EOD")
     return HFTokenizer(_byte_level(hf), "gpt2")
+
+
+def _read_merges(path: Path) -> list[tuple[str, ...]]:
+    """GPT-2's ``merges.txt`` (a ``#version`` line, then one ``A B`` pair a line), read by Python."""
+    return [tuple(line.split(" ")) for line in path.read_text(encoding="utf-8").splitlines() if line[:8] != "#version"]
 
 
 MIN_PAIR_FREQUENCY = 2
@@ -351,7 +357,7 @@ def hf_tokenizer(spec: str, eod_token: str | None = None) -> HFTokenizer:
     eos = None
     if file.is_file():
         try:
-            hf = _HF.from_file(str(file))
+            hf = _HF.from_str(file.read_text(encoding="utf-8"))  # from_file: see save()
         except Exception as err:  # tokenizers raises a bare Exception on a malformed file
             raise UserError(f"tokenizer {spec!r}: cannot load {str(file)!r}: {err}") from None
     else:
@@ -431,7 +437,7 @@ def load_tokenizer(source: str | Path | Mapping[str, Any], folder: str | Path | 
         from tokenizers import Tokenizer as _HF
 
         try:
-            hf = _HF.from_file(str(path))
+            hf = _HF.from_str(path.read_text(encoding="utf-8"))  # from_file: see save()
         except Exception as err:  # tokenizers raises a bare Exception on a malformed file
             raise UserError(f"cannot load tokenizer file {str(path)!r}: {err}") from None
         tok = HFTokenizer(hf, str(info["name"]), str(info.get("eod_token", EOD_TOKEN)))

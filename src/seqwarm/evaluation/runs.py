@@ -19,6 +19,7 @@ from seqwarm.trainer.distributed import DistInfo, device_for
 from seqwarm.trainer.model import GPT, GPTConfig
 from seqwarm.util.atomic import write_json
 from seqwarm.util.errors import UserError
+from seqwarm.util.fsnames import recorded_path
 
 EVAL_FILE = "eval.json"
 
@@ -83,7 +84,7 @@ def _where_recorded(recorded: str, run: Path, resolved: dict[str, Any]) -> Path:
     path = Path(recorded)
     if path.is_absolute():
         return path
-    out = Path(str((resolved.get("options") or {}).get("out") or ""))
+    out = recorded_path(str((resolved.get("options") or {}).get("out") or ""))
     here, bases = run.resolve(), []
     n = len(out.parts)
     if n and not out.is_absolute() and n < len(here.parts) and here.parts[-n:] == out.parts:
@@ -196,7 +197,7 @@ def load_run(
         tokenizer = megatron.tokenizer if (info.get("tokenizer") or {}).get("name") else None
         data_dir = Path(megatron.folder)
     else:
-        data_dir = Path(data) if data is not None else Path(info.get("folder", ""))
+        data_dir = Path(data) if data is not None else recorded_path(str(info.get("folder", "")))
         if not str(data_dir) or not (data_dir / "meta.json").is_file():
             raise UserError(
                 f"the run's prepared data folder {str(data_dir)!r} (it holds the tokenizer) is missing; "

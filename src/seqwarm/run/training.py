@@ -260,7 +260,9 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, info, say, stop) -> TrainRe
             eod_id=spec.eod_id,
         )
     else:
-        data = open_prepared(_data_dir(spec, info))
+        data_dir = _data_dir(spec, info)
+        folder.hold_data(data_dir)  # prepare --force refuses to replace the data under this run
+        data = open_prepared(data_dir)
     if spec.model.startswith("hf:"):
         from seqwarm.integrations.hf.run import HFEngineBuilder, HFModelConfig, hf_model_path
 

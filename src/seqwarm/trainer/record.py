@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
@@ -21,6 +22,7 @@ from seqwarm.trainer.history import append_event
 from seqwarm.trainer.metrics import format_duration
 from seqwarm.trainer.resume import config_changes, format_changes
 from seqwarm.util.atomic import write_json
+from seqwarm.util.fsnames import path_record
 from seqwarm.util.version import __version__
 
 __all__ = [
@@ -60,8 +62,13 @@ def versions() -> dict[str, str]:
 
 
 def jsonable(obj: Any) -> Any:
-    """``obj`` as plain JSON values (tuples become lists, anything else unknown a string)."""
-    return json.loads(json.dumps(obj, default=lambda o: list(o) if isinstance(o, tuple) else str(o)))
+    """``obj`` as plain JSON values (tuples become lists, paths :func:`~seqwarm.util.fsnames.path_record`'s
+    text, the same bytes in any locale, anything else unknown a string)."""
+
+    def plain(o: Any) -> Any:
+        return list(o) if isinstance(o, tuple) else path_record(o) if isinstance(o, os.PathLike) else str(o)
+
+    return json.loads(json.dumps(obj, default=plain))
 
 
 def data_record(data: Any) -> dict[str, Any]:
@@ -70,7 +77,7 @@ def data_record(data: Any) -> dict[str, Any]:
     meta = data.meta
     megatron = meta.get("format") == "megatron"
     return {
-        "folder": str(Path(data.folder).resolve()),
+        "folder": path_record(Path(data.folder).resolve()),
         "tokenizer": meta.get("tokenizer"),
         "vocab_size": data.vocab_size,
         "fingerprint": data_fingerprint(meta),

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 from seqwarm.trainer.history import checkpoint_evidence, move_aside
 from seqwarm.util.errors import UserError
-from seqwarm.util.lock import take_lock
+from seqwarm.util.lock import readers_path, release_shared, share_lock, take_lock
 
 if TYPE_CHECKING:  # seqwarm.trainer.distributed imports torch: only when a run prepares its folder
     from seqwarm.trainer.distributed import DistInfo
@@ -135,8 +135,25 @@ class RunFolder:
     """Whether the folder held a run (a ``--resume auto`` on a folder without one starts a new run)."""
     moved_to: Path | None = None
     """Where ``--start-over`` moved the old record (rank 0)."""
+    data_lock: tuple[Path, int] | None = None
+    """The readers lock rank 0 holds on the data folder (:meth:`hold_data`)."""
+
+    def hold_data(self, data_dir: Path) -> None:
+        """Rank 0: hold ``data_dir``'s readers lock (shared) until :meth:`close`, so ``seqwarm prepare
+        --force`` refuses to replace the data under this run (:mod:`seqwarm.data.outdir`). Where it cannot be
+        written (read-only data), nothing can replace the data either: the run goes on without it."""
+        if self.lock is None or self.data_lock is not None:
+            return
+        path = readers_path(data_dir)
+        try:
+            self.data_lock = path, share_lock(path, f"seqwarm train, run folder {self.path.absolute()}")
+        except OSError as err:
+            logger.debug("no readers lock on %s: %s", data_dir, err)
 
     def close(self) -> None:
+        if self.data_lock is not None:
+            release_shared(*self.data_lock)
+            self.data_lock = None
         if self.lock is not None:
             self.lock.release()
         if self.created:

@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import sys
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -38,6 +39,7 @@ from typing import Any
 
 from seqwarm.config.reader import TRACKER_DS_KEYS
 from seqwarm.util.atomic import write_text
+from seqwarm.util.fsnames import utf8_reachable
 
 logger = logging.getLogger(__name__)
 
@@ -313,7 +315,15 @@ class _CSV:
 def open_trackers(cfg: TrackerConfig) -> list[Any]:
     """The trackers of ``cfg`` that can run here; one warning for each asked for and not installed."""
     out: list[Any] = []
-    if cfg.tensorboard_dir is not None:
+    if cfg.tensorboard_dir is not None and not utf8_reachable(cfg.tensorboard_dir.absolute()):
+        logger.warning(
+            "warning: no TensorBoard event files: its writer encodes file names as UTF-8, and %s is not "
+            "UTF-8 in this locale (%s); metrics.jsonl holds the same scalars. A UTF-8 locale "
+            "(LC_ALL=C.UTF-8) or PYTHONUTF8=1 writes them",
+            ascii(str(cfg.tensorboard_dir))[1:-1],
+            sys.getfilesystemencoding(),
+        )
+    elif cfg.tensorboard_dir is not None:
         try:
             out.append(_TensorBoard(cfg.tensorboard_dir))
         except ImportError:

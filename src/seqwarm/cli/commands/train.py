@@ -9,6 +9,7 @@ flags are generated from :class:`seqwarm.run.spec.RunSpec` (:mod:`seqwarm.cli.co
 from __future__ import annotations
 
 import argparse
+import signal
 from typing import Any
 
 from seqwarm.cli.commands.common import training_console
@@ -28,9 +29,16 @@ DESCRIPTION = (
 EPILOG = (
     "Exit codes: 0 the run reached its budget; 2 a mistake in the flags, config, data or run folder (one line "
     "names it); 3 the training diverged (the newest finite checkpoint is named); 75 stopped early with a "
-    "checkpoint by SIGTERM, SIGINT (Ctrl-C), SIGUSR1 (sbatch --signal=USR1@120), SIGHUP or "
-    "--exit-duration-in-mins, after finishing its step: run the same command with --resume to continue; "
-    "128+N a second signal N stopped it at once (the newest checkpoint is named)."
+    "checkpoint: run the same command with --resume to continue. "
+    "Signals: the first SIGTERM, SIGINT (Ctrl-C), SIGUSR1 (sbatch --signal=USR1@120) or SIGHUP, like "
+    "--exit-duration-in-mins, finishes the step, saves a checkpoint and exits 75 -- every one of "
+    "them, Ctrl-C included, so that a requeue script needs one test: 75 means a checkpoint was written and "
+    "--resume continues (130 or 143 would read as killed without one). A second signal stops at once, "
+    "without a checkpoint of that step, with 128+N as a shell reports it: "
+    + ", ".join(
+        f"{128 + getattr(signal, n)} {n}" for n in ("SIGTERM", "SIGINT", "SIGUSR1", "SIGHUP") if hasattr(signal, n)
+    )
+    + " (the newest checkpoint is named)."
 )
 
 
