@@ -21,6 +21,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
 from lightning_model import SEQ, TinyLM, loader, trainer  # noqa: E402
 
+from helpers import doc_block  # noqa: E402
 from seqwarm.curriculum.lr import LRConfig  # noqa: E402
 from seqwarm.curriculum.warmup import SequenceLengthWarmup  # noqa: E402
 from seqwarm.integrations.lightning import SequenceLengthWarmupCallback  # noqa: E402
@@ -33,10 +34,10 @@ KW = dict(min_length=8, max_length=SEQ, steps=6, multiple_of=8)
 LR = LRConfig(lr=0.1, min_lr=0.01, warmup_tokens=200, decay_style="cosine", decay_tokens=1500)
 
 
-def replay(n: int, micro: int, rows: int, **kw) -> list[tuple[int, int, float | None]]:
+def replay(n: int, micro: int, rows: int, seq: int = SEQ, **kw) -> list[tuple[int, int, float | None]]:
     """(length, tokens, LR) of each step, from a SequenceLengthWarmup in a plain loop on the same shapes."""
     slw, out = SequenceLengthWarmup(**kw), []
-    batch = {"input_ids": torch.zeros(rows, SEQ, dtype=torch.long), "labels": torch.zeros(rows, SEQ, dtype=torch.long)}
+    batch = {"input_ids": torch.zeros(rows, seq, dtype=torch.long), "labels": torch.zeros(rows, seq, dtype=torch.long)}
     for _ in range(n):
         length = slw.begin_step()
         for _ in range(micro):
@@ -187,3 +188,14 @@ def test_ddp_with_two_cpu_processes_sums_the_tokens_over_ranks(tmp_path):
         assert [tokens for _, tokens in rank["clock"]] == [tokens for _, tokens, _ in want]
         assert rank["lrs"] == pytest.approx([lr for _, _, lr in want], rel=1e-12)
     assert ranks[0]["first_rows"] != ranks[1]["first_rows"]  # each rank trained its own shard
+
+
+def test_the_snippet_of_frameworks_md_runs(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {}
+    exec(compile(doc_block("FRAMEWORKS.md", "test_lightning.py"), "FRAMEWORKS.md", "exec"), namespace)
+    slw = namespace["curriculum"].curriculum
+    assert (slw.progress.step, slw.current_seqlen) == (10, 128)
+    want = replay(10, micro=2, rows=4, seq=128, min_length=16, max_length=128, steps=8)
+    assert slw.progress.tokens == want[-1][1] and len({length for length, _, _ in want}) > 5
+    assert 3e-4 < slw.lr < 3e-3

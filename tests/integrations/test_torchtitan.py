@@ -9,11 +9,13 @@ also tested on plain tensors, always.
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
 import torch
 
+from helpers import doc_block
 from seqwarm.curriculum.lr import LRConfig
 from seqwarm.curriculum.warmup import SequenceLengthWarmup
 from seqwarm.integrations.torchtitan import cut_batch, step_batches
@@ -140,3 +142,23 @@ def test_the_recipe_on_torchtitans_dataloader_model_loss_and_optimizers(titan_lo
     assert lengths == [8, 8, 16, 16, 24, 24, 32, 32, 32, 32]
     assert slw.progress.tokens == 2 * 2 * (8 + 16 + 24 + 32 + 32)
     assert len({lr for step in lrs for lr in step}) == 5  # warmup, then decay: a new LR every step
+
+
+def test_the_trainer_subclass_of_frameworks_md_is_defined_against_torchtitan():
+    """Only defined (torchtitan's Trainer needs CUDA): its imports and base class are torchtitan's own."""
+    pytest.importorskip("torchtitan")
+    pytest.importorskip("triton")
+    from torchtitan.trainer import Trainer
+
+    namespace: dict = {}
+    exec(compile(doc_block("FRAMEWORKS.md", "test_torchtitan.py"), "FRAMEWORKS.md", "exec"), namespace)
+    cls = namespace["CurriculumTrainer"]
+    assert issubclass(cls, Trainer)
+    for name in ("train_step", "state_dict", "load_state_dict"):
+        assert getattr(Trainer, name) is not getattr(cls, name) and hasattr(Trainer, name)
+    source = inspect.getsource(Trainer)  # what the subclass reads of the trainer, set by its __init__
+    for attribute in ("gradient_accumulation_steps", "num_pipeline_parallel_microbatches", "optimizers"):
+        assert f"self.{attribute} =" in source
+    from torchtitan.distributed.parallel_dims import ParallelDims
+
+    assert {"dp_replicate", "dp_shard"} <= set(inspect.get_annotations(ParallelDims))
