@@ -6,8 +6,8 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip install --quiet --disable-pip-version-check
 TORCH_SPEC ?= torch==2.13.0
 # `pip install seqwarm` is the library alone (torch, numpy); `seqwarm train` needs the `train` extra. The
-# tests exercise it and the others (DeepSpeed, Transformers, W&B, TensorBoard and the dev tools).
-TEST_EXTRAS ?= train,dev,deepspeed,hf,wandb,tensorboard
+# tests exercise it and the others (DeepSpeed, Transformers, Lightning, W&B, TensorBoard and the dev tools).
+TEST_EXTRAS ?= train,dev,deepspeed,hf,lightning,wandb,tensorboard
 # DeepSpeed's C++/CUDA ops are not compiled at install time (no CUDA toolkit needed; a run builds the
 # ones it uses on first use). Set DS_BUILD_OPS=1 to pre-build them on a CUDA machine.
 DS_BUILD_OPS ?= 0

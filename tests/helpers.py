@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import glob
 import json
+import re
 import struct
 import time
+from pathlib import Path
 
 import pytest
 
@@ -177,3 +179,11 @@ def make_seqwarm_v1_folder(folder):
     meta.update(format_version=1, dtype={"int32": "uint32"}.get(meta["dtype"], meta["dtype"]))
     (folder / "meta.json").write_text(json.dumps(meta, indent=2))
     return folder
+
+
+def doc_block(page: str, test_file: str) -> str:
+    """The Python block of docs/``page`` followed by ``<!-- runs in tests/.../test_file ...-->``."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / page).read_text(encoding="utf-8")
+    found = re.findall(r"```python\n((?:(?!```).)*)```\n<!-- runs in tests/\S*?" + re.escape(test_file), text, re.S)
+    assert len(found) == 1, f"docs/{page} has {len(found)} blocks marked to run in {test_file}"
+    return found[0]

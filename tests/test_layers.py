@@ -48,6 +48,8 @@ HEAVY = (
     "wandb",
     "megatron",
     "accelerate",
+    "lightning",
+    "pytorch_lightning",
 )
 """Packages slow to import or optional: the only reason to import inside a function."""
 CLI_ONLY = ("argparse",)
