@@ -1,8 +1,9 @@
 """DeepSpeed integration: ``curriculum`` (``DeepSpeedCurriculum``, which gives a DeepSpeed ZeRO or pipeline
-engine back the sequence-length curriculum, and ``deepspeed_config``), ``run`` (``seqwarm train
---deepspeed``) and ``pipeline`` (seqwarm's GPT as pipeline stages).
+engine back the sequence-length curriculum), ``engine_config`` (``deepspeed_config``: what
+``deepspeed.initialize`` is handed), ``run`` (``seqwarm train --deepspeed``) and ``pipeline`` (seqwarm's GPT
+as pipeline stages).
 
-The public names of :mod:`seqwarm.integrations.deepspeed.curriculum` are re-exported here and imported on
+The public names of ``curriculum`` and ``engine_config`` are re-exported here and imported on
 first access: importing this package imports neither torch nor deepspeed.
 """
 
@@ -12,14 +13,14 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
-    "build_deepspeed_optimizer": "curriculum",
-    "deepspeed_config": "curriculum",
+    "build_deepspeed_optimizer": "engine_config",
+    "deepspeed_config": "engine_config",
     "DEEPSPEED_VERSION": "curriculum",
     "DeepSpeedCurriculum": "curriculum",
     "DeepSpeedEngineAdapter": "curriculum",
     "is_pipeline_engine": "curriculum",
     "require_deepspeed": "curriculum",
-    "skip_cpu_shm_comm": "curriculum",
+    "skip_cpu_shm_comm": "engine_config",
 }
 
 __all__ = sorted(_EXPORTS)
