@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="1024,2048")
     ap.add_argument("--batch", type=int, default=4)
-    ap.add_argument("--vocab", type=int, default=8192, help="the demo's BPE vocabulary")
+    ap.add_argument("--vocab", type=int, default=257, help="257: the byte tokenizer; 8192: the demo BPE")
     ap.add_argument("--few", type=int, default=4, help="documents a row, 'few'")
     ap.add_argument("--many", type=int, default=16, help="documents a row, 'many'")
     ap.add_argument("--rounds", type=int, default=7, help="interleaved rounds (median over them)")

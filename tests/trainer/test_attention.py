@@ -88,6 +88,16 @@ def test_document_masking_skips_the_key_blocks_no_query_sees(t, low, high):
     _check(ids, "chunks")
 
 
+def test_a_long_document_in_one_row_does_not_widen_the_other_rows_keys():
+    gen = torch.Generator().manual_seed(7)
+    t = 2 * QUERY_BLOCK + 40
+    short = _random_docs(2, t, 5, 30, gen)
+    ids = number_documents(torch.cat([torch.zeros(1, t, dtype=torch.long), short]))  # row 0: one document
+    plan = plan_attention(ids, t, None)
+    assert plan.by_row and len(plan.spans) == 3 * 3  # a call per row and query block
+    _check(ids, "chunks")
+
+
 def test_a_single_document_per_row_is_plain_causal_attention():
     ids = _docs([[70], [70]])
     plan = plan_attention(ids, 70, None)
@@ -97,6 +107,11 @@ def test_a_single_document_per_row_is_plain_causal_attention():
 
 def test_documents_starting_together_in_every_row_at_uneven_columns():
     ids = _docs([[10, 30, 5, 25], [10, 12, 18, 5, 25]])  # every row starts at 0, 10, 40, 45: not one width
+    _check(ids, "chunks")
+    q = QUERY_BLOCK  # a document from column q to past 2q in both rows: that query block is plain causal
+    ids = _docs([[50, q - 50, q + 100], [q - 20, 20, q + 100]])
+    plan = plan_attention(ids, 2 * q + 100, None)
+    assert [(q0, k0, m is None) for q0, _, k0, m in plan.spans] == [(0, 0, False), (q, q, True), (2 * q, q, False)]
     _check(ids, "chunks")
 
 

@@ -15,7 +15,8 @@ layer calls :meth:`AttentionPlan.attend`. The plan never changes the numbers, on
   within: no mask at all without documents, a ``w x w`` mask per tile with documents inside them (up to
   :data:`QUERY_BLOCK` columns); a last, shorter tile (``T % w``) runs apart;
 - ``chunks`` (eager, otherwise: document masking): query blocks of :data:`QUERY_BLOCK` columns, each
-  attending only from the earliest block start any of its rows sees, through its own small mask.
+  attending only from the earliest block start any of its rows sees, through its own small mask; row by
+  row instead when one row's long document would widen the other rows' key ranges.
 
 ``tiles`` and ``chunks`` read ``document_ids`` on the host (on a GPU without FlexAttention that is one
 copy to the host per forward). With dropout the attention probabilities are drawn per call, so the
@@ -35,7 +36,7 @@ from seqwarm.curriculum.batch import block_starts, run_starts
 
 __all__ = ["AttentionPlan", "QUERY_BLOCK", "document_mask", "plan_attention"]
 
-QUERY_BLOCK = 128
+QUERY_BLOCK = 256
 """Query columns per call of the ``chunks`` plan, and the widest tile that gets a mask per tile."""
 
 
@@ -66,7 +67,11 @@ class AttentionPlan:
     """``tiles``: ``(B * T/w, 1, w, w)`` for the full tiles and ``(B, 1, r, r)`` for the last ``r`` columns,
     None where attention is plain causal."""
     spans: tuple[tuple[int, int, int, torch.Tensor | None], ...] = ()
-    """``chunks``: ``(q0, q1, k0, mask (B, 1, q1 - q0, q1 - k0) or None for plain causal)`` per query block."""
+    """``chunks``: ``(q0, q1, k0, mask (B|1, 1, q1 - q0, q1 - k0) or None for plain causal)`` per query block,
+    of the whole batch, or with ``by_row`` of one row at a time (row 0's blocks, then row 1's, ...)."""
+    by_row: bool = False
+    key_index: torch.Tensor | None = None
+    """``chunks``: every block's key columns, one block after the other (``by_row``: of the ``(B*T)`` tokens)."""
     block_mask: Any = None
     """``flex``: FlexAttention's ``BlockMask``."""
 
@@ -81,8 +86,32 @@ class AttentionPlan:
             return flex(q, k, v, block_mask=self.block_mask)
         if self.kind == "tiles":
             return self._tiles(q, k, v, dropout_p)
-        outs = [_sdpa(q[:, :, q0:q1], k[:, :, k0:q1], v[:, :, k0:q1], m, dropout_p) for q0, q1, k0, m in self.spans]
+        return self._by_row(q, k, v, dropout_p) if self.by_row else self._chunks(q, k, v, dropout_p)
+
+    def _chunks(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+        # Queries split (backward: one cat) and every block's keys gathered at once (backward: one index_add),
+        # not sliced block by block (backward: a full-size zero tensor per block).
+        qs = q.split([q1 - q0 for q0, q1, _, _ in self.spans], dim=2)
+        sizes = [q1 - k0 for _, q1, k0, _ in self.spans]
+        ks, vs = (z.index_select(2, self.key_index).split(sizes, dim=2) for z in (k, v))
+        outs = [_sdpa(qi, ki, vi, span[3], dropout_p) for qi, ki, vi, span in zip(qs, ks, vs, self.spans)]
         return torch.cat(outs, dim=2)  # (B, H, T, hd)
+
+    def _by_row(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+        b, h, t, hd = q.shape
+
+        def tokens(z: torch.Tensor) -> torch.Tensor:  # (B, H, T, hd) -> (B*T, H, hd)
+            return z.transpose(1, 2).reshape(b * t, h, hd)
+
+        qs = tokens(q).split([q1 - q0 for q0, q1, _, _ in self.spans])  # row 0's blocks, then row 1's, ...
+        sizes = [q1 - k0 for _, q1, k0, _ in self.spans]
+        ks, vs = (tokens(z).index_select(0, self.key_index).split(sizes) for z in (k, v))
+        outs = [
+            _sdpa(qi.transpose(0, 1)[None], ki.transpose(0, 1)[None], vi.transpose(0, 1)[None], span[3], dropout_p)
+            for qi, ki, vi, span in zip(qs, ks, vs, self.spans)
+        ]  # (1, H, Q, hd) each
+        y = torch.cat([o[0].transpose(0, 1) for o in outs])  # (B*T, H, hd)
+        return y.view(b, t, h, hd).transpose(1, 2)  # (B, H, T, hd)
 
     def _tiles(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
         b, h, t, hd = q.shape
@@ -158,14 +187,21 @@ def _shape_plan(ids: torch.Tensor, t: int, device: torch.device) -> AttentionPla
             main = _block_mask(ids[:, : n * w].reshape(b * n, w)) if n and bool(inner[:, : n * w].any()) else None
             tail = _block_mask(ids[:, n * w :]) if t > n * w and bool(inner[:, n * w :].any()) else None
             return AttentionPlan("tiles", width=w, tile_masks=tuple(_to(m, device) for m in (main, tail)))
-    first = run_starts(starts)  # (B, T): the column where each token's block starts
-    lows = first[:, ::QUERY_BLOCK].min(0).values.tolist()  # each query block's earliest visible key
-    spans = []
-    for q0, k0 in zip(range(0, t, QUERY_BLOCK), lows):
-        q1 = min(q0 + QUERY_BLOCK, t)
-        plain = k0 == q0 and not bool(starts[:, q0 + 1 : q1].any())  # one block per row: causal
-        spans.append((q0, q1, k0, None if plain else _to(_block_mask(ids[:, k0:q1], q0 - k0), device)))
-    return AttentionPlan("chunks", spans=tuple(spans))
+    first = run_starts(starts)[:, ::QUERY_BLOCK]  # (B, blocks): where each query block's first block starts
+    ends = torch.arange(QUERY_BLOCK, t + QUERY_BLOCK, QUERY_BLOCK).clamp(max=t)  # (blocks,)
+    lows = first.min(0).values  # each query block's earliest visible key in any row
+    # One row at a time when the rows' own key ranges are much narrower than the batch's (a long document in
+    # one row would otherwise widen every row's range): more, smaller calls.
+    by_row = b > 1 and 5 * int((ends - first).sum()) < 4 * b * int((ends - lows).sum())
+    spans, keys = [], []
+    for r in range(b) if by_row else (None,):
+        rows = slice(r, r + 1) if by_row else slice(None)
+        for q0, q1, k0 in zip(range(0, t, QUERY_BLOCK), ends.tolist(), (first[r] if by_row else lows).tolist()):
+            plain = k0 == q0 and not bool(starts[rows, q0 + 1 : q1].any())  # one block per row: causal
+            spans.append((q0, q1, k0, None if plain else _to(_block_mask(ids[rows, k0:q1], q0 - k0), device)))
+            keys.append(torch.arange(k0, q1) + (r * t if by_row else 0))  # by_row: columns of (B*T)
+    key_index = torch.cat(keys).to(device)
+    return AttentionPlan("chunks", spans=tuple(spans), by_row=by_row, key_index=key_index)
 
 
 def plan_attention(
