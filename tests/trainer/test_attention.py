@@ -183,3 +183,39 @@ def test_compiled_window_mode_traces_one_graph_for_every_window_length():
         assert counter.frame_count == 1
     finally:
         torch._dynamo.reset()
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_compiled_flex_attention_traces_one_graph_for_every_window_length(monkeypatch):
+    """The CUDA plan inside a compiled model, traced on the CPU (forward only, no code generation): the block
+    mask is built in the graph from document_ids, so every window length runs the same graph, with the
+    eager plans' loss."""
+    from torch._dynamo.testing import CompileCounter
+
+    import seqwarm.trainer.model as model_module
+    from seqwarm.trainer.attention import AttentionPlan, _flex_plan
+
+    torch._dynamo.reset()
+    t = 32
+    gpt = GPT(GPTConfig(vocab_size=50, seq_length=t, n_layer=1, n_head=2, n_embd=32))
+    ids = torch.randint(0, 50, (2, t))
+    batches = [window_batch({"input_ids": ids}, w) for w in (4, 12, 32)]
+    with torch.no_grad():
+        eager = [
+            float(gpt(ids, labels=ids, position_ids=b["position_ids"], document_ids=b["document_ids"])) for b in batches
+        ]
+    monkeypatch.setattr(
+        model_module,
+        "plan_attention",
+        lambda docs, t, mask, dropout=False: AttentionPlan("causal") if docs is None else _flex_plan(docs, t),
+    )
+    counter = CompileCounter()
+    gpt.compile(backend=counter)
+    try:
+        with torch.no_grad():
+            for b, want in zip(batches, eager):
+                got = gpt(ids, labels=ids, position_ids=b["position_ids"], document_ids=b["document_ids"])
+                assert float(got) == pytest.approx(want, rel=1e-5)
+        assert counter.frame_count == 1
+    finally:
+        torch._dynamo.reset()

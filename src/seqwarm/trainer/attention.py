@@ -25,7 +25,6 @@ random numbers differ from the dense path's (the distribution does not).
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +32,11 @@ import torch
 import torch.nn.functional as F
 
 from seqwarm.curriculum.batch import block_starts, run_starts
+
+try:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:  # pragma: no cover - torch before 2.5
+    create_block_mask = flex_attention = None
 
 __all__ = ["AttentionPlan", "QUERY_BLOCK", "document_mask", "plan_attention"]
 
@@ -82,8 +86,7 @@ class AttentionPlan:
         if self.kind == "dense":
             return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, dropout_p=dropout_p)
         if self.kind == "flex":
-            flex = _flex()[1 if torch.compiler.is_compiling() or not q.is_cuda else 2]
-            return flex(q, k, v, block_mask=self.block_mask)
+            return _flex_kernel(q)(q, k, v, block_mask=self.block_mask)
         if self.kind == "tiles":
             return self._tiles(q, k, v, dropout_p)
         return self._by_row(q, k, v, dropout_p) if self.by_row else self._chunks(q, k, v, dropout_p)
@@ -137,18 +140,21 @@ def _sdpa(q, k, v, mask: torch.Tensor | None, dropout_p: float) -> torch.Tensor:
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=dropout_p)
 
 
-@functools.cache
-def _flex() -> tuple[Any, Any, Any] | None:
-    """(create_block_mask, flex_attention, flex_attention compiled) or None without FlexAttention."""
-    try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-    except ImportError:  # pragma: no cover - every supported torch has it
-        return None
-    return create_block_mask, flex_attention, torch.compile(flex_attention)
+_compiled_flex: Any = None
+
+
+def _flex_kernel(q: torch.Tensor) -> Any:
+    """FlexAttention for ``q``: the plain function inside a compiled graph (Dynamo fuses it) and on the CPU,
+    compiled once on first use in an eager CUDA model (uncompiled it would materialise the scores)."""
+    global _compiled_flex
+    if torch.compiler.is_compiling() or not q.is_cuda:
+        return flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(flex_attention)
+    return _compiled_flex
 
 
 def _flex_plan(document_ids: torch.Tensor, t: int) -> AttentionPlan:
-    create_block_mask = _flex()[0]
     ids = document_ids
 
     def same_block_causal(b, h, q_idx, kv_idx):
@@ -215,7 +221,7 @@ def plan_attention(
         raise ValueError(f"document_ids must be (batch, {t}), got shape {list(document_ids.shape)}")
     if mask is not None:
         return AttentionPlan("dense", mask=document_mask(document_ids, t, mask))
-    if document_ids.is_cuda and not dropout and _flex() is not None:
+    if document_ids.is_cuda and not dropout and flex_attention is not None:
         return _flex_plan(document_ids, t)
     if torch.compiler.is_compiling():
         return AttentionPlan("dense", mask=document_mask(document_ids, t, None))
