@@ -207,7 +207,9 @@ def test_compiled_flex_attention_traces_one_graph_for_every_window_length(monkey
     monkeypatch.setattr(
         model_module,
         "plan_attention",
-        lambda docs, t, mask, dropout=False: AttentionPlan("causal") if docs is None else _flex_plan(docs, t),
+        lambda docs, t, mask, dropout=False, compiled=False: (
+            AttentionPlan("causal") if docs is None else _flex_plan(docs, t)
+        ),
     )
     counter = CompileCounter()
     gpt.compile(backend=counter)
@@ -216,6 +218,26 @@ def test_compiled_flex_attention_traces_one_graph_for_every_window_length(monkey
             for b, want in zip(batches, eager):
                 got = gpt(ids, labels=ids, position_ids=b["position_ids"], document_ids=b["document_ids"])
                 assert float(got) == pytest.approx(want, rel=1e-5)
+        assert counter.frame_count == 1
+    finally:
+        torch._dynamo.reset()
+
+
+def test_blocks_compiled_one_by_one_get_one_graph_for_every_window_length():
+    """FSDP2 compiles each block, not the model: the model then plans without data-dependent shapes too."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    t = 32
+    gpt = GPT(GPTConfig(vocab_size=50, seq_length=t, n_layer=1, n_head=2, n_embd=16))
+    counter = CompileCounter()
+    gpt.blocks[0].compile(backend=counter)  # as TorchEngineBuilder does under FSDP2
+    ids = torch.randint(0, 50, (2, t))
+    gen = torch.Generator().manual_seed(2)
+    try:
+        for w in (4, 8, 12, 32):
+            batch = window_batch({"input_ids": ids, "document_ids": _random_docs(2, t, 2, 20, gen)}, w)
+            gpt(ids, labels=ids, position_ids=batch["position_ids"], document_ids=batch["document_ids"]).backward()
         assert counter.frame_count == 1
     finally:
         torch._dynamo.reset()

@@ -6,7 +6,8 @@ layer calls :meth:`AttentionPlan.attend`. The plan never changes the numbers, on
 
 - ``causal``: no ``document_ids`` and no mask, ``is_causal=True`` (SDPA's causal fast path);
 - ``dense``: a ``(B, 1, T, T)`` mask: with an ``attention_mask`` (padding, 4-D), and for ``document_ids``
-  on the CPU under ``torch.compile`` (no data-dependent shapes in a graph: one graph for the run);
+  on the CPU under ``torch.compile``, of the model or of each block (no data-dependent shapes in a graph:
+  one graph for the run);
 - ``flex``: CUDA, FlexAttention with a block mask built from ``document_ids`` once per forward (every
   layer and the backward reuse it): key blocks no query block can see are skipped; the window length is
   data, so one compiled graph serves every length (not with dropout, which FlexAttention lacks);
@@ -211,10 +212,12 @@ def _shape_plan(ids: torch.Tensor, t: int, device: torch.device) -> AttentionPla
 
 
 def plan_attention(
-    document_ids: torch.Tensor | None, t: int, mask: torch.Tensor | None, dropout: bool = False
+    document_ids: torch.Tensor | None, t: int, mask: torch.Tensor | None, dropout: bool = False, compiled: bool = False
 ) -> AttentionPlan:
     """The plan for a forward of length ``t``: ``document_ids`` ``(B, T)`` or None, ``mask`` a boolean or
-    additive ``(B|1, 1, T, T)`` SDPA mask or None, ``dropout``: attention dropout is on."""
+    additive ``(B|1, 1, T, T)`` SDPA mask or None, ``dropout``: attention dropout is on, ``compiled``: the
+    layers that run the plan are compiled apart (FSDP2 compiles each block), so the plan must not carry
+    data-dependent shapes either."""
     if document_ids is None:
         return AttentionPlan("causal") if mask is None else AttentionPlan("dense", mask=mask)
     if document_ids.dim() != 2 or document_ids.shape[1] != t:
@@ -223,6 +226,6 @@ def plan_attention(
         return AttentionPlan("dense", mask=document_mask(document_ids, t, mask))
     if document_ids.is_cuda and not dropout and flex_attention is not None:
         return _flex_plan(document_ids, t)
-    if torch.compiler.is_compiling():
+    if compiled or torch.compiler.is_compiling():
         return AttentionPlan("dense", mask=document_mask(document_ids, t, None))
     return _shape_plan(document_ids.detach().cpu(), t, document_ids.device)

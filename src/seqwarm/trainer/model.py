@@ -302,7 +302,9 @@ class GPT(nn.Module):
             rope = (self.rope_cos[:t], self.rope_sin[:t])
         mask = None if attention_mask is None else self._attention_mask(attention_mask, t)
         # Once per forward, for every layer: the attention at the cost of the span (trainer.attention).
-        plan = plan_attention(document_ids, t, mask, dropout=self.training and self.config.dropout > 0)
+        dropout = self.training and self.config.dropout > 0
+        blocks_compiled = getattr(self.blocks[0], "_compiled_call_impl", None) is not None  # FSDP2's compile
+        plan = plan_attention(document_ids, t, mask, dropout=dropout, compiled=blocks_compiled)
         x = self.drop(x)
         for block in self.blocks:
             x = block(x, rope, plan)
