@@ -1,6 +1,6 @@
 """One command for a lent GPU: how fast seqwarm's training loop is, against the chip and a bare loop.
 
-In at most ~5 minutes on one GPU it prints:
+In at most ~8 minutes on one GPU it prints:
 
 - the bf16 matmul ceiling it measures (8192^3 GEMMs) next to the chip's data-sheet dense bf16 peak;
 - for gpt2-124m at lengths 64..1024, eager and compiled, truncate and reshape: tokens/s, MFU
@@ -8,7 +8,12 @@ In at most ~5 minutes on one GPU it prints:
   against the measured ceiling, peak memory, host syncs per optimizer step
   (``torch.cuda.set_sync_debug_mode``), and the ratio to a bare PyTorch loop (same model, optimizer,
   batches; ``model(x[:, :L])``, backward, clip, step) measured in the same run;
-- the same table as JSON with ``--json FILE``.
+- window mode and document masking (issue #38) at the full length, eager and compiled, in the run's
+  precision: forward + backward step time of each case of ``bench_attention.py`` (window S/8 and S/2,
+  few and many documents a row, each also through the dense mask, truncation to S/8) as a ratio to the
+  full causal step, and the graphs each case adds to the compiled model (Dynamo's counter: the window
+  cases should add one graph for the run, not one per span);
+- the same tables as JSON with ``--json FILE`` (``rows``, ``attention``).
 
 "seqwarm's loop" is what ``seqwarm train`` runs per optimizer step (:meth:`seqwarm.trainer.loop.Run._train_step`)
 driving a :class:`~seqwarm.curriculum.engine.CurriculumEngine` (curriculum length, shaping, token count, clock,
@@ -185,6 +190,67 @@ def measure(args, device, cfg_model, length, mode, compiled, precision, batches,
     }
 
 
+def attention_rows(args, device, cfg_model, precision, budget_end: float) -> list[dict]:
+    """Window mode and document masking against the causal step at the full length (bench_attention's cases)."""
+    from bench_attention import cases
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    s = cfg_model.seq_length
+    todo = {
+        name: {k: v.to(device) for k, v in kw.items()}
+        for name, kw in cases(s, args.batch, cfg_model.vocab_size, 4, 16).items()
+    }
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
+    rows = []
+    for variant in args.variants.split(","):
+        if time.perf_counter() > budget_end:
+            print(f"# attention budget reached: {variant} left out")
+            break
+        torch.manual_seed(0)
+        model = GPT(cfg_model).to(device)
+        counter = None
+        if variant == "compiled":
+            torch._dynamo.reset()
+            counter = CompileCounterWithBackend("inductor")
+            model.compile(backend=counter)
+
+        def step(kw, model=model):
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                loss = model(**kw)
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+
+        graphs, failed = {}, set()
+        for name, kw in todo.items():  # in order: the graphs each case adds to the ones before
+            before = counter.frame_count if counter else 0
+            try:
+                for _ in range(args.warmup):
+                    step(kw)
+            except Exception as err:  # a path that fails on this GPU: say so, measure the rest
+                print(f"# attention {variant} {name}: {type(err).__name__}: {str(err)[:300]}")
+                failed.add(name)
+            graphs[name] = counter.frame_count - before if counter else None
+        ok = [name for name in todo if name not in failed]
+        times: dict[str, list[float]] = {name: [] for name in ok}
+        for _ in range(args.rounds):  # interleaved
+            for name in ok:
+                times[name].append(timed(lambda kw=todo[name]: step(kw), device, args.steps))
+        ref = statistics.median(times["full causal"]) if times.get("full causal") else None
+        for name in ok:
+            med = statistics.median(times[name])
+            rows.append(
+                {
+                    "variant": variant,
+                    "case": name,
+                    "length": s,
+                    "step_ms": med * 1e3,
+                    "vs_causal": med / ref if ref else None,
+                    "new_graphs": graphs[name],
+                }
+            )
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model, two short lengths, eager (for the tests)")
@@ -197,6 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--budget-s", type=float, default=280.0, help="stop starting new rows after this long")
+    ap.add_argument(
+        "--attention-budget-s", type=float, default=150.0, help="window / document rows: no new variant after this"
+    )
     ap.add_argument("--json", metavar="FILE")
     args = ap.parse_args(argv)
     start = time.perf_counter()
@@ -260,6 +329,14 @@ def main(argv: list[str] | None = None) -> int:
             f"{num(r['peak_mem_gib'], '.2f')} | {num(r['host_syncs_per_step'], 'd')} | "
             f"{r['loop_vs_bare']:.3f} |"
         )
+    attention = attention_rows(args, device, cfg_model, precision, time.perf_counter() + args.attention_budget_s)
+    print(f"| variant | case (S = {cfg_model.seq_length}) | step ms | vs full causal | graphs added |")
+    print("|---|---|---:|---:|---:|")
+    for r in attention:
+        print(
+            f"| {r['variant']} | {r['case']} | {r['step_ms']:.1f} | {num(r['vs_causal'], '.2f')} | "
+            f"{num(r['new_graphs'], 'd')} |"
+        )
     print(f"# {time.perf_counter() - start:.0f} s")
     if args.json:
         Path(args.json).write_text(
@@ -270,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
                     "ceiling_tflops": ceiling,
                     "torch": torch.__version__,
                     "rows": rows,
+                    "attention": attention,
                 },
                 indent=2,
             )

@@ -25,6 +25,10 @@ def test_gpu_check_smoke_runs_from_a_plain_checkout(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert {(r["mode"], r["length"]) for r in rows} == {(m, n) for m in ("truncate", "reshape") for n in (16, 32)}
     assert all(r["tokens_per_s"] > 0 and r["loop_vs_bare"] > 0 for r in rows)
+    attention = {r["case"]: r for r in json.loads(out.read_text())["attention"]}  # issue #38: window, documents
+    assert {"full causal", "window S/8 (4)", "window S/2 (16)", "documents, 16 a row"} <= set(attention)
+    assert attention["full causal"]["vs_causal"] == 1.0 and all(r["step_ms"] > 0 for r in attention.values())
+    assert "| eager | window S/8 (4) |" in proc.stdout
 
 
 def test_gpu_throughput_imports_from_a_plain_checkout(tmp_path):

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from seqwarm.config.defaults import PRESETS
 from seqwarm.curriculum.batch import truncate_batch
+from seqwarm.trainer.attention import AttentionPlan, plan_attention
 
 __all__ = ["GPTConfig", "GPT"]
 
@@ -144,16 +145,14 @@ class CausalSelfAttention(nn.Module):
         self.resid_drop = nn.Dropout(cfg.dropout)
 
     def forward(
-        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, mask: torch.Tensor | None
+        self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None, plan: AttentionPlan
     ) -> torch.Tensor:
         b, t, c = x.shape
         q, k, v = self.c_attn(x).split(c, dim=2)
         q, k, v = (z.view(b, t, self.n_head, c // self.n_head).transpose(1, 2) for z in (q, k, v))
         if rope is not None:  # (B, H, T, hd)
             q, k = _apply_rotary(q, *rope), _apply_rotary(k, *rope)
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=mask is None, dropout_p=self.dropout if self.training else 0.0
-        )
+        y = plan.attend(q, k, v, dropout_p=self.dropout if self.training else 0.0)  # (B, H, T, hd)
         y = y.transpose(1, 2).contiguous().view(b, t, c)  # (B, T, C)
         return self.resid_drop(self.c_proj(y))
 
@@ -178,24 +177,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(cfg.n_embd, eps=cfg.layer_norm_eps, bias=cfg.bias)
         self.mlp = MLP(cfg)
 
-    def forward(self, x, rope, mask):
-        x = x + self.attn(self.ln_1(x), rope, mask)
+    def forward(self, x, rope, plan):
+        x = x + self.attn(self.ln_1(x), rope, plan)
         return x + self.mlp(self.ln_2(x))
-
-
-def _document_mask(document_ids: torch.Tensor, t: int, mask: torch.Tensor | None) -> torch.Tensor:
-    """Block-diagonal causal attention (True = may attend) from per-token ids ``(B, T)``: a query sees the
-    keys at or before it that carry its id; intersected with ``mask`` (boolean or additive) when given."""
-    if tuple(document_ids.shape[-1:]) != (t,) or document_ids.dim() != 2:
-        raise ValueError(f"document_ids must be (batch, {t}), got shape {list(document_ids.shape)}")
-    same = document_ids[:, :, None] == document_ids[:, None, :]  # (B, T, T)
-    causal = torch.ones(t, t, dtype=torch.bool, device=document_ids.device).tril()
-    docs = (same & causal)[:, None]  # (B, 1, T, T); the diagonal is always True: no empty row
-    if mask is None:
-        return docs
-    if mask.dtype == torch.bool:
-        return mask & docs
-    return mask.masked_fill(~docs, float("-inf"))
 
 
 class GPT(nn.Module):
@@ -274,8 +258,10 @@ class GPT(nn.Module):
         ``(B|1, 1, S, S)`` mask in PyTorch's convention (True = may attend, or an additive float
         mask); Megatron's masks are the inverse (True = masked): pass ``~mask``. ``document_ids``
         ``(B, S)`` (document masking, the ``window`` mode): a token attends only to earlier tokens of
-        the same id, a block-diagonal causal mask built here (and intersected with ``attention_mask``).
-        Without either the attention is causal via ``is_causal=True`` and no mask is materialised.
+        the same id (block-diagonal causal, intersected with ``attention_mask``), computed at the cost of
+        the blocks' span (:mod:`seqwarm.trainer.attention`: window fragments as rows, documents by query
+        blocks, FlexAttention on CUDA). Without either the attention is causal via ``is_causal=True`` and
+        no mask is materialised.
         """
         if curriculum_seqlen is not None:
             cut = truncate_batch(
@@ -315,11 +301,13 @@ class GPT(nn.Module):
         else:  # sliced to the current length: (T, hd/2)
             rope = (self.rope_cos[:t], self.rope_sin[:t])
         mask = None if attention_mask is None else self._attention_mask(attention_mask, t)
-        if document_ids is not None:
-            mask = _document_mask(document_ids, t, mask)
+        # Once per forward, for every layer: the attention at the cost of the span (trainer.attention).
+        dropout = self.training and self.config.dropout > 0
+        blocks_compiled = getattr(self.blocks[0], "_compiled_call_impl", None) is not None  # FSDP2's compile
+        plan = plan_attention(document_ids, t, mask, dropout=dropout, compiled=blocks_compiled)
         x = self.drop(x)
         for block in self.blocks:
-            x = block(x, rope, mask)
+            x = block(x, rope, plan)
         logits = self.lm_head(self.ln_f(x))  # (B, T, V padded)
         if logits.size(-1) != self.config.vocab_size:  # padded rows: no probability, in loss or generation
             logits = logits[..., : self.config.vocab_size]  # (B, T, V)

@@ -19,6 +19,14 @@ and GPT-2, tests/integrations/test_hf_blocks.py):
   predict it). Not run here (no flash-attn on CPU): :func:`check_block_attention` checks it on the model.
 - any other implementation is refused.
 
+What each implementation costs (transformers 5.25; docs/ENGINE.md has the table): ``sdpa`` and ``eager``
+attend over the whole row through a dense ``(B, 1, S, S)`` mask (no causal fast path, no flash kernel), so
+a short window or many documents cost more than the causal step; ``flex_attention`` skips the key blocks
+outside a block (GPU; it has no CPU backward in torch 2.13); ``flash_attention_2/3/4``, with the rows laid
+end to end, reach the varlen kernel (``flash_varlen_fn`` with ``cu_seqlens`` found in ``position_ids``):
+the span's cost. seqwarm runs what the model's config names; on a GPU it recommends ``flash_attention_2``
+where flash-attn is installed, else ``flex_attention``; on a CPU ``sdpa``.
+
 The loss keeps every target seqwarm's GPT keeps: the last token of a document (its EOD) still predicts
 the next document's first token, from its own document only; no label is masked at a boundary.
 
