@@ -17,7 +17,7 @@ from seqwarm.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-PAGES = ("docs/YOUR_LOOP.md",)
+PAGES = ("docs/YOUR_LOOP.md", "docs/STAGES.md")
 """Pages of docs/ whose Python blocks run here like the README's."""
 
 

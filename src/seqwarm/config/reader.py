@@ -42,6 +42,7 @@ from seqwarm.config.blocks import (
 from seqwarm.config.run import COUNT_TOKENS_BY, RunConfig
 from seqwarm.config.settings import SETTING_KEYS, flag_for, keys_in_group, keys_of_kind
 from seqwarm.curriculum.schedule import CURRICULUM_MODES
+from seqwarm.curriculum.stages import StageConfig, check_stages
 from seqwarm.util.problems import Checker, ConfigError, Problem, raise_if_problems, suggest
 
 # The optional top-level "seqwarm" block and the CLI overrides share the keys of the settings table.
@@ -243,6 +244,29 @@ def _megatron_accumulation(chk: Checker, raw: dict[str, Any], s: Settings, world
     return {k: v for k, v in raw.items() if k != "gradient_accumulation_steps"}
 
 
+def _stages(chk: Checker, s: Settings, curriculum: Any, seq_length: int | None) -> tuple[StageConfig, ...]:
+    """The checked ``stages`` setting: a list, or from the command line its JSON text or a file holding it."""
+    if "stages" not in s:
+        return ()
+    value, path = s["stages"]
+    if isinstance(value, str):
+        text = value
+        if not value.lstrip().startswith("["):
+            try:
+                text = Path(value).read_text(encoding="utf-8")
+            except (OSError, UnicodeDecodeError) as err:
+                chk.add(path, value, f"is neither a JSON list nor a readable file ({err})", "give [{...}, ...]")
+                return ()
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError as err:
+            chk.add(path, value, f"is not valid JSON ({err.msg}, column {err.colno})", "check the JSON")
+            return ()
+    top = curriculum.max_difficulty if curriculum else seq_length
+    full = seq_length if seq_length is not None else top  # the windows' length (None: the model preset's)
+    return check_stages(chk, value, path, pretrain_length=top, full_length=full, warmup=bool(curriculum))
+
+
 def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, world_size: int = 1) -> RunConfig:
     """Read and check a DeepSpeed JSON config (path or dict) plus seqwarm settings.
 
@@ -321,11 +345,12 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
                 f"exceeds the model's sequence length ({seq_length})",
                 f"set max_difficulty to {seq_length}, the full length",
             )
-        elif curriculum.max_difficulty < seq_length:
+        elif curriculum.max_difficulty < seq_length and "stages" not in s:
             chk.warn(
                 f"max_difficulty {curriculum.max_difficulty} < seq_length {seq_length}: training never "
                 "reaches full length (evaluation still runs at full length)"
             )
+    stages = _stages(chk, s, curriculum, seq_length)
     if "gradient_clipping" in s:
         clip = chk.number(s["gradient_clipping"].value, s["gradient_clipping"].path)
     else:
@@ -382,6 +407,7 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
         document_masking=bool(documents),
         deepspeed=ds,
         length_bucket=bucket,
+        stages=stages,
         rampup_batch_size=s["rampup_batch_size"].value if "rampup_batch_size" in s else None,
         warnings=tuple(chk.warnings),
         source=name,

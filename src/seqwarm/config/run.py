@@ -16,6 +16,7 @@ from seqwarm.curriculum.clock import COUNT_TOKENS_BY
 from seqwarm.curriculum.loss_scale import DEFAULT_CUDA_PRECISION, PRECISIONS, FP16Config, resolve_precision
 from seqwarm.curriculum.lr import LRConfig
 from seqwarm.curriculum.schedule import CurriculumConfig
+from seqwarm.curriculum.stages import RopeScaling, StageConfig
 
 # the precision rule and the fp16 block live with the loss scaler, the token-counting choices with the clock;
 # they keep their names here
@@ -97,6 +98,9 @@ class RunConfig:
     """Cut each batch to the curriculum length rounded up to a multiple of this, with the loss masked past
     the length (``seqwarm.length_bucket`` / ``--length-bucket``; None: cut to the length itself). The same
     loss and gradients, at most ``ceil(seq_length / length_bucket)`` shapes; truncate mode only."""
+    stages: tuple[StageConfig, ...] = ()
+    """The length schedule after the warmup (``seqwarm.stages`` / ``--stages``): each stage's start in
+    tokens, length and rotary position settings, checked (:mod:`seqwarm.curriculum.stages`)."""
     rampup_batch_size: Any = None
     """Megatron's batch-size ramp, kept only to refuse it next to a curriculum."""
     deepspeed: Mapping[str, Any] = field(default_factory=dict, compare=False)
@@ -134,4 +138,8 @@ class RunConfig:
         vals["lr"] = LRConfig(**(vals.get("lr") or {}))
         vals["curriculum"] = CurriculumConfig(**vals["curriculum"]) if vals.get("curriculum") else None
         vals["warnings"] = tuple(vals.get("warnings") or ())
+        vals["stages"] = tuple(
+            StageConfig(**{**s, "rope_scaling": RopeScaling(**s["rope_scaling"]) if s.get("rope_scaling") else None})
+            for s in vals.get("stages") or ()
+        )
         return cls(**vals)

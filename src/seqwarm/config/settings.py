@@ -51,7 +51,8 @@ class Setting:
     """Its command-line flag, e.g. ``--train-tokens``."""
     kind: str
     """``count`` (a whole number: 1000000, 1e6, 1M), ``float`` (>= 0), ``choice``, ``list`` (one or more
-    values), ``off`` (a switch that sets the key to False, like ``--no-curriculum``) or ``on`` (a boolean
+    values), ``json`` (a JSON value, or the path of a file holding one),
+    ``off`` (a switch that sets the key to False, like ``--no-curriculum``) or ``on`` (a boolean
     key: its flag sets it to True and ``--no-`` + the flag to False, both over the config's value)."""
     help: str
     """The ``--help`` text."""
@@ -239,6 +240,19 @@ SETTINGS: tuple[Setting, ...] = (
         "count trained tokens by the shaped batch's shape (default) or by the sum of its loss_mask",
         "batch",
         choices=COUNT_TOKENS_BY,
+    ),
+    Setting(
+        "stages",
+        "--stages",
+        "json",
+        "the length schedule after the warmup, as a JSON list (or a file holding one): "
+        '[{"start_tokens": N, "length": L, "rope_theta": T}, {"start_tokens": N2, "length": L2, "rope_scaling": '
+        '{"type": "yarn", "factor": 2.0}}]; from the first step whose clock reaches start_tokens the run trains '
+        "at that length with those rotary settings (linear or yarn rope_scaling in Transformers' keys; a key "
+        "left out keeps the previous stage's). Lengths up to --seq-length, whose windows are cut to each "
+        "stage's length; seqwarm's rotary GPT on the torch backends only (see docs/STAGES.md)",
+        "batch",
+        metavar="JSON",
     ),
     Setting("curriculum", "--no-curriculum", "off", "turn the curriculum off: the full-length baseline", "batch"),
     Setting(

@@ -28,6 +28,15 @@ given (padding left out); ``loss_mask``, its loss terms (the loss mask's sum, el
 -100). The one rule that applies it is :func:`seqwarm.curriculum.batch.tokens_trained`."""
 
 
+@dataclass(frozen=True)
+class Limits:
+    """When a run stops (None: no such limit): what :func:`stop_reason` reads."""
+
+    train_tokens: int | None = None
+    train_iters: int | None = None
+    train_samples: int | None = None
+
+
 class Budget(Protocol):
     """What :func:`stop_reason` reads: the run's budgets (None = not set), e.g. a ``RunConfig``."""
 

@@ -27,8 +27,7 @@ from __future__ import annotations
 import inspect
 import logging
 import warnings
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -42,7 +41,7 @@ from seqwarm.curriculum.batch import (
     truncate_batch,
     window_batch,
 )
-from seqwarm.curriculum.clock import COUNT_TOKENS_BY, Progress, advance, micro_batch_shape, stop_reason
+from seqwarm.curriculum.clock import COUNT_TOKENS_BY, Limits, Progress, advance, micro_batch_shape, stop_reason
 from seqwarm.curriculum.inputs import as_batch, check_keys, check_saved_state, keyword_curriculum
 from seqwarm.curriculum.layouts import LAYOUTS, check_cut, cut_to_layout, longest_sequence, read_layout
 from seqwarm.curriculum.lr import LRConfig, lr_at
@@ -52,19 +51,11 @@ from seqwarm.curriculum.plan import LoopSettings, Plan, make_plan
 from seqwarm.curriculum.ranks import global_counts
 from seqwarm.curriculum.run import WarmupSettings, as_run_config
 from seqwarm.curriculum.schedule import CurriculumConfig, CurriculumScheduler
+from seqwarm.curriculum.stages import StageConfig, StageTracker, as_stages
 
 __all__ = ["SequenceLengthWarmup", "Limits"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """When a run stops (None: no such limit): what :func:`~seqwarm.curriculum.clock.stop_reason` reads."""
-
-    train_tokens: int | None = None
-    train_iters: int | None = None
-    train_samples: int | None = None
 
 
 class SequenceLengthWarmup:
@@ -117,6 +108,7 @@ class SequenceLengthWarmup:
         world_size: int | None = None,
         process_group: Any = None,
         keys: Mapping[str, str] | None = None,
+        stages: Sequence[StageConfig | Mapping[str, Any]] | None = None,
     ):
         keywords = (min_length, max_length, steps, lengths, until_steps)
         self.keys = check_keys(keys)
@@ -134,12 +126,15 @@ class SequenceLengthWarmup:
         self.layout = layout
         self.curriculum = curriculum if curriculum is not None and curriculum.enabled else None
         self.scheduler = CurriculumScheduler(self.curriculum) if self.curriculum is not None else None
+        top = self.curriculum.max_difficulty if self.curriculum is not None else None
+        self.stages = StageTracker(as_stages(stages, pretrain_length=top, warmup=self.scheduler is not None))
+        """The stages after the warmup (:mod:`~seqwarm.curriculum.stages`): ``stages.stage``, ``.changed``."""
         self.bucket: int | None = length_bucket if self.scheduler else None
         self.mode = (
             resolve_mode(
                 mode, forward, pipeline=pipeline, inject_via_kwargs=inject_via_kwargs, length_bucket=self.bucket
             )
-            if self.scheduler
+            if self.scheduler or self.stages.stages
             else None
         )
         if self.bucket is not None and self.mode != "truncate":
@@ -195,6 +190,7 @@ class SequenceLengthWarmup:
             train_iters=config.train_iters,
             train_samples=config.train_samples,
             world_size=config.world_size,
+            stages=getattr(config, "stages", ()),
             **kwargs,
         )
 
@@ -225,8 +221,14 @@ class SequenceLengthWarmup:
         self.trained_length = None
         if self.scheduler is not None:  # DeepSpeed's engine called update_difficulty(global_steps + 1)
             self._step_length = self.scheduler.update_difficulty(self.progress.step + 1)
-            self.current_seqlen = self._step_length
+        if (stage := self.stages.begin(self.progress.tokens)) is not None:  # a stage after the warmup
+            self._step_length = stage.length
+        self.current_seqlen = self._step_length if self._step_length is not None else self.current_seqlen
         return self._step_length
+
+    stage = property(lambda self: self.stages.stage, doc="The stage of the step in flight (None: before one).")
+    stage_changed = property(lambda self: self.stages.changed, doc=StageTracker.changed_doc)
+    positions = property(lambda self: self.stages.positions(), doc=StageTracker.positions.__doc__)
 
     def _need_open(self, what: str) -> None:
         if not self._open:
@@ -305,8 +307,8 @@ class SequenceLengthWarmup:
         return seqlen
 
     def _check_top(self, full: int, layout: str) -> None:
-        top = self.curriculum.max_difficulty
-        if self._checked_top or layout == "padding_free" or layout != "dense" and full <= top:
+        top = self.curriculum.max_difficulty if self.curriculum is not None else full
+        if self._checked_top or self.stages.stages or layout == "padding_free" or layout != "dense" and full <= top:
             return  # padded batches are as long as their longest sequence: shorter than the top is fine
         self._checked_top, name, grows = True, self._max_name, "never reaches" if top < full else "stops growing at"
         if top != full:
@@ -420,6 +422,7 @@ class SequenceLengthWarmup:
         self._totals = None
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+        self.stages.forget()  # derived from the clock: the next begin_step reports its stage as changed
 
     def plan(self, batch_size: int, *, micro_batch_size: int | None = None, seq_length: int | None = None) -> Plan:
         """The run ahead of time from these settings, as ``seqwarm plan`` replays a config file
@@ -439,8 +442,5 @@ class SequenceLengthWarmup:
         )
 
     def __repr__(self) -> str:
-        lr = "None" if self.lr is None else f"{self.lr:.3g}"
-        return (
-            f"SequenceLengthWarmup(mode={self.mode}, step={self.progress.step}, tokens={self.progress.tokens}, "
-            f"seqlen={self.current_seqlen}, lr={lr})"
-        )
+        p, lr, seq = self.progress, "None" if self.lr is None else f"{self.lr:.3g}", self.current_seqlen
+        return f"SequenceLengthWarmup(mode={self.mode}, step={p.step}, tokens={p.tokens}, seqlen={seq}, lr={lr})"

@@ -359,11 +359,37 @@ def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
                 "DeepSpeed's config key \"compile\" (or Hugging Face's torch_compile) for those",
             )
         )
+    problems += _stage_problems(spec, cfg)
     if problems:
         raise ConfigError(problems, str(spec.config) if spec.config else "the built-in recipe")
     for message in cfg.warnings:
         logger.warning("warning: %s", message)
     return cfg
+
+
+def _stage_problems(spec: RunSpec, cfg: RunConfig) -> list[Problem]:
+    """What this release's stages do not train yet: each refused rather than trained otherwise."""
+    if not cfg.stages:
+        return []
+    refused = [
+        (spec.model.startswith("hf:"), "a Hugging Face model (hf:)", "use seqwarm's GPT (--model PRESET --rotary)"),
+        (
+            spec.deepspeed,
+            "the DeepSpeed backend (--deepspeed)",
+            "train on the torch backends (one device, DDP, --fsdp)",
+        ),
+        (cfg.curriculum is not None and cfg.curriculum.mode == "window", "curriculum mode window", "use truncate"),
+        (
+            not spec.rotary and any(s.rope_theta is not None or s.rope_scaling is not None for s in cfg.stages),
+            "rope_theta / rope_scaling on a model with learned positions",
+            "add --rotary, or drop the stages' rope settings",
+        ),
+    ]
+    return [
+        Problem(f"stages ({flag_for('stages')})", "[...]", f"are not supported with {what} yet", fix)
+        for bad, what, fix in refused
+        if bad
+    ]
 
 
 def recipe_config(spec: RunSpec) -> dict[str, Any]:

@@ -63,11 +63,11 @@ class RunChoices:
 def curriculum_mode(cfg: RunConfig, forward: Callable | None, *, pipeline: bool = False) -> str | None:
     """The curriculum mode of a run whose model has this ``forward`` (None: a pipeline, which passes no
     keyword through its stages): :func:`~seqwarm.curriculum.modes.resolve_mode` on the config's mode, the
-    rule every engine applies; None without a curriculum."""
-    cur = cfg.curriculum
-    if cur is None or not cur.enabled:
+    rule every engine applies; None without a curriculum (nor stages)."""
+    cur = cfg.curriculum if cfg.curriculum is not None and cfg.curriculum.enabled else None
+    if cur is None and not cfg.stages:
         return None
-    return resolve_mode(cur.mode, forward, pipeline=pipeline, length_bucket=cfg.length_bucket)
+    return resolve_mode(cur.mode if cur else None, forward, pipeline=pipeline, length_bucket=cfg.length_bucket)
 
 
 def decide(

@@ -36,6 +36,7 @@ from seqwarm.trainer.options import RunOptions
 from seqwarm.trainer.plots import plot_run
 from seqwarm.trainer.record import TrainResult, data_record, jsonable, versions
 from seqwarm.trainer.resume import check_resume_config, saved_section
+from seqwarm.trainer.stages import StagePositions
 from seqwarm.trainer.stop import RunStopped, StopNow, StopRequest
 from seqwarm.trainer.trackers import forget_wandb_run, tracker_config
 from seqwarm.trainer.trial import trial_step
@@ -161,6 +162,7 @@ class Run:
                 wandb_run_name=opts.wandb_run_name,
             ),
         )
+        self.stages = StagePositions(self.engine, self.model, self.info, self.device, self.log)
         self._optimizer_states = (
             (lambda: optimizer_states(self.optimizer)) if opts.log_optimizer_states_to_tensorboard else None
         )
@@ -312,6 +314,7 @@ class Run:
         read at the next log, eval or save step). An fp16 overflow skips the update: the clock stays."""
         engine, feed, micro_batches = self.engine, self.feed, self.cfg.gradient_accumulation_steps
         engine.begin_step()  # the step's length, decided once, before its micro-batches are drawn
+        self.stages.follow(engine.progress.step + 1, engine.progress.tokens)  # a new stage: its positions set
         if self.whole_steps:  # a pipeline trains the step's micro-batches in one call (DeepSpeed's train_batch)
             loss, applied = engine.train_batch([feed.to_device(engine.cut(feed.draw())) for _ in range(micro_batches)])
         else:

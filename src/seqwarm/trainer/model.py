@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from seqwarm.config.defaults import PRESETS
 from seqwarm.curriculum.batch import truncate_batch
+from seqwarm.curriculum.rope import rope_frequencies
 from seqwarm.trainer.attention import AttentionPlan, plan_attention
 
 __all__ = ["GPTConfig", "GPT"]
@@ -116,11 +117,15 @@ class GPTConfig:
         return total
 
 
-def _rotary_tables(cfg: GPTConfig) -> tuple[torch.Tensor, torch.Tensor]:
+def _rotary_tables(cfg: GPTConfig, inv_freq: list[float] | None = None, scale: float = 1.0):
+    """cos and sin (S, rot/2) at every position; ``inv_freq`` / ``scale``: a stage's (set_positions)."""
     rot = cfg.rotary_dim  # the head size, or its rotary_percent share
-    inv_freq = 1.0 / (cfg.rotary_base ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
-    angles = torch.outer(torch.arange(cfg.seq_length, dtype=torch.float32), inv_freq)  # (S, rot/2)
-    return angles.cos(), angles.sin()
+    if inv_freq is None:
+        inv = 1.0 / (cfg.rotary_base ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot))
+    else:
+        inv = torch.tensor(inv_freq, dtype=torch.float32)
+    angles = torch.outer(torch.arange(cfg.seq_length, dtype=torch.float32), inv)  # (S, rot/2)
+    return angles.cos() * scale, angles.sin() * scale
 
 
 def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -199,7 +204,25 @@ class GPT(nn.Module):
             cos, sin = _rotary_tables(cfg)
             self.register_buffer("rope_cos", cos, persistent=False)  # (S, hd/2)
             self.register_buffer("rope_sin", sin, persistent=False)
+        self.positions: dict[str, Any] = {"rope_theta": cfg.rotary_base, "rope_scaling": None}
+        """The rotary settings in use (:meth:`set_positions`)."""
         self.apply(self._init_weights)
+
+    def set_positions(self, rope_theta: float | None = None, rope_scaling: dict[str, Any] | None = None) -> None:
+        """Rebuild the rotary tables in place for a stage's settings (:mod:`seqwarm.curriculum.stages`):
+        base ``rope_theta`` (None: the config's ``rotary_base``) and ``rope_scaling`` (Transformers' keys,
+        type linear or yarn; None: none), by :func:`seqwarm.curriculum.rope.rope_frequencies`; YaRN's
+        attention factor multiplies cos and sin, as Transformers applies it. Not saved: a loop sets it again
+        from the clock after a resume. ValueError on a model with learned positions."""
+        if not self.config.rotary:
+            raise ValueError("set_positions needs rotary embeddings; this GPT learns its positions (rotary=False)")
+        theta = self.config.rotary_base if rope_theta is None else float(rope_theta)
+        inv_freq, scale = rope_frequencies(self.config.rotary_dim, theta, rope_scaling)
+        cos, sin = _rotary_tables(self.config, inv_freq, scale)
+        with torch.no_grad():  # in place: the buffers keep their device, and a compiled graph its inputs
+            self.rope_cos.copy_(cos)
+            self.rope_sin.copy_(sin)
+        self.positions = {"rope_theta": theta, "rope_scaling": dict(rope_scaling) if rope_scaling else None}
 
     def _init_weights(self, module: nn.Module) -> None:
         std = self.config.init_std

@@ -50,7 +50,7 @@ def _dest(s: Setting) -> str:
 
 def add_setting_flags(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:
     """One flag per row of the settings table (but the keys in ``exclude``), in its groups, with its help."""
-    types = {"count": count, "float": positive_float}
+    types = {"count": count, "float": positive_float, "json": str}
     for group_name, title in GROUPS.items():
         rows = [s for s in SETTINGS if s.group == group_name and s.key not in exclude]
         if not rows:

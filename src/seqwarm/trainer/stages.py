@@ -1,0 +1,76 @@
+"""The loop's side of the stages (:mod:`seqwarm.curriculum.stages`): the positions set on the model when a
+stage begins, the same on every rank, and the change recorded.
+
+The curriculum object decides the stage from the clock at ``begin_step``
+(:class:`~seqwarm.curriculum.warmup.SequenceLengthWarmup`) and says when it changed (``slw.stage_changed``,
+also at the first step after a resume inside a stage, since the rotary tables are not saved).
+:meth:`StagePositions.follow`, called right after ``begin_step``, then calls ``set_positions`` on every
+module of the model that has it (seqwarm's GPT), checks that every rank is in the same stage with the same
+settings, and writes a ``stage`` row to metrics.jsonl and a console line.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from seqwarm.trainer.distributed import DistInfo, gather_floats
+
+__all__ = ["StagePositions"]
+
+logger = logging.getLogger(__name__)
+
+
+class StagePositions:
+    """Sets a stage's rotary settings on the model at the step the stage begins (see the module)."""
+
+    def __init__(self, engine: Any, model: torch.nn.Module, info: DistInfo, device: torch.device, log: Any):
+        self.slw = getattr(engine, "slw", None)
+        self.targets = [m for m in model.modules() if callable(getattr(m, "set_positions", None))]
+        self.info, self.device, self.log = info, device, log
+        self.first = True
+        stages = self.slw.stages.stages if self.slw is not None else ()
+        if (
+            stages
+            and any(s.rope_theta is not None or s.rope_scaling is not None for s in stages)
+            and not any(getattr(getattr(m, "config", None), "rotary", False) for m in self.targets)
+        ):
+            raise ValueError("stages set rotary positions, but the model has no rotary embeddings to set")
+        if stages and info.is_main:
+            logger.info(
+                "stages: %s; windows are read at the full length and cut to each stage's length",
+                "; ".join(f"from {s.start_tokens:,} tokens {s.describe()}" for s in stages),
+            )
+
+    def follow(self, step: int, tokens: int) -> None:
+        """After ``begin_step`` of optimizer step ``step``: apply the stage's positions if it changed."""
+        slw, first = self.slw, self.first
+        self.first = False
+        if slw is None or not slw.stage_changed or slw.stage is None:
+            return
+        stage, positions = slw.stage, slw.positions
+        for module in self.targets:
+            if getattr(getattr(module, "config", None), "rotary", False):
+                module.set_positions(positions["rope_theta"], positions["rope_scaling"])
+        self._check_ranks(step, stage)
+        reason = "resumed" if first and step > 1 else "begins"
+        index = slw.stages.index
+        logger.info("step %d: stage %d %s at %s tokens: %s", step, index + 1, reason, f"{tokens:,}", stage.describe())
+        self.log.eval_row(
+            {"kind": "stage", "step": step, "tokens": tokens, "stage": index + 1, "seqlen": stage.length}
+            | {"reason": reason, **positions}
+        )
+
+    def _check_ranks(self, step: int, stage: Any) -> None:
+        """Every rank in the same stage with the same settings (a mismatch would train two models)."""
+        if not self.info.enabled:
+            return
+        scaling = stage.rope_scaling
+        mine = [float(stage.start_tokens), float(stage.length), float(stage.rope_theta or 0.0)]
+        mine += [float(scaling.factor), float(len(scaling.type))] if scaling is not None else [0.0, 0.0]
+        device = self.device if self.info.backend == "nccl" else torch.device("cpu")
+        every = gather_floats(mine, self.info, device)
+        if any(other != every[0] for other in every):
+            raise RuntimeError(f"step {step}: the ranks disagree on the stage's length or positions: {every}")

@@ -1,0 +1,87 @@
+"""Stages in seqwarm's own loop (issue #36): the length and the rotary positions change at each boundary,
+the change is recorded, and a resume inside a stage continues exactly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from conftest import small_config
+from seqwarm.trainer.metrics import read_metrics
+
+STAGES = [
+    {"start_tokens": 1200, "length": 48, "rope_theta": 40000.0},
+    {"start_tokens": 2500, "length": 64, "rope_scaling": {"type": "yarn", "factor": 2.0}},
+]
+
+
+def _config(tmp_path):
+    path = small_config(tmp_path / "stages.json", total_step=4, train_tokens=4500)
+    cfg = json.loads(path.read_text())
+    cfg["curriculum_learning"]["max_difficulty"] = 32  # the warmup ends at 32; the stages go to 64
+    cfg["seqwarm"]["stages"] = STAGES
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+def _run(tmp_path, byte_data, name, **opts):
+    from helpers import tiny_run
+
+    return tiny_run(tmp_path / name, byte_data, _config(tmp_path), model={"rotary": True}, **opts)
+
+
+def _rows(run, kind):
+    return [r for r in read_metrics(run.run_dir / "metrics.jsonl") if r["kind"] == kind]
+
+
+@pytest.mark.slow
+def test_stages_change_length_and_positions_and_resume_exactly(tmp_path, byte_data, one_thread):
+    whole = _run(tmp_path, byte_data, "whole", save_interval=2, keep_checkpoints=0)
+    whole.train()
+    train = _rows(whole, "train")
+    stages = _rows(whole, "stage")
+    assert [(r["stage"], r["seqlen"], r["reason"]) for r in stages] == [(1, 48, "begins"), (2, 64, "begins")]
+    for row, stage in zip(stages, STAGES):
+        before = next(t for t in train if t["step"] == row["step"] - 1)
+        assert before["tokens"] >= stage["start_tokens"]  # the first step whose clock reached it
+        assert next(t for t in train if t["step"] == row["step"] - 2)["tokens"] < stage["start_tokens"]
+    assert stages[1]["rope_theta"] == 40000.0 and stages[1]["rope_scaling"]["type"] == "yarn"
+    lengths = {t["step"]: t["seqlen"] for t in train}
+    assert max(v for k, v in lengths.items() if k < stages[0]["step"]) == 32
+    assert {v for k, v in lengths.items() if stages[0]["step"] <= k < stages[1]["step"]} == {48}
+    assert {v for k, v in lengths.items() if k >= stages[1]["step"]} == {64}
+    assert whole.model.positions["rope_scaling"]["original_max_position_embeddings"] == 48
+    expected = [t["loss"] for t in train]
+
+    # killed inside the second stage: its last checkpoint is after the stage began
+    cut = tmp_path / "cut"
+    shutil.copytree(whole.run_dir, cut)
+    keep = max(s for s in range(2, len(train), 2) if s >= stages[1]["step"] and s < len(train) - 1)
+    for path in (cut / "checkpoints").glob("step_*.pt"):
+        if int(path.stem.split("_")[1]) > keep:
+            path.unlink()
+    resumed = _run(tmp_path, byte_data, "cut", save_interval=2, keep_checkpoints=0, resume=True)
+    assert resumed.resume() and resumed.engine.global_steps == keep
+    resumed.train()
+    assert [t["loss"] for t in _rows(resumed, "train")] == expected
+    again = _rows(resumed, "stage")
+    assert again[-1]["reason"] == "resumed" and again[-1]["step"] == keep + 1 and again[-1]["stage"] == 2
+
+
+@pytest.mark.parametrize(
+    "spec, message",
+    [
+        ({"model": "tiny"}, "learned positions"),
+        ({"model": "tiny", "rotary": True, "deepspeed": True}, "DeepSpeed backend"),
+        ({"model": "tiny", "rotary": True, "settings": {"curriculum_mode": "window"}}, "curriculum mode window"),
+    ],
+)
+def test_what_stages_do_not_train_yet_is_refused(tmp_path, spec, message):
+    from seqwarm.run.spec import RunSpec, resolve_config
+    from seqwarm.util.problems import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        resolve_config(RunSpec(config=_config(tmp_path), **spec))
+    assert resolve_config(RunSpec(config=_config(tmp_path), model="tiny", rotary=True)).stages
