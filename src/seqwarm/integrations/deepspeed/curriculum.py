@@ -162,10 +162,19 @@ class DeepSpeedCurriculum:
         if not self.slw.step_open:
             self.slw.begin_step()
         out = self.slw.cut(batch, trim=trim)
-        if self.pipeline and self._pipe_shape != self.slw.micro_shape:
-            self.engine.reset_activation_shape()
-            self._pipe_shape = self.slw.micro_shape
+        if self.pipeline:
+            self.pipe_shape(self.slw.micro_shape)
         return out
+
+    def pipe_shape(self, shape: tuple[int, ...] | None) -> None:
+        """A pipeline engine's next micro-batch has this (rows, length): its activation shapes are reset
+        when they differ from the last one's. DeepSpeed learns the shape of what passes between stages
+        from the first micro-batch after a reset and receives every later one into buffers of that shape,
+        so call it before each ``eval_batch`` too (a partial last batch has fewer rows);
+        :meth:`cut` calls it for training."""
+        if self.pipeline and self._pipe_shape != shape:
+            self.engine.reset_activation_shape()
+            self._pipe_shape = shape
 
     def check_output(self, output: Any) -> None:
         """In inject mode, after ``engine(**curriculum.cut(batch))``: raise when the model's output is not
@@ -198,7 +207,8 @@ class DeepSpeedCurriculum:
 
     def before_eval(self) -> None:
         """Before a full-length evaluation: a pipeline engine's activation shapes are reset (and again
-        at the next training micro-batch). Nothing to do for other engines."""
+        at the next training micro-batch; between evaluation batches of another shape, :meth:`pipe_shape`).
+        Nothing to do for other engines."""
         if self.pipeline:
             self.engine.reset_activation_shape()
             self._pipe_shape = None

@@ -10,8 +10,9 @@ weights the GPT was built with.
 A micro-batch enters as ``((input_ids, position_ids), (labels, loss_mask))``: the first stage reads
 the inputs, the last the labels (:func:`to_pipe_batch`). Keyword arguments cannot flow through the
 stages, so the curriculum length is applied to the data before ``train_batch`` (truncate or reshape),
-and ``reset_activation_shape()`` is called whenever the micro-batch's shape changes and around the
-full-length evaluation (``eval_batch``). Causal attention only (no attention_mask), learned positions
+and ``reset_activation_shape()`` is called whenever the micro-batch's shape changes: between training
+lengths, around the full-length evaluation (``eval_batch``) and between its batches (the last one may
+have fewer rows). Causal attention only (no attention_mask), learned positions
 only (no --rotary).
 """
 
@@ -131,6 +132,7 @@ class PipelineEngineAdapter(DeepSpeedEngineAdapter):
     def __call__(self, batch: Mapping[str, Any]) -> torch.Tensor:
         if self.module.training:
             raise RuntimeError("a pipeline engine trains whole steps: use train_batch(micro_batches)")
+        self.curriculum.pipe_shape(tuple(batch["input_ids"].shape))  # a partial last batch has fewer rows
         return self.module.eval_batch(iter([to_pipe_batch(batch)]), num_micro_batches=1)
 
     def train_batch(self, micro_batches: Iterable[Mapping[str, torch.Tensor]]) -> tuple[float, bool]:
