@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from seqwarm.curriculum.inputs import set_lr
 from seqwarm.integrations.deepspeed.curriculum import DeepSpeedEngineAdapter, require_deepspeed
+from seqwarm.trainer.attention import AttentionPlan
 from seqwarm.util.errors import UserError
 
 __all__ = [
@@ -67,7 +68,11 @@ class GPTBlockPipe(nn.Module):
         self.block = block
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.block(x, None, None)
+        return self.block(x, None, _CAUSAL)  # learned positions (no rotary tables); the plain causal plan
+
+
+_CAUSAL = AttentionPlan("causal")
+"""What a pipeline block attends with: the pipeline refuses window mode and document masking."""
 
 
 def gpt_pipeline_loss(logits: torch.Tensor, labels: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
