@@ -389,3 +389,12 @@ def test_a_run_of_an_hf_model_evaluates_and_exports_as_that_model(tmp_path, byte
     # the model's config.json gone: a clear error, not a traceback
     (tmp_path / "gpt" / "config.json").unlink()
     assert main(["eval", str(run), "--val"]) == 2
+
+
+def test_the_trainer_refuses_stages_that_set_rotary_positions(tmp_path):
+    """CurriculumTrainer cannot change a Transformers model's rotary positions at a stage boundary: a stage
+    with rope_theta would train its length at the old positions, so it is refused before anything trains."""
+    top = CURRICULUM["max_difficulty"]
+    stage = {"start_tokens": 10**6, "length": top, "rope_theta": 500000.0}
+    with pytest.raises(UserError, match="CurriculumTrainer: the stages set rope_theta"):
+        trainer_for("llama", tmp_path, curriculum=raw_config(stages=[stage]))

@@ -191,3 +191,16 @@ def test_resume_auto_and_start_over_are_flags_of_the_spec():
         parser.parse_args(["train", "--resume", "always"])
     problems = spec_problems(RunSpec(out="r", resume=True, start_over=True))
     assert [p.path for p in problems] == ["--start-over"]
+
+
+def test_a_resume_with_other_stages_is_refused_and_a_record_from_before_stages_reads_as_none():
+    """Stages change the length and the rotary positions mid-run: resuming without them (or with others)
+    would train another model from the checkpoint on."""
+    stage = {"start_tokens": 4096, "length": 128, "rope_theta": 500000.0, "rope_scaling": None}
+    staged, plain = _resolved(stages=[stage]), _resolved(stages=[])
+    with pytest.raises(UserError, match=r"run\.stages.*--allow-config-change"):
+        check_resume_config("ckpt", staged, plain)
+    with pytest.raises(UserError, match=r"run\.stages"):
+        check_resume_config("ckpt", staged, _resolved(stages=[{**stage, "rope_theta": 1e6}]))
+    check_resume_config("ckpt", staged, _resolved(stages=[dict(stage)]))
+    check_resume_config("ckpt", _resolved(), plain)  # recorded before runs had stages: none

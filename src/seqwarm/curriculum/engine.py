@@ -35,6 +35,7 @@ from seqwarm.curriculum.clock import Progress
 from seqwarm.curriculum.inputs import check_state_format, set_lr
 from seqwarm.curriculum.loss_scale import LossScaler, resolve_precision
 from seqwarm.curriculum.run import EngineSettings, as_run_config
+from seqwarm.curriculum.stages import refuse_positions, stage_at
 from seqwarm.curriculum.warmup import SequenceLengthWarmup
 
 __all__ = ["CurriculumEngine", "bf16_supported"]
@@ -128,6 +129,11 @@ class CurriculumEngine:
         )
         self.scheduler = self.slw.scheduler
         self.mode = self.slw.mode
+        # the modules whose rotary positions a stage changes (seqwarm's GPT: set_positions)
+        self._rotary = [m for m in model.modules() if callable(getattr(m, "set_positions", None))]
+        self._rotary = [m for m in self._rotary if getattr(getattr(m, "config", None), "rotary", False)]
+        if not self._rotary:
+            refuse_positions(self.slw.stages.stages, "CurriculumEngine (a model without set_positions)")
         self.gradient_accumulation_steps = int(cfg.gradient_accumulation_steps)
         self.micro_steps = 0
         self._grad_norm: torch.Tensor | None = None
@@ -218,14 +224,23 @@ class CurriculumEngine:
     def begin_step(self) -> int | None:
         """Decide the length of the optimizer step about to run (once); None without a curriculum.
         :meth:`forward` and :meth:`cut` begin a step themselves when none is in flight."""
-        return self.slw.begin_step()
+        length = self.slw.begin_step()
+        if self.slw.stage_changed:  # a stage begins (or the first step after a load inside one)
+            self._set_positions(self.slw.positions)
+        return length
+
+    def _set_positions(self, positions: Mapping[str, Any] | None) -> None:
+        """A stage's rotary settings on the model (every rank computes the same from the same clock)."""
+        if positions is not None:
+            for module in self._rotary:
+                module.set_positions(positions["rope_theta"], positions["rope_scaling"])
 
     def cut(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """A training micro-batch cut to the step's length (in inject mode: its first L columns, with
         ``curriculum_seqlen`` added), counted: :meth:`~seqwarm.curriculum.warmup.SequenceLengthWarmup.cut` with
         ``trim=True``, for a loop that cuts on the host before the copy. Hand the result to :meth:`run`."""
         if not self.slw.step_open:
-            self.slw.begin_step()
+            self.begin_step()
         return self.slw.cut(batch, trim=True)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -236,7 +251,7 @@ class CurriculumEngine:
         if not self.module.training:
             return self._call(args, kwargs)
         if not self.slw.step_open:
-            self.slw.begin_step()
+            self.begin_step()
         if self.mode in ("truncate", "reshape", "window"):
             if args:
                 raise ValueError(
@@ -416,6 +431,12 @@ class CurriculumEngine:
             self.loss_scaler.load_state_dict(state["loss_scaler"])
         if "optimizer" in state:
             self.optimizer.load_state_dict(state["optimizer"])
+        # The rotary tables are not saved: set the stage's positions now, so an evaluation before the next
+        # step (a run resumed at its budget) uses them. The stage of the clock's tokens is the one the last
+        # step trained in, unless a stage starts inside that step (one that never trained).
+        found = stage_at(self.slw.progress.tokens, self.slw.stages.stages)
+        if found is not None:
+            self._set_positions(found[1].positions())
 
     def __repr__(self) -> str:
         return (

@@ -7,11 +7,14 @@ import of :mod:`seqwarm.curriculum.lr` (which imports this), and no torch.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from seqwarm.util.problems import Checker, ConfigError, Problem
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["DECAY_STYLES", "DECAY_UNITS", "RULES", "WARMUP_UNITS", "check_lr_fields", "with_budget"]
 
@@ -68,7 +71,14 @@ def with_budget(cfg: Any, budget: Mapping[str, int | None], source: str = "Seque
     if cfg.decay_style not in ("linear", "cosine") or cfg.decay_unit is not None:
         return cfg
     for unit in DECAY_UNITS:
-        if budget.get(f"train_{unit}"):
+        if budget.get(f"train_{unit}"):  # said once, at construction: the decay is not the user's number
+            logger.info(
+                "%s: the %s LR decay spans the budget, decay_%s=%s",
+                source,
+                cfg.decay_style,
+                unit,
+                budget[f"train_{unit}"],
+            )
             return replace(cfg, **{f"decay_{unit}": budget[f"train_{unit}"]})
     problem = Problem(
         "lr.decay_style",

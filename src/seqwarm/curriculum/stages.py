@@ -18,9 +18,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from seqwarm.util.errors import UserError
 from seqwarm.util.problems import Checker, raise_if_problems
 
-__all__ = ["RopeScaling", "StageConfig", "StageTracker", "stage_at", "check_stages", "STAGE_KEYS", "ROPE_TYPES"]
+__all__ = [
+    "RopeScaling",
+    "StageConfig",
+    "StageTracker",
+    "stage_at",
+    "check_stages",
+    "refuse_positions",
+    "sets_positions",
+    "STAGE_KEYS",
+    "ROPE_TYPES",
+]
 
 STAGE_KEYS = ("start_tokens", "length", "rope_theta", "rope_scaling")
 ROPE_TYPES = ("linear", "yarn")
@@ -253,3 +264,20 @@ class StageTracker:
     def forget(self) -> None:
         """After a state load: the next :meth:`begin` reports its stage as changed."""
         self.index, self._known = None, False
+
+
+def sets_positions(stages: Sequence[StageConfig]) -> bool:
+    """Whether any stage changes the rotary positions (a ``rope_theta`` or a ``rope_scaling``)."""
+    return any(s.rope_theta is not None or s.rope_scaling is not None for s in stages)
+
+
+def refuse_positions(stages: Sequence[StageConfig], who: str) -> None:
+    """UserError when ``stages`` change the rotary positions and ``who`` cannot apply them to its model:
+    a stage that changed the length but not the positions would train another model than the one asked for."""
+    if sets_positions(stages):
+        raise UserError(
+            f"{who}: the stages set rope_theta / rope_scaling, which {who} cannot apply to its model (it would "
+            "train the stage lengths at the old positions); give stages with lengths only, or use "
+            "SequenceLengthWarmup in your own loop and set slw.positions on the model when slw.stage_changed "
+            "(docs/STAGES.md)"
+        )

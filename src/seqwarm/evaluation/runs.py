@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from seqwarm.curriculum.stages import as_stages, stage_at
 from seqwarm.data.prepared import open_prepared
 from seqwarm.data.tokenizer import load_tokenizer
 from seqwarm.evaluation.common import evaluate_val
@@ -215,8 +216,9 @@ def load_run(
     except (RuntimeError, KeyError, ValueError, TypeError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
         raise UserError(f"checkpoint {path}: its weights do not fit the model it records ({first})") from None
-    model.to(dev).eval()
     tokens = (state.get("engine") or {}).get("progress", {}).get("tokens")
+    _stage_positions(model, resolved, tokens)
+    model.to(dev).eval()
     return LoadedRun(
         run,
         int(state.get("step", 0)),
@@ -342,3 +344,14 @@ def run_paper_evals(
         "seq_length": seq,
         **results,
     }
+
+
+def _stage_positions(model: Any, resolved: dict, tokens: Any) -> None:
+    """The rotary positions the run trained with at its checkpoint: its stages' (the tables are not saved,
+    :mod:`seqwarm.curriculum.stages`), set on seqwarm's GPT; a model evaluated at its base positions would
+    score another model than the one trained."""
+    stages = as_stages((resolved.get("run") or {}).get("stages") or ())
+    found = stage_at(int(tokens or 0), stages) if stages else None
+    if found is not None and callable(getattr(model, "set_positions", None)) and model.config.rotary:
+        positions = found[1].positions()
+        model.set_positions(positions["rope_theta"], positions["rope_scaling"])

@@ -14,7 +14,7 @@ The callback holds a :class:`~seqwarm.curriculum.warmup.SequenceLengthWarmup` bu
   decided there, once, for all ``accumulate_grad_batches`` micro-batches); every micro-batch is cut. No
   callback hook can hand ``training_step`` another batch object, but ``training_step`` receives the very
   object this hook gets: the cut replaces the contents of that dict in place (after the copy to the
-  device; the cut tensors are views, nothing is copied).
+  device; the cut copies the kept columns, contiguous, as ``SequenceLengthWarmup.cut`` does).
 - ``on_before_optimizer_step`` (after the step's last backward, before ``optimizer.step()``): with
   ``lr=LRConfig(...)``, every param group gets the token-clock LR of this step
   (:func:`~seqwarm.curriculum.inputs.set_lr`).
@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from seqwarm.curriculum.inputs import set_lr
+from seqwarm.curriculum.stages import refuse_positions
 from seqwarm.curriculum.warmup import SequenceLengthWarmup
 from seqwarm.util.errors import MissingDependencyError, UserError
 
@@ -102,6 +103,7 @@ def _build(pl: Any) -> type:
         def __init__(self, *args: Any, **kwargs: Any):
             super().__init__()
             self.curriculum = SequenceLengthWarmup(*args, **kwargs)
+            refuse_positions(self.curriculum.stages.stages, "SequenceLengthWarmupCallback")
             self._stepped = False
             self._scale: float | None = None
 

@@ -13,7 +13,7 @@ draws each raw micro-batch, cuts it on the host and hands the cut to the feed's 
   whose defaults they are, bit for bit) a ``loss_mask`` of ones and ``position_ids`` that are ``arange``
   per row are left out first. On CUDA the cut part is copied into pinned memory and sent with
   ``non_blocking=True`` on a side stream, and the consumer's stream waits for that copy (an event), never
-  the host; on the CPU nothing is copied (a cut is a view).
+  the host; on the CPU nothing more is copied (the cut already made its contiguous copy).
 
 The feed never calls back into the curriculum. The order of batches is the source's.
 :meth:`DeviceFeed.state_dict` is the source's position before the first batch not yet drawn (a batch

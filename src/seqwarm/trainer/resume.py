@@ -35,9 +35,10 @@ RESUME_KEYS = (
     "count_tokens_by",
     "precision",
     "document_masking",
+    "stages",
 )
 
-RECORDED_SINCE = {"document_masking": False}
+RECORDED_SINCE = {"document_masking": False, "stages": []}
 """Settings a run's record gained later, with the value every run recorded before had: a record without
 one is read as that value, not as a change."""
 

@@ -4,9 +4,10 @@ stage begins, the same on every rank, and the change recorded.
 The curriculum object decides the stage from the clock at ``begin_step``
 (:class:`~seqwarm.curriculum.warmup.SequenceLengthWarmup`) and says when it changed (``slw.stage_changed``,
 also at the first step after a resume inside a stage, since the rotary tables are not saved).
-:meth:`StagePositions.follow`, called right after ``begin_step``, then calls ``set_positions`` on every
-module of the model that has it (seqwarm's GPT), checks that every rank is in the same stage with the same
-settings, and writes a ``stage`` row to metrics.jsonl and a console line.
+The engine's ``begin_step`` sets the stage's positions on the model
+(:meth:`~seqwarm.curriculum.engine.CurriculumEngine.begin_step`: ``set_positions`` on seqwarm's GPT);
+:meth:`StagePositions.follow`, called right after it, checks that every rank is in the same stage with the
+same settings, and writes a ``stage`` row to metrics.jsonl and a console line.
 """
 
 from __future__ import annotations
@@ -24,20 +25,13 @@ logger = logging.getLogger(__name__)
 
 
 class StagePositions:
-    """Sets a stage's rotary settings on the model at the step the stage begins (see the module)."""
+    """Checks and records the step a stage begins at (see the module)."""
 
     def __init__(self, engine: Any, model: torch.nn.Module, info: DistInfo, device: torch.device, log: Any):
         self.slw = getattr(engine, "slw", None)
-        self.targets = [m for m in model.modules() if callable(getattr(m, "set_positions", None))]
         self.info, self.device, self.log = info, device, log
         self.first = True
         stages = self.slw.stages.stages if self.slw is not None else ()
-        if (
-            stages
-            and any(s.rope_theta is not None or s.rope_scaling is not None for s in stages)
-            and not any(getattr(getattr(m, "config", None), "rotary", False) for m in self.targets)
-        ):
-            raise ValueError("stages set rotary positions, but the model has no rotary embeddings to set")
         if stages and info.is_main:
             logger.info(
                 "stages: %s; windows are read at the full length and cut to each stage's length",
@@ -45,15 +39,12 @@ class StagePositions:
             )
 
     def follow(self, step: int, tokens: int) -> None:
-        """After ``begin_step`` of optimizer step ``step``: apply the stage's positions if it changed."""
+        """After ``begin_step`` of optimizer step ``step``: when the stage changed, check it and record it."""
         slw, first = self.slw, self.first
         self.first = False
         if slw is None or not slw.stage_changed or slw.stage is None:
             return
-        stage, positions = slw.stage, slw.positions
-        for module in self.targets:
-            if getattr(getattr(module, "config", None), "rotary", False):
-                module.set_positions(positions["rope_theta"], positions["rope_scaling"])
+        stage, positions = slw.stage, slw.positions  # already set on the model by the engine's begin_step
         self._check_ranks(step, stage)
         reason = "resumed" if first and step > 1 else "begins"
         index = slw.stages.index

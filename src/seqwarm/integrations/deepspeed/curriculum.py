@@ -35,6 +35,7 @@ import torch
 from seqwarm.config import RunConfig
 from seqwarm.curriculum.inputs import check_state_format, set_lr
 from seqwarm.curriculum.run import as_run_config
+from seqwarm.curriculum.stages import refuse_positions
 from seqwarm.curriculum.warmup import SequenceLengthWarmup
 from seqwarm.integrations.deepspeed.engine_config import build_deepspeed_optimizer, deepspeed_config, skip_cpu_shm_comm
 from seqwarm.util.errors import MissingDependencyError, UserError
@@ -122,6 +123,7 @@ class DeepSpeedCurriculum:
             inject_via_kwargs=inject_via_kwargs,
             layout=layout,
         )
+        refuse_positions(self.slw.stages.stages, "DeepSpeedCurriculum")
         self.scheduler = self.slw.scheduler
         self.mode = self.slw.mode
         if getattr(engine, "lr_scheduler", None) is not None:

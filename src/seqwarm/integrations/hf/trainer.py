@@ -30,6 +30,7 @@ from seqwarm.curriculum.clock import Progress, advance, tokens_per_step
 from seqwarm.curriculum.lr import lr_at
 from seqwarm.curriculum.lr_scheduler import CurriculumLRScheduler
 from seqwarm.curriculum.schedule import difficulty_at
+from seqwarm.curriculum.stages import refuse_positions
 from seqwarm.curriculum.warmup import SequenceLengthWarmup
 from seqwarm.data.dataset import TokenWindows
 from seqwarm.integrations.hf.arguments import (
@@ -217,6 +218,7 @@ def _build_trainer_class(base: type) -> type:
             self.curriculum = SequenceLengthWarmup.from_config(
                 self.curriculum_config, self.model.forward, inject_via_kwargs=inject_via_kwargs, layout=layout
             )
+            refuse_positions(self.curriculum.stages.stages, "CurriculumTrainer")
             self._lr_said = False
             self.add_callback(_CurriculumCallback(self))
             # Trainer normalises by labels[..., 1:] only for models whose class name maps to the causal

@@ -1,0 +1,94 @@
+"""Who applies a stage's rotary positions: CurriculumEngine sets them on a model that can take them (and
+again after a load, before any step), and every adapter that cannot is refused — a stage that changed the
+length but not the positions would train another model than the one asked for."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from seqwarm import GPT, CurriculumEngine, GPTConfig, SequenceLengthWarmup
+from seqwarm.curriculum.stages import refuse_positions
+from seqwarm.util.errors import UserError
+
+STAGE = {"start_tokens": 200, "length": 32, "rope_theta": 500_000.0}
+
+
+def _config(stages):
+    return {
+        "train_batch_size": 2,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "seqwarm": {"seq_length": 32, "train_tokens": 1000, "stages": stages},
+    }
+
+
+def _gpt(rotary=True):
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=64, seq_length=32, n_layer=1, n_head=2, n_embd=16, rotary=rotary))
+
+
+def _tables(theta):
+    model = _gpt()
+    model.set_positions(theta, None)
+    return model.rope_cos.clone()
+
+
+def _train_until_stage(engine):
+    while engine.slw.stage is None:
+        tokens = torch.randint(0, 64, (2, 33))
+        loss = engine({"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]})
+        engine.backward(loss)
+        engine.step()
+
+
+def test_the_engine_sets_the_stage_positions_on_the_model_and_again_after_a_load():
+    model = _gpt()
+    base = model.rope_cos.clone()
+    engine = CurriculumEngine(model, torch.optim.AdamW(model.parameters(), lr=1e-3), _config([STAGE]))
+    _train_until_stage(engine)
+    assert torch.equal(model.rope_cos, _tables(STAGE["rope_theta"])) and not torch.equal(model.rope_cos, base)
+
+    state = engine.state_dict()
+    fresh = _gpt()  # a new process: base tables until the state is loaded
+    again = CurriculumEngine(fresh, torch.optim.AdamW(fresh.parameters(), lr=1e-3), _config([STAGE]))
+    assert torch.equal(fresh.rope_cos, base)
+    again.load_state_dict(state)  # an evaluation right after a resume already sees the stage's positions
+    assert torch.equal(fresh.rope_cos, model.rope_cos)
+
+
+def test_rope_stages_are_refused_where_nothing_can_set_them():
+    learned = _gpt(rotary=False)
+    with pytest.raises(UserError, match="CurriculumEngine.*rope_theta"):
+        CurriculumEngine(learned, torch.optim.AdamW(learned.parameters(), lr=1e-3), _config([STAGE]))
+    length_only = {"start_tokens": 200, "length": 32}  # nothing to set: any model trains it as asked
+    CurriculumEngine(learned, torch.optim.AdamW(learned.parameters(), lr=1e-3), _config([length_only]))
+
+    slw = SequenceLengthWarmup(min_length=8, max_length=16, steps=2, stages=[STAGE])
+    with pytest.raises(UserError, match="DeepSpeedCurriculum: the stages set rope_theta"):
+        refuse_positions(slw.stages.stages, "DeepSpeedCurriculum")
+    refuse_positions(
+        SequenceLengthWarmup(min_length=8, max_length=16, steps=2, stages=[length_only]).stages.stages, "x"
+    )
+
+
+def test_the_lightning_callback_refuses_rope_stages():
+    lightning = pytest.importorskip("lightning")
+    assert lightning
+    from seqwarm.integrations.lightning import SequenceLengthWarmupCallback
+
+    with pytest.raises(UserError, match="SequenceLengthWarmupCallback"):
+        SequenceLengthWarmupCallback(min_length=8, max_length=16, steps=2, stages=[STAGE])
+
+
+def test_an_evaluated_checkpoint_gets_the_positions_of_the_stage_it_was_trained_in():
+    from seqwarm.evaluation.runs import _stage_positions
+
+    recorded = {"run": {"stages": [dict(STAGE, rope_scaling=None)]}}
+    model = _gpt()
+    _stage_positions(model, recorded, tokens=STAGE["start_tokens"] - 1)  # before the stage: base positions
+    assert torch.equal(model.rope_cos, _gpt().rope_cos)
+    _stage_positions(model, recorded, tokens=STAGE["start_tokens"] + 64)
+    assert torch.equal(model.rope_cos, _tables(STAGE["rope_theta"]))
+    _stage_positions(model, {"run": {}}, tokens=10**6)  # a run without stages keeps its tables
+    assert torch.equal(model.rope_cos, _tables(STAGE["rope_theta"]))
