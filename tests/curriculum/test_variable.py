@@ -206,6 +206,10 @@ def test_user_mistakes_have_clear_errors():
         VariableLengthSampler(d, TPS, curriculum="linear")
     with pytest.raises(UserError, match="needs schedule"):
         VariableLengthSampler(d, TPS, curriculum="schedule")
+    short = {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 16, "max_difficulty": 128}
+    short |= {"schedule_type": "fixed_linear", "schedule_config": {"total_curriculum_step": 9, "difficulty_step": 8}}
+    with pytest.raises(UserError, match="max_difficulty 128 never reaches max_length 256"):
+        VariableLengthSampler(d, TPS, curriculum="schedule", schedule=short)
     with pytest.raises(UserError, match="takes no schedule"):
         VariableLengthSampler(d, TPS, total_steps=5)
     with pytest.raises(UserError, match="rank 2"):

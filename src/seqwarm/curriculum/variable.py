@@ -120,6 +120,11 @@ class VariableLengthSampler:
                 )
             if not isinstance(schedule, CurriculumConfig):
                 schedule = validate_curriculum_block(schedule, "schedule")
+            if schedule.max_difficulty < d.max_length:
+                raise UserError(
+                    f"variable lengths: the schedule's max_difficulty {schedule.max_difficulty} never reaches "
+                    f"max_length {d.max_length}: the longer buckets would never train; set them equal"
+                )
             if schedule.schedule_type == "custom":
                 raise UserError("variable lengths: a 'custom' schedule has no lengths to follow; use fixed_* or linear")
         elif schedule is not None or (total_steps is not None and curriculum != "linear"):
