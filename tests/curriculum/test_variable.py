@@ -4,6 +4,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from seqwarm.curriculum.decompose import decompose
 from seqwarm.curriculum.schedule import difficulty_at
@@ -238,3 +240,38 @@ def test_the_decomposition_and_the_sampler_import_no_torch():
 
     code = "import sys, seqwarm.curriculum.variable; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    sizes=st.lists(st.integers(1, 600), min_size=20, max_size=200),
+    kmin=st.integers(2, 5),
+    span=st.integers(0, 3),
+    per_step=st.sampled_from([1, 2, 4]),
+    world=st.sampled_from([1, 2]),
+    curriculum=st.sampled_from(["natural", "grow_p2", "linear"]),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_any_corpus_every_step_holds_the_same_tokens_inside_one_bucket(
+    sizes, kmin, span, per_step, world, curriculum, seed
+):
+    d = decompose(np.concatenate([[0], np.cumsum(sizes)]), 1 << kmin, 1 << (kmin + span))
+    tps = d.max_length * world * per_step
+    extra = {"total_steps": 7} if curriculum == "linear" else {"num_cycles": 3} if curriculum == "grow_p2" else {}
+    try:
+        ranks = [
+            VariableLengthSampler(d, tps, curriculum=curriculum, seed=seed, rank=r, world_size=world, **extra)
+            for r in range(world)
+        ]
+    except UserError as err:  # a corpus with no chunk, or none that fills one step, is a clear error
+        assert "shorter than min_length" in str(err) or "no bucket holds" in str(err)
+        return
+    seen = {}
+    for _ in range(3 * ranks[0].steps_per_epoch + 2):
+        got = [s.next_step() for s in ranks]
+        rows = np.concatenate([g.indices for g in got])
+        assert len({g.length for g in got}) == 1 and rows.size * got[0].length == tps
+        assert (d.lengths[rows] == got[0].length).all()
+        epoch = seen.setdefault(got[0].epoch, set())
+        assert not epoch & set(rows.tolist())  # no chunk twice in an epoch
+        epoch |= set(rows.tolist())

@@ -156,6 +156,7 @@ class VariableLengthSampler:
         self._weights = 2.0 ** np.arange(n - 1, -1, -1) if curriculum == "grow_p2" else np.ones(n)
         self._perms: dict[int, np.ndarray] = {}
         self._perm_epoch = -1
+        self._fingerprint: str | None = None
         self.step, self.epoch, self.cycle, self.skipped_steps = 0, 0, 0, 0
         self._used = np.zeros(n, dtype=np.int64)
 
@@ -257,8 +258,13 @@ class VariableLengthSampler:
             "num_cycles": self.num_cycles,
             "schedule": None if self.schedule is None else self.schedule.block(),
             "seed": self.seed,
-            "corpus": d.fingerprint(),
+            "corpus": self._corpus(),
         }
+
+    def _corpus(self) -> str:
+        if self._fingerprint is None:  # hashing every chunk takes a moment on a large corpus: once
+            self._fingerprint = self.decomposition.fingerprint()
+        return self._fingerprint
 
     def state_dict(self) -> dict[str, Any]:
         """The sampler's whole state after the steps drawn so far (plain Python, JSON-able)."""
