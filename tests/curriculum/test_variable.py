@@ -275,3 +275,20 @@ def test_any_corpus_every_step_holds_the_same_tokens_inside_one_bucket(
         epoch = seen.setdefault(got[0].epoch, set())
         assert not epoch & set(rows.tolist())  # no chunk twice in an epoch
         epoch |= set(rows.tolist())
+
+
+def test_micro_batches_hold_the_same_tokens_at_every_length():
+    d = corpus()
+    s = VariableLengthSampler(d, 2048, seed=0, rank=1, world_size=2)  # 1024 tokens per rank
+    lengths = set()
+    for _ in range(60):
+        step = s.next_step()
+        parts = step.micro_batches(512)
+        assert [len(p) * step.length for p in parts] == [512, 512]
+        assert sum(parts, []) == step.indices
+        lengths.add(step.length)
+    assert len(lengths) > 2
+    with pytest.raises(UserError, match="micro_batch_tokens 768 cannot split"):
+        step.micro_batches(768)
+    with pytest.raises(UserError, match="cannot split"):
+        s.next_step().micro_batches(8)

@@ -72,6 +72,20 @@ class VariableStep:
     cycle: int
     """The Grow-P2 cycle within the epoch (0 for the other curricula)."""
 
+    def micro_batches(self, micro_batch_tokens: int) -> list[list[int]]:
+        """This rank's rows split for gradient accumulation into micro-batches of ``micro_batch_tokens``
+        tokens each (``micro_batch_tokens // length`` rows): the same tokens, so about the same memory,
+        whatever the step's length. ``micro_batch_tokens`` must divide this rank's tokens into whole rows."""
+        mine = len(self.indices) * self.length
+        if micro_batch_tokens < self.length or micro_batch_tokens % self.length or mine % micro_batch_tokens:
+            raise UserError(
+                f"variable lengths: micro_batch_tokens {micro_batch_tokens} cannot split this rank's {mine} tokens "
+                f"into whole rows of length {self.length}: use a multiple of max_length that divides "
+                "tokens_per_step / world_size"
+            )
+        rows = micro_batch_tokens // self.length
+        return [self.indices[i : i + rows] for i in range(0, len(self.indices), rows)]
+
 
 class VariableLengthSampler:
     """Each step one bucket length and ``tokens_per_step // length`` chunks of it (see the module)."""
