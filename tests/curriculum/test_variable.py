@@ -214,6 +214,10 @@ def test_user_mistakes_have_clear_errors():
         VariableLengthSampler(d, TPS, curriculum="schedule", schedule=short)
     with pytest.raises(UserError, match="takes no schedule"):
         VariableLengthSampler(d, TPS, total_steps=5)
+    with pytest.raises(UserError, match="seed must be an integer >= 0"):
+        VariableLengthSampler(d, TPS, seed=-1)
+    with pytest.raises(UserError, match="takes total_steps, not schedule="):
+        VariableLengthSampler(d, TPS, curriculum="linear", total_steps=5, schedule=short)
     with pytest.raises(UserError, match="rank 2"):
         VariableLengthSampler(d, TPS, rank=2, world_size=2)
 

@@ -116,7 +116,11 @@ class VariableLengthSampler:
             raise UserError(f"variable lengths: curriculum {curriculum!r} is not one of {', '.join(CURRICULA)}")
         if curriculum == "grow_p2" and (not isinstance(num_cycles, int) or num_cycles < 1):
             raise UserError(f"variable lengths: num_cycles must be a positive integer, got {num_cycles!r}")
+        if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+            raise UserError(f"variable lengths: seed must be an integer >= 0, got {seed!r}")
         if curriculum == "linear":
+            if schedule is not None:
+                raise UserError("variable lengths: curriculum 'linear' takes total_steps, not schedule=")
             if not isinstance(total_steps, int) or total_steps < 1:
                 raise UserError(f"variable lengths: curriculum 'linear' needs total_steps >= 1, got {total_steps!r}")
             schedule = {
