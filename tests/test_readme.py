@@ -1,6 +1,6 @@
 """Every README snippet runs: Python blocks are executed, every `seqwarm ...` command line is run
 (training and prepare lines with a tiny budget / tiny input appended, so they finish in seconds). The
-Python blocks of the pages in PAGES (docs/YOUR_LOOP.md) run too.
+Python blocks of the pages in PAGES (docs/YOUR_LOOP.md, ...) run too.
 
 The slow, end-to-end tests of this file are in tests/e2e/test_readme_runs.py.
 """
@@ -17,7 +17,7 @@ from seqwarm.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
-PAGES = ("docs/YOUR_LOOP.md", "docs/STAGES.md")
+PAGES = ("docs/YOUR_LOOP.md", "docs/STAGES.md", "docs/VARIABLE.md")
 """Pages of docs/ whose Python blocks run here like the README's."""
 
 
