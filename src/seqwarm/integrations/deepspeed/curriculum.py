@@ -193,18 +193,27 @@ class DeepSpeedCurriculum:
         first, and the clock advances after — unless DeepSpeed skipped the step on an fp16 overflow
         (then the clock, the curriculum and the LR stay where they were)."""
         boundary = self.engine.is_gradient_accumulation_boundary()
+        applied = self.update()
+        if boundary:
+            self.slw.end_step(applied=applied)
+
+    def update(self) -> bool:
+        """:meth:`step` without closing the curriculum's step (``slw.end_step(applied)`` does): the LR set at
+        a boundary, ``engine.step()``. True when a step's parameters were updated."""
+        boundary = self.engine.is_gradient_accumulation_boundary()
         if boundary:
             set_lr(self.engine.optimizer, self.slw.step_lr())
         self.engine.step()
-        if boundary:
-            self.slw.end_step(applied=self._applied())
+        return boundary and self._applied()
 
-    def train_batch(self, micro_batches: Any) -> Any:
+    def train_batch(self, micro_batches: Any, *, end: bool = True) -> Any:
         """A pipeline engine's optimizer step over micro-batches :meth:`cut` already made (in DeepSpeed's
-        pipeline layout): the LR set, ``engine.train_batch``, the clock advanced. Returns its loss."""
+        pipeline layout): the LR set, ``engine.train_batch``, the clock advanced (``end=False``: the step
+        stays open for ``slw.end_step``). Returns its loss."""
         set_lr(self.engine.optimizer, self.slw.step_lr())
         loss = self.engine.train_batch(iter(micro_batches))
-        self.slw.end_step(applied=self._applied())
+        if end:
+            self.slw.end_step(applied=self._applied())
         return loss
 
     def before_eval(self) -> None:
@@ -338,14 +347,10 @@ class DeepSpeedEngineAdapter:
         return self.curriculum._applied()  # DeepSpeed skips an update on an fp16 overflow
 
     def update(self) -> bool:
-        """DeepSpeed's ``step()`` (it counts the micro-batch); at the step's last micro-batch the LR of the
-        clock including this step is set first. True when the parameters were updated; the step stays open
+        """DeepSpeed's ``step()`` (it counts the micro-batch), the LR set first at the step's last micro-batch:
+        :meth:`DeepSpeedCurriculum.update`. True when the parameters were updated; the step stays open
         (:meth:`end_step` closes it)."""
-        boundary = self.module.is_gradient_accumulation_boundary()
-        if boundary:
-            set_lr(self.module.optimizer, self.slw.step_lr())
-        self.module.step()
-        return boundary and self._applied()
+        return self.curriculum.update()
 
     def end_step(self, applied: bool = True) -> Any:
         """Close the step in flight: the clock advances by its tokens when ``applied``."""

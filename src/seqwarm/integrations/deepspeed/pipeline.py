@@ -25,7 +25,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from seqwarm.curriculum.inputs import set_lr
 from seqwarm.integrations.deepspeed.curriculum import DeepSpeedEngineAdapter, require_deepspeed
 from seqwarm.trainer.attention import AttentionPlan
 from seqwarm.util.errors import UserError
@@ -144,8 +143,7 @@ class PipelineEngineAdapter(DeepSpeedEngineAdapter):
         """One optimizer step over micro-batches :meth:`cut` already made: the LR of the clock including
         them set, DeepSpeed's ``train_batch``. The mean loss (over micro-batches and data-parallel ranks) and
         whether the update was applied; the step stays open (:meth:`end_step` closes it)."""
-        set_lr(self.module.optimizer, self.slw.step_lr())
-        loss = self.module.train_batch(iter([to_pipe_batch(b) for b in micro_batches]))
+        loss = self.curriculum.train_batch([to_pipe_batch(b) for b in micro_batches], end=False)
         return float(loss), self._applied()
 
     def backward(self, loss: torch.Tensor) -> torch.Tensor:
