@@ -60,6 +60,7 @@ TRAIN_FLAGS = [
     ("--rampup-batch-size", None, "batch"),
     ("--curriculum-mode", None, "batch"),
     ("--count-tokens-by", None, "batch"),
+    ("--stages", None, "batch"),  # issue #36
     ("--no-curriculum", False, "batch"),
     ("--document-masking", False, "batch"),  # issue #25
     ("--no-document-masking", False, "batch"),
