@@ -31,6 +31,9 @@ class StagePositions:
         self.targets = [m for m in model.modules() if callable(getattr(m, "set_positions", None))]
         self.info, self.device, self.log = info, device, log
         self.first = True
+        self.applied: dict[str, Any] | None = None
+        """The stage whose positions the model has (``stage``, ``length``, ``rope_theta``, ``rope_scaling``),
+        saved in each checkpoint (``positions``) for ``seqwarm eval`` / ``export``; None before the first."""
         stages = self.slw.stages.stages if self.slw is not None else ()
         if (
             stages
@@ -55,6 +58,7 @@ class StagePositions:
             if getattr(getattr(module, "config", None), "rotary", False):
                 module.set_positions(positions["rope_theta"], positions["rope_scaling"])
         self._check_ranks(step, stage)
+        self.applied = {"stage": slw.stages.index + 1, "length": stage.length, **positions}
         reason = "resumed" if first and step > 1 else "begins"
         index = slw.stages.index
         logger.info("step %d: stage %d %s at %s tokens: %s", step, index + 1, reason, f"{tokens:,}", stage.describe())
