@@ -88,16 +88,28 @@ def test_what_stages_do_not_train_yet_is_refused(tmp_path, spec, message):
 
 
 @pytest.mark.slow
-def test_a_run_across_a_theta_and_a_yarn_stage_exports_its_positions(tmp_path, byte_data, one_thread):
-    """`seqwarm export` of a run that ended in the YaRN stage: the Transformers config holds the final θ and
-    YaRN settings and the last stage's length; the exported model computes the trained model's logits."""
+def test_a_run_across_a_theta_and_a_yarn_stage_validates_at_both_lengths_and_exports_its_positions(
+    tmp_path, byte_data, one_thread
+):
+    """Validation at both lengths, and `seqwarm export` of a run that ended in the YaRN stage: the
+    Transformers config holds the final θ and YaRN settings and the last stage's length; the exported model
+    computes the trained model's logits."""
     transformers = pytest.importorskip("transformers")
     import torch
 
     from seqwarm.cli import main
+    from seqwarm.trainer.evaluator import evaluate
+    from seqwarm.trainer.trackers import scalars
 
-    run = _run(tmp_path, byte_data, "run", save_interval=100, keep_checkpoints=0)
+    run = _run(tmp_path, byte_data, "run", save_interval=100, keep_checkpoints=0, eval_interval=4)
     run.train()
+    # every evaluation also measures the loss at the pretraining length (32), before the stages too
+    evals = _rows(run, "eval")
+    assert len(evals) >= 3 and all(r["pretrain_seqlen"] == 32 and r["seqlen"] == 64 for r in evals)
+    ev = run.evaluator
+    at_32 = evaluate(run.engine, ev.data, 32, ev.micro_batch_size, None, ev.device, num_windows=ev.num_windows)
+    assert evals[-1]["val_loss_pretrain"] == pytest.approx(at_32, rel=1e-6) != evals[-1]["val_loss"]
+    assert ("val/loss_pretrain", evals[-1]["val_loss_pretrain"], evals[-1]["step"]) in list(scalars(evals[-1]))
     assert main(["export", str(run.run_dir), "--hf", str(tmp_path / "hf")]) == 0
     saved = json.loads((tmp_path / "hf" / "config.json").read_text())
     rope = saved.get("rope_parameters") or {**saved["rope_scaling"], "rope_theta": saved["rope_theta"]}

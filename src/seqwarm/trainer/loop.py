@@ -286,6 +286,7 @@ class Run:
                 "val_loss": val,
                 "val_ppl": math.exp(min(val, 50.0)),
                 "seqlen": self.evaluator.seq_length,
+                **self.stages.validation(self.evaluator, self.engine),  # with stages: at the pretraining length
                 "elapsed_s": self.elapsed(),
             }
         )

@@ -67,6 +67,18 @@ class StagePositions:
             | {"reason": reason, **positions}
         )
 
+    def validation(self, evaluator: Any, engine: Any) -> dict[str, Any]:
+        """In a run with stages whose pretraining length (the warmup's top) is below the validation length:
+        ``val_loss_pretrain``, the validation loss at the pretraining length (``pretrain_seqlen``), at every
+        evaluation — before the first stage too, so the short-context loss has a baseline to compare with."""
+        slw = self.slw
+        if slw is None or not slw.stages.stages:
+            return {}
+        length = slw.curriculum.max_difficulty if slw.curriculum is not None else evaluator.seq_length
+        if length >= evaluator.seq_length:
+            return {}
+        return {"val_loss_pretrain": evaluator.at_length(engine, length), "pretrain_seqlen": length}
+
     def _check_ranks(self, step: int, stage: Any) -> None:
         """Every rank in the same stage with the same settings (a mismatch would train two models)."""
         if not self.info.enabled:
