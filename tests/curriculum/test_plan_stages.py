@@ -61,6 +61,7 @@ def test_the_plan_is_the_run_the_warmup_object_trains():
     assert uses[128] == (second.steps, second.tokens) and uses[32][0] == lengths.count(32)
     assert list(uses) == [8, 16, 24, 32, 64, 128]  # in order of first use
     assert not plan.warnings and not plan.problems
+    assert "1 for validation at the pretraining length 32" in plan.compiles_why  # val_loss_pretrain
 
 
 def test_a_stage_before_the_warmup_ends_is_an_error_and_one_never_reached_a_warning():
