@@ -81,14 +81,20 @@ def test_the_lightning_callback_refuses_rope_stages():
         SequenceLengthWarmupCallback(min_length=8, max_length=16, steps=2, stages=[STAGE])
 
 
-def test_an_evaluated_checkpoint_gets_the_positions_of_the_stage_it_was_trained_in():
-    from seqwarm.evaluation.runs import _stage_positions
+def test_a_checkpoint_written_right_after_a_load_records_the_stage_the_weights_trained_in():
+    """seqwarm train saves StagePositions.applied as the checkpoint's positions (what eval and export
+    set): after a load, before any step, it is the clock's stage, not None (base positions)."""
+    from seqwarm.trainer.distributed import DistInfo
+    from seqwarm.trainer.stages import StagePositions
 
-    recorded = {"run": {"stages": [dict(STAGE, rope_scaling=None)]}}
     model = _gpt()
-    _stage_positions(model, recorded, tokens=STAGE["start_tokens"] - 1)  # before the stage: base positions
-    assert torch.equal(model.rope_cos, _gpt().rope_cos)
-    _stage_positions(model, recorded, tokens=STAGE["start_tokens"] + 64)
-    assert torch.equal(model.rope_cos, _tables(STAGE["rope_theta"]))
-    _stage_positions(model, {"run": {}}, tokens=10**6)  # a run without stages keeps its tables
-    assert torch.equal(model.rope_cos, _tables(STAGE["rope_theta"]))
+    engine = CurriculumEngine(model, torch.optim.AdamW(model.parameters(), lr=1e-3), _config([STAGE]))
+    _train_until_stage(engine)
+    trained = StagePositions(engine, model, DistInfo(), torch.device("cpu"), log=None).applied
+    assert trained == {"stage": 1, "length": 32, "rope_theta": STAGE["rope_theta"], "rope_scaling": None}
+
+    fresh = _gpt()
+    loaded = CurriculumEngine(fresh, torch.optim.AdamW(fresh.parameters(), lr=1e-3), _config([STAGE]))
+    loaded.load_state_dict(engine.state_dict())
+    assert loaded.slw.stage is None  # no step since the load
+    assert StagePositions(loaded, fresh, DistInfo(), torch.device("cpu"), log=None).applied == trained

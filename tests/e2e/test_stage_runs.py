@@ -85,3 +85,38 @@ def test_what_stages_do_not_train_yet_is_refused(tmp_path, spec, message):
     with pytest.raises(ConfigError, match=message):
         resolve_config(RunSpec(config=_config(tmp_path), **spec))
     assert resolve_config(RunSpec(config=_config(tmp_path), model="tiny", rotary=True)).stages
+
+
+@pytest.mark.slow
+def test_a_run_across_a_theta_and_a_yarn_stage_validates_at_both_lengths_and_exports_its_positions(
+    tmp_path, byte_data, one_thread
+):
+    """Validation at both lengths, and `seqwarm export` of a run that ended in the YaRN stage: the
+    Transformers config holds the final θ and YaRN settings and the last stage's length; the exported model
+    computes the trained model's logits."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from seqwarm.cli import main
+    from seqwarm.trainer.evaluator import evaluate
+    from seqwarm.trainer.trackers import scalars
+
+    run = _run(tmp_path, byte_data, "run", save_interval=100, keep_checkpoints=0, eval_interval=4)
+    run.train()
+    # every evaluation also measures the loss at the pretraining length (32), before the stages too
+    evals = _rows(run, "eval")
+    assert len(evals) >= 3 and all(r["pretrain_seqlen"] == 32 and r["seqlen"] == 64 for r in evals)
+    ev = run.evaluator
+    at_32 = evaluate(run.engine, ev.data, 32, ev.micro_batch_size, None, ev.device, num_windows=ev.num_windows)
+    assert evals[-1]["val_loss_pretrain"] == pytest.approx(at_32, rel=1e-6) != evals[-1]["val_loss"]
+    assert ("val/loss_pretrain", evals[-1]["val_loss_pretrain"], evals[-1]["step"]) in list(scalars(evals[-1]))
+    assert main(["export", str(run.run_dir), "--hf", str(tmp_path / "hf")]) == 0
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    rope = saved.get("rope_parameters") or {**saved["rope_scaling"], "rope_theta": saved["rope_theta"]}
+    assert rope["rope_theta"] == 40000.0 and rope["rope_type"] == "yarn" and rope["factor"] == 2.0
+    assert rope["original_max_position_embeddings"] == 48 and saved["max_position_embeddings"] == 64
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    ids = torch.randint(0, 257, (2, 64), generator=torch.Generator().manual_seed(0))
+    model = run.model.eval()
+    with torch.no_grad():
+        assert (model(ids) - hf(input_ids=ids).logits).abs().max().item() < 1e-4

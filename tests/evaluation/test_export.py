@@ -169,3 +169,55 @@ def test_a_partial_rotary_run_exports_with_its_rotary_pct(tmp_path, capsys, bpe_
     ids = torch.randint(0, gpt.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():
         assert (gpt(ids) - hf(input_ids=ids).logits).abs().max().item() < 1e-5
+
+
+def _stage_run(folder, data_dir, positions, *, rotary_percent=1.0, record=True):
+    """A run folder whose checkpoint trained in a stage with ``positions`` (``record``: the checkpoint says so)."""
+    gpt = fake_run(folder, data_dir, rotary=True, rotary_percent=rotary_percent)
+    path = next((folder / "checkpoints").glob("step_*.pt"))
+    state = torch.load(path, weights_only=False)
+    stage = {"start_tokens": 500, "length": 32, **{k: v for k, v in positions.items() if v is not None}}
+    state["config"]["run"] = {"stages": [stage]}
+    if record:
+        state["positions"] = {"stage": 1, "length": 32, **positions}
+    path.unlink()
+    save_checkpoint(folder / "checkpoints", 3, state)
+    return gpt
+
+
+YARN = {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 16, "beta_fast": 32.0, "beta_slow": 1.0}
+
+
+@pytest.mark.parametrize(
+    "scaling,percent", [(YARN, 1.0), (YARN | {"attention_factor": 1.3}, 0.5), ({"type": "linear", "factor": 4.0}, 1.0)]
+)
+def test_a_stage_run_exports_its_rope_settings_with_the_same_logits(tmp_path, capsys, bpe_data, scaling, percent):
+    """The stage's θ and scaling go into the Transformers config (rope_parameters in Transformers 5,
+    rope_theta / rope_scaling before), max_position_embeddings the stage's length; the logits are seqwarm's
+    with those positions, which differ from the model's own."""
+    positions = {"rope_theta": 40000.0, "rope_scaling": scaling}
+    gpt = _stage_run(tmp_path / "run", bpe_data, positions, rotary_percent=percent)
+    code, out, err = export(capsys, tmp_path / "run", tmp_path / "hf")
+    assert code == 0, err
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    rope = saved.get("rope_parameters") or {**(saved.get("rope_scaling") or {}), "rope_theta": saved.get("rope_theta")}
+    assert (
+        rope["rope_theta"] == 40000.0 and rope["rope_type"] == scaling["type"] and rope["factor"] == scaling["factor"]
+    )
+    assert saved["max_position_embeddings"] == 32
+    if scaling["type"] == "yarn":
+        assert rope["original_max_position_embeddings"] == 16
+    hf = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "hf")).eval()
+    ids = torch.randint(0, gpt.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        own = gpt(ids)
+        gpt.set_positions(positions["rope_theta"], scaling)
+        staged, theirs = gpt(ids), hf(input_ids=ids).logits
+    assert (staged - theirs).abs().max().item() < 1e-5
+    assert (own - theirs).abs().max().item() > 1e-3  # the positions matter: the model's own would not match
+
+
+def test_a_stage_checkpoint_without_its_positions_exits_2(tmp_path, capsys, bpe_data):
+    _stage_run(tmp_path / "run", bpe_data, {"rope_theta": 40000.0, "rope_scaling": None}, record=False)
+    code, _, err = export(capsys, tmp_path / "run", tmp_path / "hf")
+    assert code == 2 and "records no stage positions" in err and not (tmp_path / "hf").exists()

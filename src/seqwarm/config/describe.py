@@ -45,6 +45,9 @@ def describe(cfg: RunConfig) -> list[str]:
         if cfg.length_bucket:
             mode += f", cut to multiples of {cfg.length_bucket} with the loss masked past the length"
         lines.append(f"curriculum:  seqlen {how} ({cur.source} block; mode: {mode})")
+    for i, stage in enumerate(cfg.stages):
+        head = "stages:      " if i == 0 else "             "
+        lines.append(f"{head}{i + 1}. from {human_count(stage.start_tokens)} tokens: {stage.describe()}")
     lr = cfg.lr
     warm = (
         f"warmup {lr.warmup_iters or lr.warmup_samples or lr.warmup_tokens:,} {lr.warmup_unit}"

@@ -20,9 +20,11 @@ from seqwarm.curriculum.lr import (
     warmup_iters_from_tokens,
     warmup_samples_from_tokens,
 )
+from seqwarm.curriculum.plan_stages import LengthUse, StagePlan, StageWalk
 from seqwarm.curriculum.run import PlanSettings
 from seqwarm.curriculum.schedule import CurriculumConfig, difficulty_at
 from seqwarm.util.errors import UserError
+from seqwarm.util.problems import ConfigError, Problem
 from seqwarm.util.units import human_count
 
 MAX_PLAN_STEPS = 50_000_000
@@ -70,6 +72,13 @@ class Plan:
     """Graphs ``--compile`` traces for the training steps and validation (:func:`compile_count`)."""
     compiles_why: str = ""
     """What :attr:`compiles` counts, in words."""
+    stages: list[StagePlan] = field(default_factory=list)
+    """The stages after the warmup (:mod:`~seqwarm.curriculum.plan_stages`): first step, tokens, rows, positions."""
+    lengths: list[LengthUse] = field(default_factory=list)
+    """Steps and tokens trained at each length, in order of first use."""
+    problems: list[Problem] = field(default_factory=list)
+    """What makes the schedule wrong (a stage that begins before the warmup ends); ``make_plan(check=True)``
+    raises them as one ConfigError."""
     warmup_reached: float | None = None
     """With an LR warmup the run stops before finishing: the share of the peak LR reached at its last
     step (None when there is no warmup or it ends)."""
@@ -80,6 +89,7 @@ class Plan:
 
     def to_dict(self) -> dict[str, Any]:
         out = {k: v for k, v in asdict(self).items() if k not in ("steps", "seqlens", "cum_tokens", "lrs")}
+        out["problems"] = [str(p) for p in self.problems]
         return out
 
 
@@ -103,6 +113,8 @@ class LoopSettings:
     document_masking: bool = False
     rampup_batch_size: Any = None
     warnings: tuple[str, ...] = ()
+    stages: tuple[Any, ...] = ()
+    stages_path: str = "stages"
 
     @classmethod
     def of(
@@ -115,11 +127,13 @@ class LoopSettings:
         seq_length: int | None = None,
         length_bucket: int | None = None,
         mode: str | None = None,
+        stages: tuple[Any, ...] = (),
     ) -> LoopSettings:
         """``budget``: ``train_tokens`` / ``train_iters`` / ``train_samples`` attributes; ``batch_size``:
         sequences per optimizer step (all ranks, all micro-batches), ``micro_batch_size`` rows per cut (it
         divides ``batch_size``; default ``batch_size``; reshape drops a partial row per cut); ``seq_length``:
-        default the curriculum's top; ``mode``: how the length reaches the model (default the curriculum's)."""
+        default the curriculum's top; ``mode``: how the length reaches the model (default the curriculum's);
+        ``stages``: checked :class:`~seqwarm.curriculum.stages.StageConfig`."""
         if curriculum is not None and mode is not None:
             curriculum = replace(curriculum, mode=mode)
         micro = batch_size if micro_batch_size is None else micro_batch_size
@@ -140,21 +154,25 @@ class LoopSettings:
             micro_batch_size=micro,
             gradient_accumulation_steps=batch_size // micro,
             length_bucket=length_bucket,
+            stages=tuple(stages),
         )
 
 
-def make_plan(cfg: PlanSettings, *, keep_series: bool = False) -> Plan:
-    """Simulate the run's clock until it stops (or, with no budget, until the curriculum ends). ``cfg``: a
-    run config (``seqwarm plan``'s), or :class:`LoopSettings` for a loop configured by keywords
-    (``SequenceLengthWarmup.plan``)."""
+def make_plan(cfg: PlanSettings, *, keep_series: bool = False, check: bool = True) -> Plan:
+    """Simulate the run's clock until it stops (or, with no budget, until the curriculum ends and the last
+    stage begins). ``cfg``: a run config (``seqwarm plan``'s), or :class:`LoopSettings` for a loop configured
+    by keywords (``SequenceLengthWarmup.plan``). ``check``: raise :attr:`Plan.problems` as one ConfigError
+    (False: leave them in the plan, for a caller that shows the plan first)."""
     if cfg.full_length is None:
         raise UserError("the full sequence length is unknown: set seq_length (--seq-length) or a curriculum")
     cur = cfg.curriculum
     if cur is not None and cur.schedule_type == CUSTOM:
         raise UserError("a custom schedule is a Python function: it cannot be planned from a config file")
     no_budget = cfg.train_tokens is None and cfg.train_iters is None and cfg.train_samples is None
-    if no_budget and cur is None:
+    stages = tuple(getattr(cfg, "stages", ()) or ())
+    if no_budget and cur is None and not stages:
         raise UserError("nothing to plan: give a budget (--train-tokens, --train-iters or --train-samples)")
+    walk = StageWalk(cfg, stages, getattr(cfg, "stages_path", "seqwarm.stages"))
     warnings: list[str] = []
     full = cfg.full_length
     progress = Progress()
@@ -165,12 +183,13 @@ def make_plan(cfg: PlanSettings, *, keep_series: bool = False) -> Plan:
         step = progress.step + 1
         if cur is not None and current < cur.max_difficulty:  # the scheduler's update rule
             current = difficulty_at(step, cur)
-        seqlen = current
-        tps = tokens_per_step(cfg, seqlen)
         before = progress.tokens
+        seqlen = walk.length(step, before, current)  # a stage's length from its start on
+        tps = tokens_per_step(cfg, seqlen)
+        walk.count(seqlen, tps)
         progress = advance(progress, cfg.train_batch_size, tps, cfg.lr)
         lr = lr_at(progress, cfg.lr)
-        if cur is not None and plan.curriculum_end_step is None and seqlen >= cur.max_difficulty:
+        if cur is not None and plan.curriculum_end_step is None and current >= cur.max_difficulty:
             plan.curriculum_end_step = step
             plan.tokens_at_curriculum_end = before
         if plan.warmup_end_step is None and progress.warmup_end_tokens is not None:
@@ -185,8 +204,11 @@ def make_plan(cfg: PlanSettings, *, keep_series: bool = False) -> Plan:
             plan.cum_tokens.append(progress.tokens)
             plan.lrs.append(lr)
         reason = stop_reason(progress, cfg)
-        if reason is None and no_budget and plan.curriculum_end_step is not None:
-            reason = "no budget given: planned to the end of the curriculum"
+        ended = cur is None or plan.curriculum_end_step is not None
+        if reason is None and no_budget and ended and (not stages or walk.plans[-1].step is not None):
+            reason = (
+                f"no budget given: planned to the {'start of the last stage' if stages else 'end of the curriculum'}"
+            )
         if reason is not None:
             break
         if step >= MAX_PLAN_STEPS:
@@ -202,7 +224,11 @@ def make_plan(cfg: PlanSettings, *, keep_series: bool = False) -> Plan:
     plan.compiles, plan.compiles_why = compile_count(cfg, lengths)
     if cfg.lr.warmup_unit and plan.warmup_end_step is None and not no_budget:
         plan.warmup_reached = lr / cfg.lr.lr if cfg.lr.lr else 0.0
+    plan.stages, plan.lengths, plan.problems = walk.plans, list(walk.uses.values()), walk.problems
+    plan.warnings += walk.warnings(plan.total_steps, plan.total_tokens)
     _plan_warnings(cfg, plan, no_budget=no_budget)
+    if check and plan.problems:
+        raise ConfigError(plan.problems)
     return plan
 
 
@@ -279,8 +305,12 @@ def compile_count(cfg: PlanSettings, seqlens: list[int]) -> tuple[int, str]:
     if injected:
         parts.append("1 when curriculum_seqlen first changes (an int is specialized on its first value)")
     parts.append("1 for full-length validation (no_grad)")
+    pretrain = cur.max_difficulty if cur is not None else cfg.full_length
+    both = bool(getattr(cfg, "stages", ())) and pretrain < cfg.full_length  # val_loss_pretrain: a 2nd length
+    if both:
+        parts.append(f"1 for validation at the pretraining length {pretrain}")
     why = " + ".join(parts) + "; on CUDA +1 for the trial step before step 1"
-    return train + injected + 1, why
+    return train + injected + 1 + both, why
 
 
 def data_use(plan: Plan, train_windows: int) -> tuple[str, str | None]:

@@ -99,6 +99,9 @@ class PlanSettings(Protocol):
     def rampup_batch_size(self) -> Any: ...
     @property
     def warnings(self) -> tuple[str, ...]: ...
+    @property
+    def stages(self) -> tuple[Any, ...]:
+        """The checked stages after the warmup (:class:`~seqwarm.curriculum.stages.StageConfig`), or ()."""
 
 
 Reader = Callable[..., Any]

@@ -427,7 +427,8 @@ class SequenceLengthWarmup:
     def plan(self, batch_size: int, *, micro_batch_size: int | None = None, seq_length: int | None = None) -> Plan:
         """The run ahead of time from these settings, as ``seqwarm plan`` replays a config file
         (:meth:`LoopSettings.of <seqwarm.curriculum.plan.LoopSettings.of>` reads the arguments: sequences per
-        optimizer step, per cut, the full length) until the budget is reached (none: until the ramp ends)."""
+        optimizer step, per cut, the full length) until the budget is reached (none: until the ramp ends); a
+        ConfigError lists every problem of the stages' schedule."""
         return make_plan(
             LoopSettings.of(
                 self.curriculum,
@@ -438,6 +439,7 @@ class SequenceLengthWarmup:
                 seq_length,
                 self.bucket,
                 self.mode,
+                self.stages.stages,
             )
         )
 

@@ -15,6 +15,12 @@ anything is written:
   head 1 ...) where seqwarm's is all q, all k, all v.
 
 A model without biases (``bias=False``) gets zero biases, which compute the same thing.
+
+A run with stages (:mod:`seqwarm.curriculum.stages`) exports the rotary settings of the stage its
+checkpoint trained in (the checkpoint's ``positions``, which :func:`~seqwarm.evaluation.runs.load_run` sets
+on the GPT): θ as ``rotary_emb_base``, linear / YaRN as ``rope_scaling`` in Transformers' keys (Transformers
+5 stores them in ``rope_parameters``), and ``max_position_embeddings`` the stage's length; the logits check
+runs at that length.
 """
 
 from __future__ import annotations
@@ -128,8 +134,27 @@ def gpt2_weights(model: GPT) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     return config, out
 
 
-def neox_weights(model: GPT) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
-    """``GPTNeoXConfig`` keywords and the ``GPTNeoXForCausalLM`` state dict of a rotary GPT."""
+def rope_config(model: GPT, max_positions: int | None = None) -> dict[str, Any]:
+    """The ``GPTNeoXConfig`` keywords of the rotary settings ``model`` uses (a stage's, :meth:`GPT.set_positions`):
+    ``rotary_emb_base`` (θ), ``rope_scaling`` in Transformers' keys (``rope_type``, ``factor``,
+    ``original_max_position_embeddings``, ...; Transformers 5 keeps them, θ and ``partial_rotary_factor`` in
+    ``rope_parameters``) and ``max_position_embeddings`` (``max_positions``: the last stage's length)."""
+    cfg = model.config
+    theta = model.positions.get("rope_theta") or cfg.rotary_base
+    out: dict[str, Any] = {"rotary_emb_base": theta, "max_position_embeddings": max_positions or cfg.seq_length}
+    scaling = model.positions.get("rope_scaling")
+    if scaling:
+        kind = scaling.get("type", scaling.get("rope_type"))
+        out["rope_scaling"] = {
+            "rope_type": kind,
+            **{k: v for k, v in scaling.items() if k not in ("type", "rope_type")},
+        }
+    return out
+
+
+def neox_weights(model: GPT, max_positions: int | None = None) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
+    """``GPTNeoXConfig`` keywords and the ``GPTNeoXForCausalLM`` state dict of a rotary GPT (its rotary
+    settings: :func:`rope_config`)."""
     cfg, state = model.config, model.state_dict()
     c, h = cfg.n_embd, cfg.n_head
     config = dict(
@@ -139,9 +164,8 @@ def neox_weights(model: GPT) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         num_attention_heads=h,
         intermediate_size=4 * c,
         hidden_act="gelu_new",
-        max_position_embeddings=cfg.seq_length,
         rotary_pct=cfg.rotary_percent,
-        rotary_emb_base=cfg.rotary_base,
+        **rope_config(model, max_positions),
         use_parallel_residual=False,
         attention_bias=True,
         layer_norm_eps=cfg.layer_norm_eps,
@@ -170,19 +194,26 @@ def neox_weights(model: GPT) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     return config, out
 
 
-def build_hf_model(model: GPT, eod_id: int | None = None) -> Any:
-    """The Transformers model computing what ``model`` computes (in eval mode), on the CPU."""
+def build_hf_model(model: GPT, eod_id: int | None = None, max_positions: int | None = None) -> Any:
+    """The Transformers model computing what ``model`` computes (in eval mode), on the CPU, with its rotary
+    settings (a stage's); ``max_positions``: the length it last trained at (default its ``seq_length``)."""
     transformers = _transformers()
     model = model.cpu()
     if model.config.rotary:
-        kwargs, state = neox_weights(model)
+        kwargs, state = neox_weights(model, max_positions)
         config_cls, model_cls = transformers.GPTNeoXConfig, transformers.GPTNeoXForCausalLM
     else:
         kwargs, state = gpt2_weights(model)
         config_cls, model_cls = transformers.GPT2Config, transformers.GPT2LMHeadModel
     if eod_id is not None:  # GPT-2's convention: the document separator is bos and eos
         kwargs.update(bos_token_id=eod_id, eos_token_id=eod_id)
-    hf = model_cls(config_cls(**kwargs))
+    try:
+        hf = model_cls(config_cls(**kwargs))
+    except (ValueError, KeyError) as err:  # an older Transformers without this rope_scaling for GPT-NeoX
+        raise UserError(
+            f"transformers {transformers.__version__} cannot express the rotary settings "
+            f"{kwargs.get('rope_scaling')} in a {config_cls.__name__} ({err}); upgrade transformers"
+        ) from None
     own = hf.state_dict()
     # The LM head's name differs across Transformers versions (NeoX: embed_out / lm_head); it is tied.
     for head in ("lm_head.weight", "embed_out.weight"):
@@ -263,8 +294,11 @@ def export_hf(
     if loaded.is_hf:  # a --model hf:PATH run trained the Transformers model itself: nothing to convert
         hf, diff = loaded.model.eval(), None
     else:
-        hf = build_hf_model(loaded.model, loaded.need_tokenizer().eod_id)
-        diff = max_logit_diff(loaded.model, hf)
+        stage = loaded.stage or {}
+        if (stage.get("rope_theta") or stage.get("rope_scaling")) and not loaded.model.config.rotary:
+            raise UserError(f"{run_dir}: its stage sets rotary positions, but the model learns its positions")
+        hf = build_hf_model(loaded.model, loaded.need_tokenizer().eod_id, stage.get("length"))
+        diff = max_logit_diff(loaded.model, hf, stage.get("length") or 16)
     if diff is not None and not diff <= TOLERANCE:
         raise SeqwarmError(
             f"export of {run_dir}: the {type(hf).__name__} logits differ from seqwarm's by "

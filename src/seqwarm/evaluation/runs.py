@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from seqwarm.curriculum.stages import as_stages, stage_at
 from seqwarm.data.prepared import open_prepared
 from seqwarm.data.tokenizer import load_tokenizer
 from seqwarm.evaluation.common import evaluate_val
@@ -54,6 +53,9 @@ class LoadedRun:
     None (the prepared folder ``data_dir`` is opened when needed)."""
     data_error: UserError | None = None
     """Why a --data-path run's sources could not be opened again (raised when the val split is asked for)."""
+    stage: dict[str, Any] | None = None
+    """The stage the checkpoint's weights trained in (``stage``, ``length``, ``rope_theta``,
+    ``rope_scaling``), whose rotary settings are set on the model; None before any stage."""
     document_masking: bool = False
     """Whether the run trained with document masking (``run.document_masking``): its validation loss is
     then measured with attention inside each document, as training measured it."""
@@ -216,9 +218,9 @@ def load_run(
     except (RuntimeError, KeyError, ValueError, TypeError) as err:
         first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
         raise UserError(f"checkpoint {path}: its weights do not fit the model it records ({first})") from None
-    tokens = (state.get("engine") or {}).get("progress", {}).get("tokens")
-    _stage_positions(model, resolved, tokens)
+    stage = _stage_positions(model, state, path, resolved)
     model.to(dev).eval()
+    tokens = (state.get("engine") or {}).get("progress", {}).get("tokens")
     return LoadedRun(
         run,
         int(state.get("step", 0)),
@@ -232,7 +234,27 @@ def load_run(
         data=megatron,
         data_error=data_error,
         document_masking=bool((resolved.get("run") or {}).get("document_masking", False)),
+        stage=stage,
     )
+
+
+def _stage_positions(model: torch.nn.Module, state: dict, path: Path, resolved: dict) -> dict[str, Any] | None:
+    """Set on seqwarm's GPT the rotary settings of the stage its weights trained in (the checkpoint's
+    ``positions``, written by ``seqwarm train``); that stage (None: before any, or a run without stages)."""
+    stages = (resolved.get("run") or {}).get("stages") or []
+    if not stages or not isinstance(model, GPT):
+        return None
+    if "positions" not in state:
+        if any(s.get("rope_theta") is not None or s.get("rope_scaling") is not None for s in stages):
+            raise UserError(
+                f"checkpoint {path} records no stage positions (written before seqwarm saved them): its rotary "
+                "settings are unknown; train it again, or resume it for a step, to write a checkpoint that has them"
+            )
+        return None
+    stage = state["positions"]
+    if stage is not None and model.config.rotary:
+        model.set_positions(stage.get("rope_theta"), stage.get("rope_scaling"))
+    return stage
 
 
 def _val_model(loaded: LoadedRun) -> torch.nn.Module:
@@ -344,14 +366,3 @@ def run_paper_evals(
         "seq_length": seq,
         **results,
     }
-
-
-def _stage_positions(model: Any, resolved: dict, tokens: Any) -> None:
-    """The rotary positions the run trained with at its checkpoint: its stages' (the tables are not saved,
-    :mod:`seqwarm.curriculum.stages`), set on seqwarm's GPT; a model evaluated at its base positions would
-    score another model than the one trained."""
-    stages = as_stages((resolved.get("run") or {}).get("stages") or ())
-    found = stage_at(int(tokens or 0), stages) if stages else None
-    if found is not None and callable(getattr(model, "set_positions", None)) and model.config.rotary:
-        positions = found[1].positions()
-        model.set_positions(positions["rope_theta"], positions["rope_scaling"])

@@ -359,12 +359,25 @@ def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
                 "DeepSpeed's config key \"compile\" (or Hugging Face's torch_compile) for those",
             )
         )
-    problems += _stage_problems(spec, cfg)
+    problems += _stage_problems(spec, cfg) + schedule_problems(cfg)
     if problems:
         raise ConfigError(problems, str(spec.config) if spec.config else "the built-in recipe")
     for message in cfg.warnings:
         logger.warning("warning: %s", message)
     return cfg
+
+
+def schedule_problems(cfg: RunConfig) -> list[Problem]:
+    """What only the plan sees wrong in the stages (a stage that begins before the warmup ends), when a
+    budget is given: :func:`~seqwarm.curriculum.plan.make_plan`'s problems."""
+    if not cfg.stages or (cfg.train_tokens is None and cfg.train_iters is None and cfg.train_samples is None):
+        return []
+    from seqwarm.curriculum.plan import make_plan
+
+    try:
+        return make_plan(cfg, check=False).problems
+    except UserError:  # what cannot be planned (no length, a custom schedule) is said elsewhere
+        return []
 
 
 def _stage_problems(spec: RunSpec, cfg: RunConfig) -> list[Problem]:

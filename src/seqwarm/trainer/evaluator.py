@@ -119,6 +119,25 @@ class Evaluator:
         """Whether to evaluate after ``step`` (``last``: the run ends with it, and evaluates then anyway)."""
         return bool(self.interval) and step % self.interval == 0 and not last
 
+    def at_length(self, engine, length: int) -> float:
+        """The mean validation loss over as many windows of ``length`` tokens (a stage run's pretraining
+        length), the same ones at every evaluation."""
+        windows = self.num_windows if self.num_windows is not None else len(self.data.windows("val", length))
+        return evaluate(
+            engine,
+            self.data,
+            length,
+            self.micro_batch_size,
+            None,
+            self.device,
+            label_style=self.label_style,
+            document_masking=self.document_masking,
+            num_windows=windows,
+            rank=self.rank,
+            world_size=self.world_size,
+            dist_info=self.dist_info,
+        )
+
     def __call__(self, engine) -> float:
         if not self._checked:  # first evaluation: say once (not at every one) when the split is smaller
             self._checked = True

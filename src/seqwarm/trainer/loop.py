@@ -240,6 +240,7 @@ class Run:
             "config": self.resolved,
             "elapsed_s": self.elapsed(),
             "last_val": self.last_val,
+            "positions": self.stages.applied,  # the stage's rotary settings the weights trained with
         }
         path = self.checkpointer.save(self.engine.progress.step, loop_state)
         self.saved_step = self.engine.progress.step
@@ -275,8 +276,7 @@ class Run:
     # -- the loop ---------------------------------------------------------------------------------
     def _evaluate(self) -> float:
         val = self.evaluator(self.engine)
-        self.last_val = val
-        p = self.engine.progress
+        self.last_val, p = val, self.engine.progress
         self.log.eval_row(
             {
                 "kind": "eval",
@@ -286,6 +286,7 @@ class Run:
                 "val_loss": val,
                 "val_ppl": math.exp(min(val, 50.0)),
                 "seqlen": self.evaluator.seq_length,
+                **self.stages.validation(self.evaluator, self.engine),  # with stages: at the pretraining length
                 "elapsed_s": self.elapsed(),
             }
         )

@@ -11,9 +11,10 @@ ranks every method does nothing. :func:`adam_stats` gives the Adam second-moment
 
 Rows in ``metrics.jsonl`` carry ``kind`` = ``train`` (step, tokens, samples, seqlen, lr, loss at the
 current length, tokens_per_s, grad_norm, elapsed_s, ...) or ``eval`` (step, tokens, val_loss, val_ppl at
-full length). :func:`read_metrics` ignores a torn last line and skips, with a warning naming it, a line
-that is not a row; :func:`truncate_metrics` drops the rows a resume writes again (and refuses a file with
-such a line), and a resumed logger writes each (kind, step) row once. Tracker tags are namespaced
+full length; with stages also val_loss_pretrain at pretrain_seqlen). :func:`read_metrics` ignores a torn
+last line and skips, with a warning naming it, a line that is not a row; :func:`truncate_metrics` drops the
+rows a resume writes again (and refuses a file with such a line), and a resumed logger writes each (kind,
+step) row once. Tracker tags are namespaced
 (``train/loss``, ``curriculum/seqlen``, ``progress/tokens``) and repeated under Megatron-DeepSpeed's names
 (:data:`seqwarm.trainer.trackers.MEGATRON_TAGS`).
 """

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from seqwarm.curriculum.stages import stage_at
 from seqwarm.trainer.distributed import DistInfo, gather_floats
 
 __all__ = ["StagePositions"]
@@ -53,6 +54,35 @@ class StagePositions:
             {"kind": "stage", "step": step, "tokens": tokens, "stage": index + 1, "seqlen": stage.length}
             | {"reason": reason, **positions}
         )
+
+    @property
+    def applied(self) -> dict[str, Any] | None:
+        """The stage whose positions the model has (``stage``, ``length``, ``rope_theta``, ``rope_scaling``),
+        saved in each checkpoint (``positions``) for ``seqwarm eval`` / ``export``; None before the first.
+        The last step's stage; right after a load, before any step, the clock's (which the engine's
+        ``load_state_dict`` set on the model)."""
+        slw = self.slw
+        if slw is None or not slw.stages.stages:
+            return None
+        found = (
+            (slw.stages.index, slw.stage) if slw.stage is not None else stage_at(slw.progress.tokens, slw.stages.stages)
+        )
+        if found is None:
+            return None
+        index, stage = found
+        return {"stage": index + 1, "length": stage.length, **stage.positions()}
+
+    def validation(self, evaluator: Any, engine: Any) -> dict[str, Any]:
+        """In a run with stages whose pretraining length (the warmup's top) is below the validation length:
+        ``val_loss_pretrain``, the validation loss at the pretraining length (``pretrain_seqlen``), at every
+        evaluation — before the first stage too, so the short-context loss has a baseline to compare with."""
+        slw = self.slw
+        if slw is None or not slw.stages.stages:
+            return {}
+        length = slw.curriculum.max_difficulty if slw.curriculum is not None else evaluator.seq_length
+        if length >= evaluator.seq_length:
+            return {}
+        return {"val_loss_pretrain": evaluator.at_length(engine, length), "pretrain_seqlen": length}
 
     def _check_ranks(self, step: int, stage: Any) -> None:
         """Every rank in the same stage with the same settings (a mismatch would train two models)."""

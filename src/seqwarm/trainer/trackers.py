@@ -63,6 +63,7 @@ SEQWARM_TAGS = {
     "tokens": "progress/tokens",
     "val_loss": "val/loss",
     "val_ppl": "val/ppl",
+    "val_loss_pretrain": "val/loss_pretrain",
     "adam_v_l1": "stability/adam_v_l1",
     "adam_v_max": "stability/adam_v_max",
     "loss_ratio": "stability/loss_ratio",

@@ -9,7 +9,8 @@ import sys
 from seqwarm.cli.commands.common import positive_int
 from seqwarm.config import load_config
 from seqwarm.config.describe import describe
-from seqwarm.run.spec import policy_problems
+from seqwarm.run.spec import policy_problems, schedule_problems
+from seqwarm.util.problems import ConfigError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -27,6 +28,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, world_size=args.world_size)
+    wrong = schedule_problems(cfg)  # with a budget: a stage that begins before the warmup ends
+    if wrong:
+        raise ConfigError(wrong, args.config)
     if args.json:
         print(json.dumps(cfg.to_dict(), indent=2, default=str))
         return 0

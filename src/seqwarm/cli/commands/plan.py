@@ -16,8 +16,9 @@ from seqwarm.config import RunConfig, load_config
 from seqwarm.config.defaults import PRESETS
 from seqwarm.config.describe import describe
 from seqwarm.curriculum.plan import Plan, make_plan
+from seqwarm.curriculum.plan_stages import StagePlan
 from seqwarm.run.checks import check_spec
-from seqwarm.run.spec import RunSpec, policy_problems, recipe_config, resolve_config
+from seqwarm.run.spec import RunSpec, policy_problems, recipe_config, resolve_config, schedule_problems
 from seqwarm.run.training import recipe_note
 from seqwarm.trainer.plots import plot_plan
 from seqwarm.util.errors import UserError
@@ -109,6 +110,7 @@ def print_plan(plan: Plan, out=None) -> None:
             f"LR warmup ends:            never: the run stops first, at {plan.warmup_reached:.0%} of the peak LR",
             file=out,
         )
+    _print_stages(plan, out)
     print(f"shapes:                    {_shapes_line(plan)}", file=out)
     print(f"compiles with --compile:   {plan.compiles}  ({plan.compiles_why})", file=out)
     notes = {
@@ -118,6 +120,44 @@ def print_plan(plan: Plan, out=None) -> None:
     }
     for key, value in plan.conversions.items():
         print(f"{notes[key]} {value}", file=out)
+
+
+def _positions(stage: StagePlan) -> str:
+    parts = [] if stage.rope_theta is None else [f"rope_theta {stage.rope_theta:g}"]
+    scaling = stage.rope_scaling
+    if scaling is not None:
+        extra = ", ".join(
+            f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in scaling.items() if k != "type"
+        )
+        parts.append(f"{scaling['type']} ({extra})")
+    return "; ".join(parts) or "the model's own positions"
+
+
+def _print_stages(plan: Plan, out) -> None:
+    """The stages (first step, tokens, length, rows, positions) and the tokens trained at each length."""
+    if not plan.stages:
+        return
+    for s in plan.stages:
+        head = f"stage {s.stage}:".ljust(27)
+        if s.step is None:
+            print(f"{head}never begins (from {human_count(s.start_tokens)} tokens, length {s.length})", file=out)
+            continue
+        print(
+            f"{head}step {s.step:,}, after {human_count(s.tokens_before)} tokens (from {human_count(s.start_tokens)}): "
+            f"length {s.length}, {s.rows_per_step:,} rows/step ({human_count(s.tokens_per_step)} tokens), "
+            f"{s.steps:,} steps, {human_count(s.tokens)} tokens; {_positions(s)}",
+            file=out,
+        )
+    shares = ", ".join(
+        f"{u.length}: {human_count(u.tokens)} ({u.tokens / max(plan.total_tokens, 1):.0%})" for u in plan.lengths
+    )
+    print(f"tokens at each length:     {shares}", file=out)
+    longest = max(u.length for u in plan.lengths)
+    print(
+        f"memory:                    not estimated here; train checks it and runs its trial step at the windows' "
+        f"length {plan.val_shape[1]} (the longest stage trains at {longest}) before step 1",
+        file=out,
+    )
 
 
 def _resolve(spec: RunSpec, world_size: int) -> tuple[RunConfig, list[Problem]]:
@@ -133,7 +173,7 @@ def _resolve(spec: RunSpec, world_size: int) -> tuple[RunConfig, list[Problem]]:
     length = cfg.full_length or PRESETS.get(spec.model, {}).get("seq_length")
     if cfg.seq_length is None and length:
         cfg = load_config(source, overrides={**spec.settings, "seq_length": length}, world_size=world_size)
-    refused = policy_problems(cfg)
+    refused = policy_problems(cfg) + schedule_problems(cfg)  # the plan shows the latter, then exits 2
     if not refused or any(p not in refused for p in error.problems):
         raise error
     return cfg, refused
@@ -147,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
     spec = spec_from_args(args, config=args.config_file or args.config)
     check_spec(spec)  # what train refuses first (an unknown --model, --fsdp with --deepspeed, ...)
     cfg, refused = _resolve(spec, args.world_size)
-    plan = make_plan(cfg, keep_series=bool(args.plot))
+    plan = make_plan(cfg, keep_series=bool(args.plot), check=False)  # the plan first, then its problems
     note = recipe_note(spec)
     if args.plot:
         plot_plan(plan, args.plot)
@@ -162,10 +202,12 @@ def run(args: argparse.Namespace) -> int:
         print_plan(plan)
         if args.plot:
             print(f"plot written to {args.plot}")
-    for problem in refused:
+    for problem in (p for p in refused if p not in plan.problems):
         print(f"warning: train refuses this run: {problem}", file=sys.stderr)
     said = [] if refused else cfg.warnings  # resolve_config logged the config's own warnings when it passed
     for message in plan.warnings:
         if message not in said:
             print(f"warning: {message}", file=sys.stderr)
+    if plan.problems:
+        raise ConfigError(plan.problems)
     return 0

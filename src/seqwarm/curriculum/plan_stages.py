@@ -1,0 +1,141 @@
+"""The stages in the plan (:mod:`seqwarm.curriculum.stages`): where each begins, what it trains, and what is
+wrong with the schedule as a whole.
+
+:func:`~seqwarm.curriculum.plan.make_plan` walks the run's clock step by step; a :class:`StageWalk` decides
+each step's length there as the curriculum object does at ``begin_step`` (the warmup's length, replaced by
+a stage's from the first step whose clock — the tokens trained before it — has reached its
+``start_tokens``), and records each stage's first step, rows and tokens. What only the walk can tell:
+
+- a stage whose ``start_tokens`` falls before the warmup's first step at the pretraining length (its
+  ``max_difficulty``) — an error (:attr:`StageWalk.problems`): the run would jump from a short warmup
+  length to the stage's, cutting the warmup short;
+- a stage that never begins before the budget ends — a warning: the budget may be shortened on purpose
+  (a smoke test of a long recipe), but the run will never train at that length or with those positions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from seqwarm.curriculum.clock import micro_batch_shape, tokens_per_step
+from seqwarm.curriculum.schedule import difficulty_at
+from seqwarm.curriculum.stages import StageConfig, stage_at
+from seqwarm.util.problems import Problem
+from seqwarm.util.units import human_count
+
+__all__ = ["StagePlan", "LengthUse", "StageWalk", "warmup_end_tokens"]
+
+
+@dataclass
+class StagePlan:
+    """One stage as the run will train it."""
+
+    stage: int
+    """Its number, from 1."""
+    start_tokens: int
+    """The configured start."""
+    length: int
+    rope_theta: float | None
+    rope_scaling: dict[str, Any] | None
+    step: int | None = None
+    """Its first step (None: it never begins before the budget ends)."""
+    tokens_before: int | None = None
+    """Tokens trained before its first step (at or just past ``start_tokens``)."""
+    rows_per_step: int = 0
+    """Sequences of ``length`` one optimizer step trains (all ranks, all micro-batches)."""
+    tokens_per_step: int = 0
+    steps: int = 0
+    """Steps trained in it."""
+    tokens: int = 0
+    """Tokens trained in it."""
+
+
+@dataclass
+class LengthUse:
+    """Steps and tokens the run trains at one length."""
+
+    length: int
+    steps: int = 0
+    tokens: int = 0
+
+
+def rows_per_step(cfg: Any, length: int) -> int:
+    """Sequences of ``length`` one optimizer step trains (all ranks), as :func:`tokens_per_step` counts them."""
+    mode = cfg.curriculum.mode if cfg.curriculum else None
+    rows, _ = micro_batch_shape(cfg.micro_batch_size, cfg.full_length, length, mode)
+    return rows * cfg.gradient_accumulation_steps * cfg.world_size
+
+
+def warmup_end_tokens(cfg: Any) -> int | None:
+    """Tokens trained before the first step at the warmup's ``max_difficulty`` when no stage cuts in
+    (None without a warmup)."""
+    cur = cfg.curriculum
+    if cur is None:
+        return None
+    tokens, step = 0, 1
+    while difficulty_at(step, cur) < cur.max_difficulty:
+        tokens += tokens_per_step(cfg, difficulty_at(step, cur))
+        step += 1
+    return tokens
+
+
+class StageWalk:
+    """The stages' side of :func:`~seqwarm.curriculum.plan.make_plan`'s walk (see the module)."""
+
+    def __init__(self, cfg: Any, stages: Sequence[StageConfig], path: str = "seqwarm.stages"):
+        self.cfg, self.stages, self.path = cfg, tuple(stages), path
+        self.plans = [StagePlan(i + 1, s.start_tokens, s.length, **s.positions()) for i, s in enumerate(self.stages)]
+        self.problems: list[Problem] = []
+        self.uses: dict[int, LengthUse] = {}
+        end = warmup_end_tokens(cfg) if self.stages else None
+        for i, stage in enumerate(self.stages):
+            if end is not None and stage.start_tokens < end:
+                self._too_early(i, end)
+
+    def length(self, step: int, before: int, warm: int) -> int:
+        """The length of step ``step`` begun with ``before`` tokens trained, where the warmup alone gives
+        ``warm``; records a stage's first step."""
+        found = stage_at(before, self.stages) if self.stages else None
+        if found is None:
+            return warm
+        index, stage = found
+        plan = self.plans[index]
+        if plan.step is None:
+            plan.step, plan.tokens_before = step, before
+            plan.rows_per_step = rows_per_step(self.cfg, stage.length)
+            plan.tokens_per_step = tokens_per_step(self.cfg, stage.length)
+        plan.steps += 1
+        plan.tokens += plan.tokens_per_step
+        return stage.length
+
+    def count(self, length: int, tokens: int) -> None:
+        """One step trained ``tokens`` at ``length``."""
+        use = self.uses.setdefault(length, LengthUse(length))
+        use.steps += 1
+        use.tokens += tokens
+
+    def _too_early(self, index: int, end: int) -> None:
+        self.problems.append(
+            Problem(
+                f"{self.path}[{index}].start_tokens",
+                self.stages[index].start_tokens,
+                "the stage would begin before the warmup reaches the pretraining length "
+                f"{self.cfg.curriculum.max_difficulty} (its first step at that length begins after {end:,} tokens), "
+                "cutting the warmup short",
+                f"start it at {end:,} tokens or later, or shorten the warmup (total_curriculum_step)",
+            )
+        )
+
+    def warnings(self, total_steps: int, total_tokens: int) -> list[str]:
+        """A warning for each stage the run ends before."""
+        out = []
+        for plan in self.plans:
+            if plan.step is None:
+                out.append(
+                    f"stage {plan.stage} (from {human_count(plan.start_tokens)} tokens, length {plan.length}) never "
+                    f"begins: the run ends at step {total_steps:,} after {human_count(total_tokens)} tokens; it "
+                    "never trains at that length or with its positions (raise the budget, or drop the stage)"
+                )
+        return out
