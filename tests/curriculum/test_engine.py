@@ -655,3 +655,18 @@ def test_inputs_are_found_as_a_fresh_binding_finds_them_and_bound_once_per_call_
             )
     shapes = {(len(args), tuple(kwargs)) for args, kwargs in calls}  # (t, y) and (m, t) are one shape
     assert len(binds) == len(calls) + len(shapes)  # the reference once per call, the engine once per shape
+
+
+def test_the_precision_rule_takes_any_settings_object_not_only_a_dataclass():
+    """curriculum.run's Protocols promise that any object with a run config's attributes will do; the rule
+    returns a copy with the precision fixed and leaves the object it was given as it was."""
+    from types import SimpleNamespace
+
+    from seqwarm.curriculum.loss_scale import resolve_precision
+
+    given = SimpleNamespace(precision="fp32", precision_named=False, train_tokens=10)
+    on_cuda = resolve_precision(given, "cuda", bf16_supported=True)
+    assert (on_cuda.precision, on_cuda.precision_named, on_cuda.train_tokens) == ("bf16", True, 10)
+    assert resolve_precision(given, "cuda", bf16_supported=True, resumed="fp16").precision == "fp16"
+    assert resolve_precision(given, "cpu").precision == "fp32"
+    assert (given.precision, given.precision_named) == ("fp32", False)

@@ -12,6 +12,7 @@ It imports no torch: the engine measures the gradients and tells it whether they
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 from collections.abc import Mapping
@@ -63,13 +64,21 @@ def resolve_precision(cfg: C, device_type: str, bf16_supported: bool = True, res
     """``cfg`` with its precision fixed for a device — the one rule, for every engine and the loop: a
     precision the config named is kept; else the precision of the run being resumed (``resumed``: a
     checkpoint keeps what it was trained in); else bf16 on CUDA (when the device supports it) and fp32
-    elsewhere. Pure: the caller says what the device is. ``cfg``: a dataclass (a copy is returned)."""
+    elsewhere. Pure: the caller says what the device is; ``cfg`` is not changed (a copy is returned: a
+    dataclass's by ``dataclasses.replace``, any other settings object's by ``copy.copy``)."""
     if cfg.precision_named:
         return cfg
     if resumed is not None:
-        return dataclasses.replace(cfg, precision=resumed, precision_named=True)
-    precision = DEFAULT_CUDA_PRECISION if device_type == "cuda" and bf16_supported else "fp32"
-    return dataclasses.replace(cfg, precision=precision, precision_named=True)
+        return _with_precision(cfg, resumed)
+    return _with_precision(cfg, DEFAULT_CUDA_PRECISION if device_type == "cuda" and bf16_supported else "fp32")
+
+
+def _with_precision(cfg: C, precision: str) -> C:
+    if dataclasses.is_dataclass(cfg):
+        return dataclasses.replace(cfg, precision=precision, precision_named=True)
+    out = copy.copy(cfg)  # a settings object that only has the attributes (curriculum.run's Protocols)
+    out.precision, out.precision_named = precision, True
+    return out
 
 
 class LossScaler:
