@@ -6,8 +6,8 @@ field checks), ``lr`` and ``lr_checks`` (``LRConfig``, ``lr_at``, their checks),
 ``decompose`` and ``variable`` (documents in power-of-2 chunks, the variable-length sampler), ``run`` (what
 the curriculum reads of a run config, and the DeepSpeed-config reader ``seqwarm.config`` registers),
 ``loss_scale`` (the precision rule, ``FP16Config``, the fp16 ``LossScaler``) and ``plan`` / ``plan_stages``
-(the run ahead of time). With torch: ``batch`` (the cuts and ``tokens_trained``, the one token-counting rule), ``layouts``
-(each batch layout's cut), ``modes`` (how the length reaches the model), ``inputs`` (what users hand the
+(the run ahead of time). With torch: ``batch`` (the cuts and ``tokens_trained``, the one token-counting
+rule), ``layouts`` (each batch layout's cut), ``modes`` (how the length reaches the model), ``inputs`` (what users hand the
 curriculum), ``ranks`` (a step's counts over data-parallel ranks), ``warmup`` (``SequenceLengthWarmup``, the
 one implementation of the curriculum wiring), ``engine`` (``CurriculumEngine`` for any PyTorch loop) and
 ``lr_scheduler`` (``CurriculumLRScheduler``). This ``__init__`` imports nothing on purpose, so that
