@@ -11,8 +11,9 @@ with a size mismatch against the labels (issue #39). The pipeline's evaluation l
 plain GPT's on the exported weights.
 
 The modes a pipeline accepts (truncate, reshape, truncate with a length bucket), with and without
-gradient accumulation, in four launches. The ZeRO / pipeline runs that resume exactly are in
-test_deepspeed_runs.py.
+gradient accumulation, in five launches; the truncate run stopped mid-curriculum resumes to exactly the
+losses of the run that was not stopped. The ZeRO runs that resume exactly, and the pipeline's match with
+ZeRO-2, are in test_deepspeed_runs.py.
 """
 
 from __future__ import annotations
@@ -122,16 +123,23 @@ def check_run(run, steps, micro):
 
 
 @torchrun_test
-def test_truncate_with_accumulation_evaluates_every_length_and_resumes(blend, tmp_path):
-    """The issue's run: accumulation 2, stopped at step 3 (length 48), resumed to step 6."""
-    cfg, run = zero1_json(tmp_path / "zero1.json"), tmp_path / "pp2"
+def test_truncate_with_accumulation_evaluates_every_length_and_resumes_exactly(blend, tmp_path):
+    """The issue's run: accumulation 2, stopped at step 3 (length 48), resumed to step 6: the same steps,
+    lengths, tokens and losses, training and evaluation, as the run that was not interrupted."""
+    cfg, run, whole = zero1_json(tmp_path / "zero1.json"), tmp_path / "pp2", tmp_path / "whole"
     pipeline_run(blend, cfg, run, 2, "--train-iters", "3")
     first, _ = check_run(run, 3, MICRO[2])
     out = pipeline_run(blend, cfg, run, 2, "--resume", "--allow-config-change")
     assert "resuming at step 3" in out
-    rows, _ = check_run(run, 6, MICRO[2])
+    rows, evals = check_run(run, 6, MICRO[2])
     assert rows[:3] == first
     assert [r["tokens"] for r in rows] == [128, 384, 768, 1280, 1792, 2304]  # 8 sequences x the length, per step
+    pipeline_run(blend, cfg, whole, 2)
+    whole_rows, whole_evals = check_run(whole, 6, MICRO[2])
+    assert [(r["step"], r["seqlen"], r["tokens"], r["loss"]) for r in rows] == [
+        (r["step"], r["seqlen"], r["tokens"], r["loss"]) for r in whole_rows
+    ]
+    assert [(e["step"], e["val_loss"]) for e in evals] == [(e["step"], e["val_loss"]) for e in whole_evals]
 
 
 @torchrun_test
