@@ -34,7 +34,7 @@ from seqwarm.trainer.history import append_event
 from seqwarm.trainer.metrics import MetricsLogger, adam_stats, optimizer_states, step_point, truncate_metrics
 from seqwarm.trainer.options import RunOptions
 from seqwarm.trainer.plots import plot_run
-from seqwarm.trainer.record import TrainResult, data_record, jsonable, versions
+from seqwarm.trainer.record import TrainResult, data_record, jsonable, run_summary, versions
 from seqwarm.trainer.resume import check_resume_config, saved_section
 from seqwarm.trainer.stages import StagePositions
 from seqwarm.trainer.stop import RunStopped, StopNow, StopRequest
@@ -427,23 +427,6 @@ class Run:
             self.feed.close()
             self.log.close()
         self.checkpointer.finish(engine.progress, self.resolved, self.last_val)
-        summary = self._summary(final_val, reason)
+        summary = run_summary(self, final_val, reason)
         self.log.finish(summary)
         return TrainResult(self.run_dir, engine.progress.step, engine.progress.tokens, final_val, reason, summary)
-
-    def _summary(self, final_val: float, reason: str) -> dict[str, Any]:
-        p = self.engine.progress
-        wall = self.elapsed()
-        return {
-            "final_val_loss": final_val,
-            "final_val_ppl": math.exp(min(final_val, 50.0)),
-            "steps": p.step,
-            "tokens": p.tokens,
-            "samples": p.samples,
-            "wall_time_s": wall,
-            "tokens_per_s": p.tokens / wall if wall > 0 else None,
-            "stop_reason": reason,
-            "curriculum": self.resolved["run"]["curriculum"],
-            "skipped_steps": self.engine.skipped_steps,
-            "num_params": self.model_cfg.num_params(),
-        }
