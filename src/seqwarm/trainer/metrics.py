@@ -9,13 +9,13 @@ marker of a finished run — and has ``RUN/curves.png`` drawn (by the function t
 ranks every method does nothing. :func:`adam_stats` gives the Adam second-moment statistics of a train row;
 :func:`format_results` the console lines of an evaluation result.
 
-Rows in ``metrics.jsonl`` carry ``kind`` = ``train`` (step, tokens, samples, seqlen, lr, loss at the
-current length, tokens_per_s, grad_norm, elapsed_s, ...) or ``eval`` (step, tokens, val_loss, val_ppl at
-full length). :func:`read_metrics` ignores a torn last line and skips, with a warning naming it, a line
-that is not a row; :func:`truncate_metrics` drops the rows a resume writes again (and refuses a file with
-such a line), and a resumed logger writes each (kind, step) row once. Tracker tags are namespaced
-(``train/loss``, ``curriculum/seqlen``, ``progress/tokens``) and repeated under Megatron-DeepSpeed's names
-(:data:`seqwarm.trainer.trackers.MEGATRON_TAGS`).
+Rows in ``metrics.jsonl`` carry ``kind`` = ``train`` (step, tokens, samples, seqlen, lr, loss at the current
+length, tokens_per_s, model_tflops and mfu when the device's peak is known, grad_norm, elapsed_s, ...) or
+``eval`` (step, tokens, val_loss, val_ppl at full length). :func:`read_metrics` ignores a torn last line and
+skips, with a warning naming it, a line that is not a row; :func:`truncate_metrics` drops the rows a resume
+writes again (and refuses a file with such a line), and a resumed logger writes each (kind, step) row once.
+Tracker tags are namespaced (``train/loss``, ``curriculum/seqlen``, ``progress/tokens``) and repeated under
+Megatron-DeepSpeed's names (:data:`seqwarm.trainer.trackers.MEGATRON_TAGS`).
 """
 
 from __future__ import annotations
@@ -168,13 +168,16 @@ def format_duration(seconds: float | None) -> str:
 
 
 def console_line(row: Mapping[str, Any], budget_tokens: int | None, val_loss: float | None, eta_s: float | None) -> str:
-    """``step 420 | seqlen 256 | tokens 12.3M/2.0B | loss 3.91 | val 4.02 | lr 3.0e-4 | 85k tok/s | eta 41m``"""
+    """``step 420 | seqlen 256 | tokens 12.3M/2.0B | loss 3.91 | val 4.02 | lr 3.0e-4 | 85k tok/s | eta 41m``
+    (``| mfu 41.2%`` before the eta when the row has one)."""
     budget = f"/{human_count(budget_tokens)}" if budget_tokens else ""
     val = f"{val_loss:.3f}" if val_loss is not None else "-"
     return (
         f"step {row['step']} | seqlen {row['seqlen']} | tokens {human_count(row['tokens'])}{budget} | "
         f"loss {row['loss']:.3f} | val {val} | lr {row['lr']:.2e} | "
-        f"{human_count(round(row['tokens_per_s']))} tok/s | eta {format_duration(eta_s)}"
+        f"{human_count(round(row['tokens_per_s']))} tok/s | "
+        + (f"mfu {100 * row['mfu']:.1f}% | " if "mfu" in row else "")
+        + f"eta {format_duration(eta_s)}"
     )
 
 
@@ -268,17 +271,20 @@ class MetricsLogger:
         trackers: TrackerConfig | None = None,
         curves: Callable[[Path], Any] | None = None,
         point_interval: int = 0,
+        peak_tflops: float | None = None,
     ):
         self.point_interval = max(0, point_interval)
         """Trackers get a point every this many steps (Megatron's --tensorboard-log-interval; 0: none, the
         --log-interval rows alone, averaged over their window)."""
         self.run_dir, self.budget_tokens, self.is_main = Path(run_dir), budget_tokens, is_main
+        self.peak_tflops = peak_tflops
+        """The device's peak TFLOP/s (:mod:`seqwarm.trainer.flops`): train rows then carry model_tflops and mfu."""
         self.log_interval, self.progress_bar, self.tensorboard = max(1, log_interval), progress_bar, tensorboard
         self.trackers, self.curves = trackers, curves
         self._closing: MetricsWriter | None = None
         self.writer: MetricsWriter | None = None
         self.bar = None
-        self._window_tokens, self._window_time, self._losses = 0, 0.0, []
+        self._window_tokens, self._window_time, self._window_flops, self._losses = 0, 0.0, 0.0, []
         self._written: set[tuple[str, int]] = set()
         self.eta: EtaEstimator | None = None
 
@@ -330,9 +336,10 @@ class MetricsLogger:
         )
 
     # -- the loop's calls ---------------------------------------------------------------------------
-    def step(self, tokens_after: int, step_tokens: int, loss: float, seconds: float) -> None:
-        """One optimizer step done: add it to the current log window and move the bar."""
+    def step(self, tokens_after: int, step_tokens: int, loss: float, seconds: float, flops: float = 0.0) -> None:
+        """One optimizer step done (``flops``: its model FLOPs per device): add it to the log window, move the bar."""
         self._window_tokens += step_tokens
+        self._window_flops += flops
         self._window_time += seconds
         self._losses.append(loss)
         if self.eta is not None:
@@ -351,7 +358,11 @@ class MetricsLogger:
         """Write the train row closing the current window: ``head`` (step, tokens, samples, seqlen, lr),
         the window's mean loss and tokens/s, then ``tail`` (grad norm, elapsed time, Adam statistics)."""
         tps = self._window_tokens / max(self._window_time, 1e-9)
-        row = {"kind": "train", **head, "loss": sum(self._losses) / len(self._losses), "tokens_per_s": tps, **tail}
+        row = {"kind": "train", **head, "loss": sum(self._losses) / len(self._losses), "tokens_per_s": tps}
+        if self.peak_tflops:  # the model FLOPs of the spans trained, per device, over the window's time
+            row["model_tflops"] = self._window_flops / max(self._window_time, 1e-9) / 1e12
+            row["mfu"] = row["model_tflops"] / self.peak_tflops
+        row.update(tail)
         if self.writer is not None:
             tracked = None
             if self.point_interval:  # the points carry the per-step numbers; the window adds the rest
@@ -359,7 +370,7 @@ class MetricsLogger:
                 tracked["kind"] = "window"
             self._write(row, tracked)
             self._console(row, tps, last_val)
-        self._window_tokens, self._window_time, self._losses = 0, 0.0, []
+        self._window_tokens, self._window_time, self._window_flops, self._losses = 0, 0.0, 0.0, []
         return row
 
     def eval_row(self, row: dict[str, Any]) -> None:

@@ -141,6 +141,9 @@ def format_start(run: Any) -> list[str]:
         else line
         for line in describe(run.choices.recorded(run.cfg))  # the precision and mode it trains in
     ]
+    mfu = run.resolved.get("mfu")
+    if mfu:  # what the MFU of the console and metrics.jsonl is measured against
+        lines.append(f"mfu:         of {mfu['peak_tflops']:g} TFLOP/s per device ({mfu['source']})")
     lines.append(f"resolved config: {run.run_dir / 'config.json'}")
     return lines
 

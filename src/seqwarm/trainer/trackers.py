@@ -61,6 +61,8 @@ SEQWARM_TAGS = {
     "grad_norm": "train/grad_norm",
     "seqlen": "curriculum/seqlen",
     "tokens_per_s": "perf/tokens_per_s",
+    "model_tflops": "perf/model_tflops",
+    "mfu": "perf/mfu",
     "tokens": "progress/tokens",
     "val_loss": "val/loss",
     "val_ppl": "val/ppl",
