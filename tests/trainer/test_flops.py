@@ -94,7 +94,7 @@ def test_the_peak_is_given_or_known_by_its_exact_cuda_name(monkeypatch):
     cuda = torch.device("cuda", 0)
     assert known_peak(torch.device("cpu"), "bf16") is None
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
-    assert known_peak(cuda, "bf16") == (989.0, "NVIDIA H200, dense bf16")
+    assert known_peak(cuda, "bf16") == (989.5, "NVIDIA H200, dense bf16")
     assert known_peak(cuda, "fp32") is None  # no fp32 / TF32 table: no guess
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100 80GB HBM3 MIG 1g.10gb")
     assert known_peak(cuda, "bf16") is None  # a slice of a device is not the device

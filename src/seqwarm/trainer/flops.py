@@ -47,12 +47,12 @@ KNOWN_PEAKS = {
     "NVIDIA A100-SXM4-80GB": 312.0,
     "NVIDIA A100-PCIE-40GB": 312.0,
     "NVIDIA A100 80GB PCIe": 312.0,
-    "NVIDIA H100 80GB HBM3": 989.0,
-    "NVIDIA H100 PCIe": 756.0,
-    "NVIDIA H100 NVL": 835.0,
-    "NVIDIA H200": 989.0,
+    "NVIDIA H100 80GB HBM3": 989.5,
+    "NVIDIA H100 PCIe": 756.5,
+    "NVIDIA H200": 989.5,
 }
-"""``torch.cuda.get_device_name()`` -> dense bf16/fp16 TFLOP/s (NVIDIA's data sheets, without sparsity).
+"""``torch.cuda.get_device_name()`` -> dense bf16/fp16 TFLOP/s (NVIDIA's data sheets: half the "with
+sparsity" figure).
 Only these exact names: a MIG slice, another board or a renamed one gets no peak."""
 
 

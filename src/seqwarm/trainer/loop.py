@@ -403,17 +403,9 @@ class Run:
                 skips_in_a_row = 0
                 seconds = time.perf_counter() - t0
                 point = step_point(self.log.point_interval, engine, p, cfg, seconds, self._optimizer_states)
+                trained = p.tokens - before.tokens
                 pending.append(
-                    StepEntry(
-                        p.step,
-                        engine.current_seqlen,
-                        step_loss,
-                        p.tokens,
-                        p.tokens - before.tokens,
-                        seconds,
-                        point,
-                        flops,
-                    )
+                    StepEntry(p.step, engine.current_seqlen, step_loss, p.tokens, trained, seconds, point, flops)
                 )
                 reason = engine.stop_reason()
                 last = reason is not None  # the run ends with this step: evaluated and saved below anyway
