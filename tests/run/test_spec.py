@@ -75,6 +75,7 @@ TRAIN_FLAGS = [
     ("--compile", False, "performance"),
     ("--no-compile", False, "performance"),  # a config key too since #14
     ("--length-bucket", None, "performance"),
+    ("--peak-tflops", None, "performance"),  # issue #38
     ("--out", None, "run"),
     ("--resume", False, "run"),  # or --resume auto (issue #29)
     ("--start-over", False, "run"),  # issue #28

@@ -329,6 +329,7 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
             f"works only in curriculum mode truncate, not {curriculum.mode}",
             "drop the length bucket, or use curriculum mode truncate",
         )
+    peak = chk.number(*s["peak_tflops"], strict=True) if "peak_tflops" in s else None
     megatron = is_megatron_run(chk, s)
     batch = check_batch_sizes(chk, _megatron_accumulation(chk, raw, s, world_size), s, world_size)
     seq_length = s["seq_length"].value if "seq_length" in s else None
@@ -407,6 +408,7 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
         document_masking=bool(documents),
         deepspeed=ds,
         length_bucket=bucket,
+        peak_tflops=peak,
         stages=stages,
         rampup_batch_size=s["rampup_batch_size"].value if "rampup_batch_size" in s else None,
         warnings=tuple(chk.warnings),

@@ -98,6 +98,9 @@ class RunConfig:
     """Cut each batch to the curriculum length rounded up to a multiple of this, with the loss masked past
     the length (``seqwarm.length_bucket`` / ``--length-bucket``; None: cut to the length itself). The same
     loss and gradients, at most ``ceil(seq_length / length_bucket)`` shapes; truncate mode only."""
+    peak_tflops: float | None = None
+    """The device's peak TFLOP/s for the model FLOPs utilisation a run logs (``seqwarm.peak_tflops`` /
+    ``--peak-tflops``; None: known for a few CUDA devices only, :mod:`seqwarm.trainer.flops`)."""
     stages: tuple[StageConfig, ...] = ()
     """The length schedule after the warmup (``seqwarm.stages`` / ``--stages``): each stage's start in
     tokens, length and rotary position settings, checked (:mod:`seqwarm.curriculum.stages`)."""

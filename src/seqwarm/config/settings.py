@@ -337,6 +337,17 @@ SETTINGS: tuple[Setting, ...] = (
         "performance",
         metavar="N",
     ),
+    Setting(
+        "peak_tflops",
+        "--peak-tflops",
+        "float",
+        "the device's peak TFLOP/s (dense, in the run's precision): metrics.jsonl and the console then show the "
+        "model FLOPs utilisation (MFU) of the span each step trained (its length, window and documents; see "
+        "docs/PERFORMANCE.md). Default: known only for a bf16/fp16 run on an A100, H100 or H200 by its exact "
+        "CUDA name; any other device shows no MFU",
+        "performance",
+        metavar="TFLOPS",
+    ),
 )
 
 _BY_KEY = {s.key: s for s in SETTINGS}

@@ -30,11 +30,12 @@ from seqwarm.trainer.checkpoint import first_nonfinite, list_checkpoints, rng_st
 from seqwarm.trainer.distributed import DistInfo, device_for, gather_floats, mean_over_ranks
 from seqwarm.trainer.evaluator import Evaluator
 from seqwarm.trainer.feed import DeviceFeed
+from seqwarm.trainer.flops import FlopsMeter
 from seqwarm.trainer.history import append_event
 from seqwarm.trainer.metrics import MetricsLogger, adam_stats, optimizer_states, step_point, truncate_metrics
 from seqwarm.trainer.options import RunOptions
 from seqwarm.trainer.plots import plot_run
-from seqwarm.trainer.record import TrainResult, data_record, jsonable, versions
+from seqwarm.trainer.record import TrainResult, data_record, jsonable, run_summary, versions
 from seqwarm.trainer.resume import check_resume_config, saved_section
 from seqwarm.trainer.stages import StagePositions
 from seqwarm.trainer.stop import RunStopped, StopNow, StopRequest
@@ -67,6 +68,7 @@ class StepEntry:
     step_tokens: int = 0  # the tokens it trained (summed over ranks)
     seconds: float = 0.0
     point: dict[str, Any] | None = None  # the trackers' per-step point when one is due (the loss added once read)
+    flops: float = 0.0  # its model FLOPs per device (trainer.flops; 0 without a peak)
 
 
 class Run:
@@ -142,6 +144,8 @@ class Run:
             dist_info=self.info,
         )
         data.windows("val", model_cfg.seq_length)  # a val split too short for one window fails now, not at the end
+        share = dp_world / self.info.world_size  # a replica's FLOPs spread over its devices (pipeline stages)
+        self.meter = FlopsMeter.for_run(model_cfg, cfg, self.device, choices, share, main=self.is_main)
         if self.is_main and not list_checkpoints(self.ckpt_dir):  # nothing to resume: a new W&B run
             forget_wandb_run(self.run_dir)
         self.log = MetricsLogger(
@@ -152,6 +156,7 @@ class Run:
             progress_bar=opts.progress_bar,
             tensorboard=opts.tensorboard,
             point_interval=opts.tensorboard_log_interval,
+            peak_tflops=self.meter.peak_tflops,
             curves=plot_run,
             trackers=tracker_config(
                 cfg.deepspeed,
@@ -198,6 +203,7 @@ class Run:
             "device": str(self.device),
             "precision": self.precision_info,
             "versions": versions(),
+            **self.meter.resolved,
             **built.resolved,
         }
 
@@ -317,12 +323,14 @@ class Run:
         engine.begin_step()  # the step's length, decided once, before its micro-batches are drawn
         self.stages.follow(engine.progress.step + 1, engine.progress.tokens)  # a new stage: its positions set
         if self.whole_steps:  # a pipeline trains the step's micro-batches in one call (DeepSpeed's train_batch)
-            loss, applied = engine.train_batch([feed.to_device(engine.cut(feed.draw())) for _ in range(micro_batches)])
+            cuts = [self.meter.add(engine.cut(feed.draw()), engine.current_seqlen) for _ in range(micro_batches)]
+            loss, applied = engine.train_batch([feed.to_device(cut) for cut in cuts])
         else:
             losses, applied = [], False
             for _ in range(micro_batches):
                 raw = feed.draw()  # full length, on the host (read one ahead on CUDA)
-                batch = feed.to_device(engine.cut(raw))  # one cut, counted; only the columns it keeps are copied
+                cut = self.meter.add(engine.cut(raw), engine.current_seqlen)  # one cut, counted (and its FLOPs)
+                batch = feed.to_device(cut)  # only the columns the cut keeps are copied
                 loss = engine.run(batch)  # forward (gradients are reduced across ranks on the step's last)
                 engine.backward(loss)
                 losses.append(loss.detach())
@@ -355,7 +363,7 @@ class Run:
         """Read the losses of the steps since the last read and add the steps to the log window."""
         if pending:
             for e, loss in zip(pending, self._checked_losses(pending)):
-                self.log.step(e.tokens, e.step_tokens, loss, e.seconds)
+                self.log.step(e.tokens, e.step_tokens, loss, e.seconds, e.flops)
                 if e.point is not None:
                     self.log.point({**e.point, "loss": loss})
             pending.clear()
@@ -381,6 +389,7 @@ class Run:
                 t0 = time.perf_counter()
                 before = engine.progress
                 step_loss = self._train_step()
+                flops = self.meter.take()
                 p = engine.progress
                 if p.step == before.step:  # fp16 overflow: skipped, nothing advanced; no eval/log/save
                     self._checked_losses([StepEntry(p.step, engine.current_seqlen, step_loss)])
@@ -395,10 +404,9 @@ class Run:
                 skips_in_a_row = 0
                 seconds = time.perf_counter() - t0
                 point = step_point(self.log.point_interval, engine, p, cfg, seconds, self._optimizer_states)
+                trained = p.tokens - before.tokens
                 pending.append(
-                    StepEntry(
-                        p.step, engine.current_seqlen, step_loss, p.tokens, p.tokens - before.tokens, seconds, point
-                    )
+                    StepEntry(p.step, engine.current_seqlen, step_loss, p.tokens, trained, seconds, point, flops)
                 )
                 reason = engine.stop_reason()
                 last = reason is not None  # the run ends with this step: evaluated and saved below anyway
@@ -428,23 +436,6 @@ class Run:
             self.feed.close()
             self.log.close()
         self.checkpointer.finish(engine.progress, self.resolved, self.last_val)
-        summary = self._summary(final_val, reason)
+        summary = run_summary(self, final_val, reason)
         self.log.finish(summary)
         return TrainResult(self.run_dir, engine.progress.step, engine.progress.tokens, final_val, reason, summary)
-
-    def _summary(self, final_val: float, reason: str) -> dict[str, Any]:
-        p = self.engine.progress
-        wall = self.elapsed()
-        return {
-            "final_val_loss": final_val,
-            "final_val_ppl": math.exp(min(final_val, 50.0)),
-            "steps": p.step,
-            "tokens": p.tokens,
-            "samples": p.samples,
-            "wall_time_s": wall,
-            "tokens_per_s": p.tokens / wall if wall > 0 else None,
-            "stop_reason": reason,
-            "curriculum": self.resolved["run"]["curriculum"],
-            "skipped_steps": self.engine.skipped_steps,
-            "num_params": self.model_cfg.num_params(),
-        }

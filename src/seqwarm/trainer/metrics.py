@@ -9,12 +9,12 @@ marker of a finished run — and has ``RUN/curves.png`` drawn (by the function t
 ranks every method does nothing. :func:`adam_stats` gives the Adam second-moment statistics of a train row;
 :func:`format_results` the console lines of an evaluation result.
 
-Rows in ``metrics.jsonl`` carry ``kind`` = ``train`` (step, tokens, samples, seqlen, lr, loss at the
-current length, tokens_per_s, grad_norm, elapsed_s, ...) or ``eval`` (step, tokens, val_loss, val_ppl at
-full length; with stages also val_loss_pretrain at pretrain_seqlen). :func:`read_metrics` ignores a torn
-last line and skips, with a warning naming it, a line that is not a row; :func:`truncate_metrics` drops the
-rows a resume writes again (and refuses a file with such a line), and a resumed logger writes each (kind,
-step) row once. Tracker tags are namespaced
+Rows in ``metrics.jsonl`` carry ``kind`` = ``train`` (step, tokens, samples, seqlen, lr, loss at the current
+length, tokens_per_s, model_tflops and mfu when the device's peak is known, grad_norm, elapsed_s, ...) or
+``eval`` (step, tokens, val_loss, val_ppl at full length; with stages also val_loss_pretrain at
+pretrain_seqlen). :func:`read_metrics` ignores a torn last line and skips, with a warning naming it, a line
+that is not a row; :func:`truncate_metrics` drops the rows a resume writes again (and refuses a file with such
+a line), and a resumed logger writes each (kind, step) row once. Tracker tags are namespaced
 (``train/loss``, ``curriculum/seqlen``, ``progress/tokens``) and repeated under Megatron-DeepSpeed's names
 (:data:`seqwarm.trainer.trackers.MEGATRON_TAGS`).
 """
@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from seqwarm.trainer.eta import EtaEstimator
-from seqwarm.trainer.trackers import TrackerConfig, open_trackers, tracker_config
+from seqwarm.trainer.trackers import TrackerConfig, open_trackers, optimizer_states, tracker_config  # noqa: F401
 from seqwarm.util.atomic import write_error, write_json, write_text
 from seqwarm.util.errors import UserError
 from seqwarm.util.units import human_count
@@ -169,13 +169,16 @@ def format_duration(seconds: float | None) -> str:
 
 
 def console_line(row: Mapping[str, Any], budget_tokens: int | None, val_loss: float | None, eta_s: float | None) -> str:
-    """``step 420 | seqlen 256 | tokens 12.3M/2.0B | loss 3.91 | val 4.02 | lr 3.0e-4 | 85k tok/s | eta 41m``"""
+    """``step 420 | seqlen 256 | tokens 12.3M/2.0B | loss 3.91 | val 4.02 | lr 3.0e-4 | 85k tok/s | eta 41m``
+    (``| mfu 41.2%`` before the eta when the row has one)."""
     budget = f"/{human_count(budget_tokens)}" if budget_tokens else ""
     val = f"{val_loss:.3f}" if val_loss is not None else "-"
     return (
         f"step {row['step']} | seqlen {row['seqlen']} | tokens {human_count(row['tokens'])}{budget} | "
         f"loss {row['loss']:.3f} | val {val} | lr {row['lr']:.2e} | "
-        f"{human_count(round(row['tokens_per_s']))} tok/s | eta {format_duration(eta_s)}"
+        f"{human_count(round(row['tokens_per_s']))} tok/s | "
+        + (f"mfu {100 * row['mfu']:.1f}% | " if "mfu" in row else "")
+        + f"eta {format_duration(eta_s)}"
     )
 
 
@@ -226,39 +229,6 @@ def adam_stats(optimizer) -> dict[str, float]:
     return {"adam_v_l1": l1, "adam_v_max": top}
 
 
-def optimizer_states(optimizer) -> dict[str, float]:
-    """Megatron-DeepSpeed's ``--log-optimizer-states-to-tensorboard`` numbers (its ``training_log``): over
-    every parameter with Adam state, the l2 and l1 norms and the largest absolute value of the variance
-    (``exp_avg_sq``), its square root, the momentum (``exp_avg``) and the weight, keyed by their tags
-    (:data:`~seqwarm.trainer.trackers.OPTIMIZER_STATE_TAGS`). Empty for an optimizer without Adam state."""
-    import torch
-
-    parts = {"variance": [], "variance_sqrt": [], "momentum": [], "weight": []}
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            state = optimizer.state.get(param, {})
-            if "exp_avg_sq" not in state or "exp_avg" not in state:
-                continue
-            v = state["exp_avg_sq"].detach().float()
-            for name, t in (
-                ("variance", v),
-                ("variance_sqrt", v.sqrt()),
-                ("momentum", state["exp_avg"]),
-                ("weight", param),
-            ):
-                t = t.detach().float()
-                parts[name].append(torch.stack([t.square().sum(), t.abs().sum(), t.abs().max()]))
-    if not parts["variance"]:
-        return {}
-    out: dict[str, float] = {}
-    for name, rows in parts.items():
-        sq, l1, top = torch.stack(rows).double().T.tolist() if len(rows) else ([], [], [])
-        out[f"optimizer/{name}_l2"] = math.sqrt(sum(sq))
-        out[f"optimizer/{name}_l1"] = sum(l1)
-        out[f"optimizer/{name}_abs_max"] = max(top)
-    return out
-
-
 def step_point(
     interval: int, engine, progress, cfg, seconds: float, states: Callable[[], dict[str, float]] | None
 ) -> dict[str, Any] | None:
@@ -302,17 +272,20 @@ class MetricsLogger:
         trackers: TrackerConfig | None = None,
         curves: Callable[[Path], Any] | None = None,
         point_interval: int = 0,
+        peak_tflops: float | None = None,
     ):
         self.point_interval = max(0, point_interval)
         """Trackers get a point every this many steps (Megatron's --tensorboard-log-interval; 0: none, the
         --log-interval rows alone, averaged over their window)."""
         self.run_dir, self.budget_tokens, self.is_main = Path(run_dir), budget_tokens, is_main
+        self.peak_tflops = peak_tflops
+        """The device's peak TFLOP/s (:mod:`seqwarm.trainer.flops`): train rows then carry model_tflops and mfu."""
         self.log_interval, self.progress_bar, self.tensorboard = max(1, log_interval), progress_bar, tensorboard
         self.trackers, self.curves = trackers, curves
         self._closing: MetricsWriter | None = None
         self.writer: MetricsWriter | None = None
         self.bar = None
-        self._window_tokens, self._window_time, self._losses = 0, 0.0, []
+        self._window_tokens, self._window_time, self._window_flops, self._losses = 0, 0.0, 0.0, []
         self._written: set[tuple[str, int]] = set()
         self.eta: EtaEstimator | None = None
 
@@ -364,9 +337,10 @@ class MetricsLogger:
         )
 
     # -- the loop's calls ---------------------------------------------------------------------------
-    def step(self, tokens_after: int, step_tokens: int, loss: float, seconds: float) -> None:
-        """One optimizer step done: add it to the current log window and move the bar."""
+    def step(self, tokens_after: int, step_tokens: int, loss: float, seconds: float, flops: float = 0.0) -> None:
+        """One optimizer step done (``flops``: its model FLOPs per device): add it to the log window, move the bar."""
         self._window_tokens += step_tokens
+        self._window_flops += flops
         self._window_time += seconds
         self._losses.append(loss)
         if self.eta is not None:
@@ -385,7 +359,11 @@ class MetricsLogger:
         """Write the train row closing the current window: ``head`` (step, tokens, samples, seqlen, lr),
         the window's mean loss and tokens/s, then ``tail`` (grad norm, elapsed time, Adam statistics)."""
         tps = self._window_tokens / max(self._window_time, 1e-9)
-        row = {"kind": "train", **head, "loss": sum(self._losses) / len(self._losses), "tokens_per_s": tps, **tail}
+        row = {"kind": "train", **head, "loss": sum(self._losses) / len(self._losses), "tokens_per_s": tps}
+        if self.peak_tflops:  # the model FLOPs of the spans trained, per device, over the window's time
+            row["model_tflops"] = self._window_flops / max(self._window_time, 1e-9) / 1e12
+            row["mfu"] = row["model_tflops"] / self.peak_tflops
+        row.update(tail)
         if self.writer is not None:
             tracked = None
             if self.point_interval:  # the points carry the per-step numbers; the window adds the rest
@@ -393,7 +371,7 @@ class MetricsLogger:
                 tracked["kind"] = "window"
             self._write(row, tracked)
             self._console(row, tps, last_val)
-        self._window_tokens, self._window_time, self._losses = 0, 0.0, []
+        self._window_tokens, self._window_time, self._window_flops, self._losses = 0, 0.0, 0.0, []
         return row
 
     def eval_row(self, row: dict[str, Any]) -> None:

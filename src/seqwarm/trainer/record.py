@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ __all__ = [
     "format_start",
     "jsonable",
     "record_session",
+    "run_summary",
     "versions",
     "write_resolved_config",
 ]
@@ -139,6 +141,9 @@ def format_start(run: Any) -> list[str]:
         else line
         for line in describe(run.choices.recorded(run.cfg))  # the precision and mode it trains in
     ]
+    mfu = run.resolved.get("mfu")
+    if mfu:  # what the MFU of the console and metrics.jsonl is measured against
+        lines.append(f"mfu:         of {mfu['peak_tflops']:g} TFLOP/s per device ({mfu['source']})")
     lines.append(f"resolved config: {run.run_dir / 'config.json'}")
     return lines
 
@@ -154,3 +159,23 @@ def finish_lines(result: TrainResult) -> list[str]:
         f"({s['tokens_per_s'] or 0:,.0f} tok/s)",
         f"results: {result.run_dir}/summary.json, metrics.jsonl, curves.png",
     ]
+
+
+def run_summary(run: Any, final_val: float, reason: str) -> dict[str, Any]:
+    """``RUN/summary.json`` of a finished :class:`seqwarm.trainer.loop.Run`: its final full-length validation,
+    clock, wall time, speed, stop reason, curriculum, skipped steps and size."""
+    p = run.engine.progress
+    wall = run.elapsed()
+    return {
+        "final_val_loss": final_val,
+        "final_val_ppl": math.exp(min(final_val, 50.0)),
+        "steps": p.step,
+        "tokens": p.tokens,
+        "samples": p.samples,
+        "wall_time_s": wall,
+        "tokens_per_s": p.tokens / wall if wall > 0 else None,
+        "stop_reason": reason,
+        "curriculum": run.resolved["run"]["curriculum"],
+        "skipped_steps": run.engine.skipped_steps,
+        "num_params": run.model_cfg.num_params(),
+    }

@@ -47,6 +47,7 @@ __all__ = [
     "SEQWARM_TAGS",
     "MEGATRON_TAGS",
     "OPTIMIZER_STATE_TAGS",
+    "optimizer_states",
     "TrackerConfig",
     "tracker_config",
     "scalars",
@@ -60,6 +61,8 @@ SEQWARM_TAGS = {
     "grad_norm": "train/grad_norm",
     "seqlen": "curriculum/seqlen",
     "tokens_per_s": "perf/tokens_per_s",
+    "model_tflops": "perf/model_tflops",
+    "mfu": "perf/mfu",
     "tokens": "progress/tokens",
     "val_loss": "val/loss",
     "val_ppl": "val/ppl",
@@ -91,6 +94,41 @@ OPTIMIZER_STATE_TAGS = tuple(
 )
 """Megatron-DeepSpeed's ``--log-optimizer-states-to-tensorboard`` tags (Adam's ``exp_avg_sq``, its square
 root, ``exp_avg`` and the weights: l2 and l1 norms, largest absolute value), against steps and tokens."""
+
+
+def optimizer_states(optimizer) -> dict[str, float]:
+    """Megatron-DeepSpeed's ``--log-optimizer-states-to-tensorboard`` numbers (its ``training_log``): over
+    every parameter with Adam state, the l2 and l1 norms and the largest absolute value of the variance
+    (``exp_avg_sq``), its square root, the momentum (``exp_avg``) and the weight, keyed by their tags
+    (:data:`~seqwarm.trainer.trackers.OPTIMIZER_STATE_TAGS`). Empty for an optimizer without Adam state."""
+    import torch
+
+    parts = {"variance": [], "variance_sqrt": [], "momentum": [], "weight": []}
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            state = optimizer.state.get(param, {})
+            if "exp_avg_sq" not in state or "exp_avg" not in state:
+                continue
+            v = state["exp_avg_sq"].detach().float()
+            for name, t in (
+                ("variance", v),
+                ("variance_sqrt", v.sqrt()),
+                ("momentum", state["exp_avg"]),
+                ("weight", param),
+            ):
+                t = t.detach().float()
+                parts[name].append(torch.stack([t.square().sum(), t.abs().sum(), t.abs().max()]))
+    if not parts["variance"]:
+        return {}
+    out: dict[str, float] = {}
+    for name, rows in parts.items():
+        sq, l1, top = torch.stack(rows).double().T.tolist() if len(rows) else ([], [], [])
+        out[f"optimizer/{name}_l2"] = math.sqrt(sum(sq))
+        out[f"optimizer/{name}_l1"] = sum(l1)
+        out[f"optimizer/{name}_abs_max"] = max(top)
+    return out
+
+
 TRACKER_BLOCKS = TRACKER_DS_KEYS
 """The DeepSpeed config blocks seqwarm's trackers take over."""
 
