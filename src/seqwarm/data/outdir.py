@@ -38,7 +38,7 @@ from pathlib import Path
 
 from seqwarm.data.meta import META_FILE, META_FORMAT
 from seqwarm.util.errors import UserError
-from seqwarm.util.lock import live_readers, readers_path, take_lock
+from seqwarm.util.lock import live_readers, pid_alive, readers_path, take_lock
 
 logger = logging.getLogger(__name__)
 
@@ -227,16 +227,6 @@ def _release_readers_lock(path: Path, fd: int) -> None:
     os.close(fd)
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, someone else's
-        return True
-    return True
-
-
 def clear_leftovers(out: Path) -> None:
     """Remove the temporary folders of earlier ``prepare`` runs on ``out`` that were killed (their
     process is gone); a previous ``out`` parked during a replace that was cut short is put back. A parked
@@ -245,7 +235,7 @@ def clear_leftovers(out: Path) -> None:
         return
     for p in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):
         pid = p.name[len(out.name) + 6 :].split("-")[0]
-        if p.is_dir() and not p.is_symlink() and pid.isdigit() and not _pid_alive(int(pid)):
+        if p.is_dir() and not p.is_symlink() and pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(p, ignore_errors=True)
     for p in out.parent.glob(f".{glob.escape(out.name)}.old-*"):
         if p.is_symlink():

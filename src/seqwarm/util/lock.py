@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["live_readers", "lock_holder", "readers_path", "release_shared", "share_lock", "take_lock"]
+__all__ = ["live_readers", "lock_holder", "pid_alive", "readers_path", "release_shared", "share_lock", "take_lock"]
 
 
 def lock_holder(path: Path) -> str:
@@ -96,7 +96,8 @@ def release_shared(path: Path, fd: int) -> None:
         os.close(fd)
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this machine (someone else's counts)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -116,6 +117,6 @@ def live_readers(path: Path) -> list[str]:
     out = []
     for line in lines:
         pid = line.split(" ", 1)[0]
-        if pid.isdigit() and _alive(int(pid)) and line not in out:
+        if pid.isdigit() and pid_alive(int(pid)) and line not in out:
             out.append(line)
     return out
