@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol, runtime_checkable
 
+from seqwarm.curriculum.clock import Budget
 from seqwarm.curriculum.loss_scale import FP16Config
 from seqwarm.curriculum.lr import LRConfig
 from seqwarm.curriculum.schedule import CurriculumConfig
@@ -29,8 +30,9 @@ __all__ = ["EngineSettings", "PlanSettings", "WarmupSettings", "as_run_config", 
 
 
 @runtime_checkable
-class WarmupSettings(Protocol):
-    """What :meth:`~seqwarm.curriculum.warmup.SequenceLengthWarmup.from_config` reads of a run config."""
+class WarmupSettings(Budget, Protocol):
+    """What :meth:`~seqwarm.curriculum.warmup.SequenceLengthWarmup.from_config` reads of a run config (with
+    its budget, :class:`~seqwarm.curriculum.clock.Budget`)."""
 
     @property
     def curriculum(self) -> CurriculumConfig | None: ...
@@ -40,12 +42,6 @@ class WarmupSettings(Protocol):
     def count_tokens_by(self) -> str: ...
     @property
     def lr(self) -> LRConfig: ...
-    @property
-    def train_tokens(self) -> int | None: ...
-    @property
-    def train_iters(self) -> int | None: ...
-    @property
-    def train_samples(self) -> int | None: ...
     @property
     def world_size(self) -> int: ...
 
@@ -67,7 +63,7 @@ class EngineSettings(WarmupSettings, Protocol):
     def fp16(self) -> FP16Config: ...
 
 
-class PlanSettings(Protocol):
+class PlanSettings(Budget, Protocol):
     """What :func:`~seqwarm.curriculum.plan.make_plan` reads of a run config (with
     :func:`~seqwarm.curriculum.clock.tokens_per_step`)."""
 
@@ -77,12 +73,6 @@ class PlanSettings(Protocol):
     def curriculum(self) -> CurriculumConfig | None: ...
     @property
     def lr(self) -> LRConfig: ...
-    @property
-    def train_tokens(self) -> int | None: ...
-    @property
-    def train_iters(self) -> int | None: ...
-    @property
-    def train_samples(self) -> int | None: ...
     @property
     def train_batch_size(self) -> int: ...
     @property
