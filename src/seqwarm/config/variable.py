@@ -36,13 +36,7 @@ def read_variable(chk: Checker, s: Mapping[str, Any], curriculum: Any, *, docume
     if "variable_curriculum" in s:
         value, path = s["variable_curriculum"]
         name = chk.choice(value, path, VARIABLE_CURRICULA, "variable curriculum") or name
-    cycles = DEFAULT_CYCLES
-    if "variable_cycles" in s:
-        value, path = s["variable_cycles"]
-        if isinstance(value, int) and value < 1:
-            chk.add(path, value, "must be at least 1", "give e.g. 8 (Dataset Decomposition's Grow-P2)")
-        elif isinstance(value, int):
-            cycles = value
+    cycles = s["variable_cycles"].value if "variable_cycles" in s else DEFAULT_CYCLES  # a whole number >= 1
     asked = "curriculum_mode" in s and s["curriculum_mode"][0] == "variable"
     if curriculum is None or curriculum.mode != "variable":
         if asked:  # the mode was given but there is no curriculum to carry it
