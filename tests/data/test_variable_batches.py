@@ -142,10 +142,7 @@ def test_the_position_inside_a_step_resumes_exactly_and_a_changed_run_is_refused
     again = source(data, cfg)
     again.load_state_dict(state)
     assert all((x == again.next_batch()["input_ids"]).all() for x in ahead)
-    for changed, what in (
-        (config("natural"), "curriculum"),
-        (config("schedule", micro=4), "tokens_per_step"),
-    ):
+    for changed, what in ((config("natural"), "curriculum"), (config("schedule", micro=4), "tokens_per_step")):
         with pytest.raises(UserError, match=what):
             source(data, changed).load_state_dict(state)
     (tmp_path / "other").mkdir()
