@@ -24,6 +24,8 @@ def test_the_mode_and_its_curriculum_are_read_from_the_block_and_the_flags():
     cfg = load_config(recipe(variable_curriculum="natural"), overrides={"variable_curriculum": "grow_p2"})
     assert cfg.variable_curriculum == "grow_p2"
     assert load_config(recipe(variable_curriculum="grow_p2", variable_cycles=3)).variable_cycles == 3
+    samples = load_config(recipe(), overrides={"train_samples": 6400})
+    assert any("train_samples in curriculum mode variable: a sample is a row" in w for w in samples.warnings)
     truncate = load_config(default_train_config(), overrides={"variable_curriculum": "natural"})
     assert any("no effect outside curriculum mode variable" in w for w in truncate.warnings)
 

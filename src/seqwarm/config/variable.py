@@ -80,6 +80,12 @@ def read_variable(chk: Checker, s: Mapping[str, Any], curriculum: Any, *, docume
         chk.add(
             s["stages"][1], "[...]", "cannot follow curriculum mode variable yet", "drop the stages, or use truncate"
         )
+    for key in ("train_samples", "lr_warmup_samples", "lr_decay_samples"):
+        if key in s:
+            chk.warn(
+                f"{key} in curriculum mode variable: a sample is a row of the step's length (a chunk), so it "
+                "passes faster while steps are short; give the length in tokens or iters"
+            )
     if "variable_cycles" in s and name != "grow_p2":
         chk.warn(f"variable_cycles has no effect with variable_curriculum {name} (only grow_p2 has cycles)")
     return name, cycles
