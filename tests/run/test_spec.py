@@ -59,6 +59,8 @@ TRAIN_FLAGS = [
     ("--gradient-accumulation-steps", None, "batch"),
     ("--rampup-batch-size", None, "batch"),
     ("--curriculum-mode", None, "batch"),
+    ("--variable-curriculum", None, "batch"),  # issue #37
+    ("--variable-cycles", None, "batch"),
     ("--count-tokens-by", None, "batch"),
     ("--stages", None, "batch"),  # issue #36
     ("--no-curriculum", False, "batch"),

@@ -44,6 +44,14 @@ def describe(cfg: RunConfig) -> list[str]:
         )
         if cfg.length_bucket:
             mode += f", cut to multiples of {cfg.length_bucket} with the loss masked past the length"
+        if cur.mode == "variable":  # the schedule above is the cap only under variable_curriculum schedule
+            name = cfg.variable_curriculum
+            mode += (
+                f": every row one document, chunks of power-of-2 lengths {cur.min_difficulty}..{cur.max_difficulty}, "
+                f"each step one length with the same tokens; curriculum {name}"
+                + (f" ({cfg.variable_cycles} cycles)" if name == "grow_p2" else "")
+                + (" (the schedule is the cap on the length)" if name == "schedule" else "")
+            )
         lines.append(f"curriculum:  seqlen {how} ({cur.source} block; mode: {mode})")
     for i, stage in enumerate(cfg.stages):
         head = "stages:      " if i == 0 else "             "

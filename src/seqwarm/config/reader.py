@@ -41,6 +41,7 @@ from seqwarm.config.blocks import (
 )
 from seqwarm.config.run import COUNT_TOKENS_BY, RunConfig
 from seqwarm.config.settings import SETTING_KEYS, flag_for, keys_in_group, keys_of_kind
+from seqwarm.config.variable import read_variable
 from seqwarm.curriculum.schedule import CURRICULUM_MODES
 from seqwarm.curriculum.stages import StageConfig, check_stages
 from seqwarm.util.problems import Checker, ConfigError, Problem, raise_if_problems, suggest
@@ -319,6 +320,7 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
 
     compiled = chk.boolean(*s["compile"]) if "compile" in s else False
     documents = chk.boolean(*s["document_masking"]) if "document_masking" in s else False
+    variable, cycles = read_variable(chk, s, curriculum, document_masking=bool(documents))
     bucket = s["length_bucket"].value if "length_bucket" in s else None  # a whole number >= 1 (checked above)
     if bucket is not None and not curriculum:
         chk.warn(f"length_bucket {bucket} has no effect without a curriculum (every batch is at full length)")
@@ -410,6 +412,8 @@ def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, worl
         length_bucket=bucket,
         peak_tflops=peak,
         stages=stages,
+        variable_curriculum=variable,
+        variable_cycles=cycles,
         rampup_batch_size=s["rampup_batch_size"].value if "rampup_batch_size" in s else None,
         warnings=tuple(chk.warnings),
         source=name,

@@ -104,6 +104,12 @@ class RunConfig:
     stages: tuple[StageConfig, ...] = ()
     """The length schedule after the warmup (``seqwarm.stages`` / ``--stages``): each stage's start in
     tokens, length and rotary position settings, checked (:mod:`seqwarm.curriculum.stages`)."""
+    variable_curriculum: str = "schedule"
+    """Curriculum mode variable (docs/VARIABLE.md): which bucket length each step draws (``seqwarm.variable_curriculum``
+    / ``--variable-curriculum``): ``schedule`` (the curriculum block's schedule caps the length), ``natural``,
+    ``grow_p2`` (``variable_cycles`` cycles short to long) or ``linear`` (the cap grows over the budget's steps)."""
+    variable_cycles: int = 8
+    """Grow-P2's cycles per epoch (``seqwarm.variable_cycles`` / ``--variable-cycles``)."""
     rampup_batch_size: Any = None
     """Megatron's batch-size ramp, kept only to refuse it next to a curriculum."""
     deepspeed: Mapping[str, Any] = field(default_factory=dict, compare=False)

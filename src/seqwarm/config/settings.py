@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from seqwarm.config.run import COUNT_TOKENS_BY, PRECISIONS
+from seqwarm.config.variable import VARIABLE_CURRICULA
 from seqwarm.curriculum.lr import DECAY_STYLES
 from seqwarm.curriculum.schedule import CURRICULUM_MODES
 
@@ -227,11 +228,33 @@ SETTINGS: tuple[Setting, ...] = (
         "choice",
         "how the length reaches the model: truncate (cut "
         "every sequence), reshape (re-chunk the batch, keep all tokens), window (rows stay at full length, "
-        "attention inside fragments of L tokens: one shape for the whole run) or inject (pass "
-        "curriculum_seqlen=L to a forward that takes it); default: inject when the model's forward names "
-        "curriculum_seqlen, else truncate",
+        "attention inside fragments of L tokens: one shape for the whole run), inject (pass "
+        "curriculum_seqlen=L to a forward that takes it) or variable (documents cut into power-of-2 chunks "
+        "between min_difficulty and max_difficulty, every row one document, each step one length with the "
+        "same tokens; seqwarm's GPT on the torch backends, see docs/VARIABLE.md); default: inject when the "
+        "model's forward names curriculum_seqlen, else truncate",
         "batch",
         choices=CURRICULUM_MODES,
+    ),
+    Setting(
+        "variable_curriculum",
+        "--variable-curriculum",
+        "choice",
+        "with --curriculum-mode variable, which length each step draws: schedule (default: the curriculum "
+        "block's schedule caps the length, natural odds below the cap), natural (each length in proportion to "
+        "the tokens its bucket holds), grow_p2 (cycles from short to long, --variable-cycles of them per pass "
+        "over the data) or linear (the cap grows linearly from min_difficulty to max_difficulty over the "
+        "budget's steps)",
+        "batch",
+        choices=VARIABLE_CURRICULA,
+    ),
+    Setting(
+        "variable_cycles",
+        "--variable-cycles",
+        "count",
+        "the grow_p2 variable curriculum's cycles per pass over the data (default 8)",
+        "batch",
+        metavar="N",
     ),
     Setting(
         "count_tokens_by",

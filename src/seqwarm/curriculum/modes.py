@@ -93,6 +93,12 @@ def resolve_mode(
         mode = "truncate"
     if mode is not None and mode not in CURRICULUM_MODES:
         raise ValueError(f"curriculum mode must be one of {CURRICULUM_MODES} or None (auto), got {mode!r}")
+    if mode == "variable":  # its rows come at their length from the data: nothing here may cut them
+        raise ValueError(
+            "curriculum mode 'variable' takes its rows at the step's length from a VariableLengthSampler "
+            "(docs/VARIABLE.md), not by cutting full-length batches: build SequenceLengthWarmup without a "
+            "curriculum for it (the clock, the LR and the budget), or train with `seqwarm train`"
+        )
     if pipeline:
         if mode == "window":
             raise ValueError(

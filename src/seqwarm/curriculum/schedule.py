@@ -39,8 +39,9 @@ from seqwarm.curriculum.checks import (
 )
 from seqwarm.util.problems import Checker, ConfigError, Problem, raise_if_problems
 
-CURRICULUM_MODES = ("truncate", "reshape", "window", "inject")
-"""How the length reaches the model (see :attr:`CurriculumConfig.mode`)."""
+CURRICULUM_MODES = ("truncate", "reshape", "window", "inject", "variable")
+"""How the length reaches the model (see :attr:`CurriculumConfig.mode`); ``variable`` draws rows of one
+document each at the step's length from the data (docs/VARIABLE.md) instead of cutting full-length rows."""
 
 
 @dataclass(frozen=True)
@@ -61,8 +62,8 @@ class CurriculumConfig:
     schedule_config: Mapping[str, Any]
     """The schedule's settings (:data:`~seqwarm.curriculum.checks.SCHEDULE_KEYS` of its type), checked."""
     mode: str | None = None
-    """How the length reaches the model: truncate | reshape | window | inject | None (inject when the
-    model's forward takes ``curriculum_seqlen``, else truncate)."""
+    """How the length reaches the model: truncate | reshape | window | inject | variable | None (inject when
+    the model's forward takes ``curriculum_seqlen``, else truncate)."""
     source: str = "curriculum_learning"
     """Where it came from: curriculum_learning (legacy block), data_efficiency, or flags."""
 

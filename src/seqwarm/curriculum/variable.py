@@ -206,9 +206,13 @@ class VariableLengthSampler:
                 continue
             return None
 
-    def next_step(self) -> VariableStep:
-        """Draw the next optimizer step: its length and this rank's chunk indices."""
-        step = self.step + 1
+    def next_step(self, at: int | None = None) -> VariableStep:
+        """Draw the next optimizer step: its length and this rank's chunk indices. ``at``: the run's step
+        number it trains (default: one after the last drawn), which a cap (``linear``, ``schedule``) reads;
+        for a sampler that draws only some of a run's steps (one source of a blend)."""
+        step = self.step + 1 if at is None else int(at)
+        if step <= self.step:
+            raise ValueError(f"next_step(at={at}): step {self.step} was drawn already; steps only move forward")
         odds = self._odds(step)
         if odds is None:  # the epoch is used up (or, under a cap, what the cap allows of it)
             self.skipped_steps += int((self._steps - self._used).sum())

@@ -312,7 +312,12 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, info, say, stop) -> TrainRe
         say(f"resuming at step {run.engine.global_steps:,} ({run.engine.progress.tokens:,} tokens)", flush=True)
     for line in recorded:
         logger.warning("%s", line)
-    if info.is_main:
+    if info.is_main and run.choices.mode == "variable":  # what the mode does; every step the same tokens
+        say(run.batches.describe(), flush=True)
+        if cfg.train_tokens:
+            per_step = run.batches.tokens_per_step
+            run.log.expect(-(-cfg.train_tokens // per_step), -(-cfg.train_tokens // per_step) * per_step)
+    elif info.is_main:
         plan = _print_plan(cfg, run.engine.global_steps, len(run.batches.windows))
         if plan is not None:
             run.log.expect(plan.total_steps, plan.total_tokens)

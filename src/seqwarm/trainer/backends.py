@@ -25,6 +25,7 @@ from seqwarm.curriculum.modes import resolve_mode
 from seqwarm.trainer.checkpoint import Checkpointer, TorchCheckpointer
 from seqwarm.trainer.distributed import DistInfo, wrap_model
 from seqwarm.trainer.optim import build_optimizer
+from seqwarm.util.errors import UserError
 
 __all__ = [
     "Built",
@@ -60,13 +61,25 @@ class RunChoices:
         return out
 
 
-def curriculum_mode(cfg: RunConfig, forward: Callable | None, *, pipeline: bool = False) -> str | None:
+def curriculum_mode(
+    cfg: RunConfig, forward: Callable | None, *, pipeline: bool = False, variable: bool = False
+) -> str | None:
     """The curriculum mode of a run whose model has this ``forward`` (None: a pipeline, which passes no
     keyword through its stages): :func:`~seqwarm.curriculum.modes.resolve_mode` on the config's mode, the
-    rule every engine applies; None without a curriculum (nor stages)."""
+    rule every engine applies; None without a curriculum (nor stages). ``variable``: the backend runs
+    curriculum mode variable (rows at the step's length from :mod:`seqwarm.data.variable`); a backend that
+    does not is refused here (a UserError: exit 2)."""
     cur = cfg.curriculum if cfg.curriculum is not None and cfg.curriculum.enabled else None
     if cur is None and not cfg.stages:
         return None
+    if cur is not None and cur.mode == "variable":
+        if not variable or pipeline:
+            raise UserError(
+                "curriculum mode variable trains seqwarm's GPT on the torch backends only (one device, DDP under "
+                "torchrun, --fsdp), not on DeepSpeed, a pipeline or an hf: model yet: drop --deepspeed / "
+                "--pipeline-stages / the hf: model, or use curriculum mode truncate"
+            )
+        return "variable"
     return resolve_mode(cur.mode if cur else None, forward, pipeline=pipeline, length_bucket=cfg.length_bucket)
 
 
@@ -80,6 +93,17 @@ def decide(
     precision = resolve_precision(cfg, kind, bf16_supported(kind), resumed=resumed).precision
     source = "config" if cfg.precision_named else "resumed run" if resumed is not None else f"default on {kind}"
     return RunChoices(precision, source, builder.curriculum_mode(cfg, model_cfg))
+
+
+def variable_positions(model_cfg, cfg: RunConfig) -> None:
+    """Curriculum mode variable: a UserError when the model's positions cannot hold the longest chunk."""
+    top, held = cfg.curriculum.max_difficulty if cfg.curriculum else 0, getattr(model_cfg, "seq_length", None)
+    if held is not None and held < top:
+        kind = "rotary" if getattr(model_cfg, "rotary", False) else "learned"
+        raise UserError(
+            f"curriculum mode variable: the model holds {held} {kind} positions, fewer than the longest chunk "
+            f"max_difficulty {top}; give --seq-length {top} (or lower max_difficulty)"
+        )
 
 
 # -- what the loop drives -----------------------------------------------------------------------------
@@ -199,7 +223,7 @@ class TorchEngineBuilder:
     def curriculum_mode(self, cfg: RunConfig, model_cfg) -> str | None:
         from seqwarm.trainer.model import GPT
 
-        return curriculum_mode(cfg, GPT.forward)
+        return curriculum_mode(cfg, GPT.forward, variable=True)
 
     def build(self, model_cfg, cfg: RunConfig, info: DistInfo, device: torch.device, choices: RunChoices) -> Built:
         from seqwarm.curriculum.engine import CurriculumEngine
@@ -213,6 +237,9 @@ class TorchEngineBuilder:
         wrapped = wrap_model(model, info, self.fsdp, device, param_dtype=half if device.type == "cuda" else None)
         optimizer = build_optimizer(model, cfg)  # after sharding: FSDP2 params are DTensors
         parallelism = "fsdp2" if self.fsdp else ("ddp" if info.enabled else "none")
+        if choices.mode == "variable":  # rows come at the step's length (seqwarm.data.variable): nothing to cut
+            variable_positions(model_cfg, cfg)
+            cfg = replace(cfg, curriculum=None)  # the engine passes each batch as it is, counting B x L tokens
         engine = CurriculumEngine(  # seqwarm's windows: dense rows
             wrapped, optimizer, cfg, layout="dense", mode=choices.mode, precision=choices.precision
         )

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from seqwarm.config import RunConfig
+from seqwarm.data.variable import variable_data
 from seqwarm.trainer.backends import EngineBuilder, RunChoices, TorchEngineBuilder, decide
 from seqwarm.trainer.checkpoint import first_nonfinite, list_checkpoints, rng_state, set_rng_state
 from seqwarm.trainer.distributed import DistInfo, device_for, gather_floats, mean_over_ranks
@@ -111,6 +112,8 @@ class Run:
         self.ckpt_dir = self.run_dir / "checkpoints"
         resumed = saved_section(self.run_dir, "run").get("precision") if opts.resume else None
         self.choices = choices = choices or decide(cfg, builder, model_cfg, self.device, resumed)
+        if choices.mode == "variable":  # its training rows come at each step's length, from the data
+            self.data = data = variable_data(data, cfg)
         tf32 = self.device.type == "cuda" and choices.precision == "fp32"
         if tf32:  # fp32 weights and reductions, TF32 tensor-core matmuls (~8x fp32 on an A100/H100)
             torch.set_float32_matmul_precision("high")
