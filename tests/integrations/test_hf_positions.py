@@ -183,3 +183,38 @@ def test_an_attention_that_keeps_a_value_of_the_rotary_settings_is_refused_rathe
     assert torch.equal(_logits(model), before)  # nothing changed
     set_positions(model, 123_000.0)
     assert model.base_model.rotary_emb.inv_freq[1] == pytest.approx(123_000.0 ** (-2 / 8), rel=1e-6)
+
+
+def test_curriculum_engine_sets_a_stages_positions_on_a_transformers_model_and_again_after_a_load():
+    """CurriculumEngine (as the facade gives it, with the integration's hook) on a Llama: the θ stage's
+    positions from the step it begins, and on a fresh model when the engine's state is loaded."""
+    from seqwarm import CurriculumEngine
+
+    stage = {"start_tokens": 200, "length": 32, "rope_theta": 500_000.0}
+    config = {
+        "train_batch_size": 2,
+        "gradient_accumulation_steps": 1,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}},
+        "seqwarm": {"seq_length": 32, "train_tokens": 1000, "stages": [stage]},
+    }
+    model = _model(_config("llama", rope_theta=THETA0)).train()
+    base = model.model.rotary_emb.inv_freq.clone()
+    engine = CurriculumEngine(model, torch.optim.AdamW(model.parameters(), lr=1e-3), config)
+    while engine.slw.stage is None:
+        tokens = torch.randint(0, VOCAB, (2, 32))
+        engine.backward(engine({"input_ids": tokens, "labels": tokens}).loss)
+        engine.step()
+        if engine.slw.stage is None:
+            assert torch.equal(model.model.rotary_emb.inv_freq, base)
+    wanted = _model(_config("llama", rope_theta=500_000.0)).model.rotary_emb.inv_freq
+    assert torch.equal(model.model.rotary_emb.inv_freq, wanted)
+    assert model.config.rope_parameters["rope_theta"] == 500_000.0
+
+    fresh = _model(_config("llama", rope_theta=THETA0))
+    again = CurriculumEngine(fresh, torch.optim.AdamW(fresh.parameters(), lr=1e-3), config)
+    again.load_state_dict(engine.state_dict())
+    assert torch.equal(fresh.model.rotary_emb.inv_freq, wanted)
+
+    gpt2 = _model(transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, n_positions=64))
+    with pytest.raises(UserError, match="GPT2LMHeadModel has no rotary embedding"):
+        CurriculumEngine(gpt2, torch.optim.AdamW(gpt2.parameters(), lr=1e-3), config)
