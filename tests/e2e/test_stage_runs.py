@@ -188,3 +188,14 @@ def test_seqwarm_train_of_an_hf_llama_sets_each_stages_positions_and_eval_and_ex
     saved = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert saved["rope_parameters"].items() >= {"rope_theta": 40000.0, **yarn}.items()
     assert saved["max_position_embeddings"] == 64
+    # GPT-2 learns its positions: the rope stages stop the run before its first step, exit 2
+    monkeypatch.undo()
+    transformers.GPT2Config(vocab_size=260, n_positions=64, n_embd=16, n_layer=1, n_head=2).save_pretrained(
+        tmp_path / "gpt2"
+    )
+    args[args.index(f"hf:{folder}")] = f"hf:{tmp_path / 'gpt2'}"
+    args[args.index(str(run))] = str(tmp_path / "gpt2-run")
+    assert main(["train", "--config", str(_config(tmp_path)), *args]) == 2
+    assert not (tmp_path / "gpt2-run" / "metrics.jsonl").exists() or not read_metrics(
+        tmp_path / "gpt2-run" / "metrics.jsonl"
+    )

@@ -9,6 +9,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", reason="the hf extra (transformers) is not installed")
 
+from seqwarm.curriculum.stages import as_stages  # noqa: E402
 from seqwarm.integrations.hf.positions import positions_hook, set_positions  # noqa: E402
 from seqwarm.util.errors import UserError  # noqa: E402
 
@@ -183,6 +184,15 @@ def test_an_attention_that_keeps_a_value_of_the_rotary_settings_is_refused_rathe
     assert torch.equal(_logits(model), before)  # nothing changed
     set_positions(model, 123_000.0)
     assert model.base_model.rotary_emb.inv_freq[1] == pytest.approx(123_000.0 ** (-2 / 8), rel=1e-6)
+    # the engine's hook checks every stage when the engine is built, before any step
+    stages = as_stages([
+        {"start_tokens": 10, "length": 32, "rope_theta": 5e5},
+        {"start_tokens": 20, "length": 64, "rope_scaling": {**YARN, "mscale": 1.0, "mscale_all_dim": 1.0}},
+    ])  # fmt: skip
+    with pytest.raises(UserError, match=r"self_attn\.scaling also depend"):
+        positions_hook(model, stages)
+    assert positions_hook(model, stages[:1]) is not None
+    assert model.config.rope_parameters["rope_theta"] == 123_000.0  # checked, not set
 
 
 def test_curriculum_engine_sets_a_stages_positions_on_a_transformers_model_and_again_after_a_load():

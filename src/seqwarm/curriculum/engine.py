@@ -132,7 +132,8 @@ class CurriculumEngine:
         self.scheduler = self.slw.scheduler
         self.mode = self.slw.mode
         # who sets a stage's rotary positions (seqwarm's GPT: set_positions; a registered hook: HF models)
-        self._rotary = position_setters(model) if sets_positions(self.slw.stages.stages) else []
+        stages = self.slw.stages.stages
+        self._rotary = position_setters(model, stages) if sets_positions(stages) else []
         if not self._rotary:
             refuse_positions(self.slw.stages.stages, f"CurriculumEngine ({_NO_SETTER})")
         self.gradient_accumulation_steps = int(cfg.gradient_accumulation_steps)

@@ -9,20 +9,22 @@ then what the registered hooks give. A hook (:func:`register_positions_hook`) is
 above the curriculum teaches it other models without the curriculum importing that framework: the
 Hugging Face integration registers one for Transformers' rotary models when
 :mod:`seqwarm.integrations.hf.positions` is imported (``from seqwarm import CurriculumEngine`` imports it).
-A hook returns a setter for a model it knows, None for one it does not, and raises
-:class:`~seqwarm.util.errors.UserError` for a model it knows but cannot change (a rotary module it does
-not recognise). Imports no torch.
+A hook, called with the model and the run's stages, returns a setter for a model it knows, None for one it
+does not, and raises :class:`~seqwarm.util.errors.UserError` for a model it knows but cannot set a stage's
+positions on (a rotary module it does not recognise), before anything trains. Imports no torch.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from seqwarm.curriculum.stages import StageConfig
 
 __all__ = ["PositionSetter", "PositionsHook", "position_setters", "register_positions_hook"]
 
 PositionSetter = Callable[[Mapping[str, Any], "int | None"], None]
-PositionsHook = Callable[[Any], "PositionSetter | None"]
+PositionsHook = Callable[[Any, Sequence[StageConfig]], "PositionSetter | None"]
 
 _HOOKS: list[PositionsHook] = []
 
@@ -40,9 +42,10 @@ def _own(module: Any) -> PositionSetter:
     return setter
 
 
-def position_setters(model: Any) -> list[PositionSetter]:
+def position_setters(model: Any, stages: Sequence[StageConfig] = ()) -> list[PositionSetter]:
     """The setters of ``model`` (an ``nn.Module``, wrappers included): its modules' own ``set_positions``
-    (seqwarm's rotary GPT), else the first registered hook's; empty when nothing can set its positions."""
+    (seqwarm's rotary GPT), else the first registered hook's (``hook(model, stages)``, which may check each
+    of ``stages`` now); empty when nothing can set its positions."""
     own = [
         _own(m)
         for m in model.modules()
@@ -51,7 +54,7 @@ def position_setters(model: Any) -> list[PositionSetter]:
     if own:
         return own
     for hook in _HOOKS:
-        setter = hook(model)
+        setter = hook(model, stages)
         if setter is not None:
             return [setter]
     return []

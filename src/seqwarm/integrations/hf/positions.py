@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -45,7 +45,15 @@ from seqwarm.curriculum.rope import rope_frequencies
 from seqwarm.curriculum.stages import StageConfig, sets_positions
 from seqwarm.util.errors import UserError
 
-__all__ = ["hf_rope_parameters", "positions_hook", "positions_setter", "rotary_modules", "set_positions"]
+__all__ = [
+    "check_positions",
+    "hf_rope_parameters",
+    "positions_hook",
+    "positions_setter",
+    "rotary_modules",
+    "set_positions",
+    "stage_setter",
+]
 
 _TYPES = ("default", "linear", "yarn")
 _YARN_KEYS = (
@@ -164,6 +172,15 @@ def set_positions(
     """Set a stage's rotary settings on a Transformers model in place (see the module); the
     ``rope_parameters`` now in its config. ``max_position_embeddings``: the stage's length (the config's is
     raised to it, never lowered). UserError for a model seqwarm cannot change this way."""
+    return _apply(model, rope_theta, rope_scaling, max_position_embeddings, commit=True)
+
+
+def check_positions(model: nn.Module, rope_theta: float | None = None, rope_scaling: Any = None) -> dict[str, Any]:
+    """What :func:`set_positions` would set (its UserError when it cannot), the model left as it is."""
+    return _apply(model, rope_theta, rope_scaling, None, commit=False)
+
+
+def _apply(model: nn.Module, rope_theta: Any, rope_scaling: Any, max_positions: Any, commit: bool) -> dict[str, Any]:
     modules = rotary_modules(model)
     if not modules:
         raise UserError(
@@ -184,8 +201,8 @@ def set_positions(
             own = next(o for o, (_, m) in zip(owns, modules) if m.config is cfg)
             cfg.rope_parameters = hf_rope_parameters(rope_theta, rope_scaling, own)
             known = getattr(cfg, "max_position_embeddings", None)
-            if max_position_embeddings and isinstance(known, int) and max_position_embeddings > known:
-                cfg.max_position_embeddings = int(max_position_embeddings)
+            if max_positions and isinstance(known, int) and max_positions > known:
+                cfg.max_position_embeddings = int(max_positions)
         for _, module in modules:
             try:
                 new = type(module)(module.config)  # Transformers' own computation from the new config
@@ -200,19 +217,22 @@ def set_positions(
                     f"{type(model).__name__}: {', '.join(changed[:4])} also depend(s) on the rotary settings, which "
                     "seqwarm does not update; this stage's rope_theta / rope_scaling cannot be set on it"
                 )
+        result = dict(modules[0][1].config.rope_parameters)
     except BaseException:
-        for key, cfg in configs.items():  # nothing changed: the configs as they were
+        commit = False
+        raise
+    finally:
+        for key, cfg in configs.items() if not commit else ():  # nothing changed: the configs as they were
             cfg.rope_parameters = olds[key].rope_parameters
             if hasattr(olds[key], "max_position_embeddings"):
                 cfg.max_position_embeddings = olds[key].max_position_embeddings
-        raise
     with torch.no_grad():
-        for module, new in fresh:
+        for module, new in fresh if commit else ():
             for name, buffer in new.named_buffers(recurse=False):
                 getattr(module, name).copy_(buffer)  # in place: device and dtype kept, compiled graphs too
             for name, value in _scalars(new).items():
                 setattr(module, name, value)
-    return dict(modules[0][1].config.rope_parameters)
+    return result
 
 
 def _check(module: nn.Module, new: nn.Module) -> None:
@@ -235,11 +255,13 @@ def _check(module: nn.Module, new: nn.Module) -> None:
         )
 
 
-def positions_setter(model: nn.Module) -> PositionSetter:
+def positions_setter(model: nn.Module, stages: Sequence[StageConfig] = ()) -> PositionSetter:
     """The setter :class:`~seqwarm.curriculum.engine.CurriculumEngine` calls at a stage: ``setter(positions,
-    length)`` sets ``positions`` on ``model`` (:func:`set_positions`); UserError now when it cannot."""
-    if not rotary_modules(model):
-        set_positions(model)  # the UserError of a model without rotary embeddings
+    length)`` sets ``positions`` on ``model`` (:func:`set_positions`). Every stage's positions are checked
+    now (:func:`check_positions`): UserError before training when one cannot be set."""
+    check_positions(model)  # a model without rotary embeddings, or whose own settings stages cannot replace
+    for stage in stages:
+        check_positions(model, **stage.positions())
 
     def setter(positions: Mapping[str, Any], length: int | None = None) -> None:
         set_positions(model, positions["rope_theta"], positions["rope_scaling"], max_position_embeddings=length)
@@ -255,9 +277,10 @@ def _is_transformers_model(model: nn.Module) -> bool:
     return any(isinstance(m, PreTrainedModel) for m in model.modules())
 
 
-def positions_hook(model: nn.Module) -> PositionSetter | None:
-    """The curriculum's hook: a setter for a model holding a Transformers model (None for any other)."""
-    return positions_setter(model) if _is_transformers_model(model) else None
+def positions_hook(model: nn.Module, stages: Sequence[StageConfig] = ()) -> PositionSetter | None:
+    """The curriculum's hook: a setter for a model holding a Transformers model, each of ``stages`` checked
+    (None for any other model)."""
+    return positions_setter(model, stages) if _is_transformers_model(model) else None
 
 
 def stage_setter(model: nn.Module, stages: tuple[StageConfig, ...], who: str) -> Callable | None:
@@ -266,7 +289,7 @@ def stage_setter(model: nn.Module, stages: tuple[StageConfig, ...], who: str) ->
     if not sets_positions(stages):
         return None
     try:
-        return positions_setter(model)
+        return positions_setter(model, stages)
     except UserError as err:
         raise UserError(f"{who}: {err}") from None
 
