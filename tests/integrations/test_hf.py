@@ -431,6 +431,17 @@ def test_the_trainer_sets_each_stages_positions_where_it_begins_and_again_after_
     seen = positions_seen(again)
     again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-7"))
     assert named(seen) == ["yarn"] * GAS
+    # and already when training begins, after the checkpoint is loaded (an evaluation then sees them)
+    ended, _, _ = trainer_for("llama", tmp_path, curriculum=raw_config(stages=stages), max_steps=7)
+    at_begin = []
+
+    class Watch(transformers.TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            at_begin.append((model.model.rotary_emb.inv_freq.clone(), model.model.rotary_emb.attention_scaling))
+
+    ended.add_callback(Watch())
+    ended.train(resume_from_checkpoint=str(tmp_path / "checkpoint-7"))  # nothing left to train
+    assert named(at_begin) == ["yarn"]
 
 
 def test_the_trainer_refuses_rope_stages_on_a_model_without_rotary_positions(tmp_path):

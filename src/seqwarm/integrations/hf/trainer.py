@@ -30,6 +30,7 @@ from seqwarm.curriculum.clock import Progress, advance, tokens_per_step
 from seqwarm.curriculum.lr import lr_at
 from seqwarm.curriculum.lr_scheduler import CurriculumLRScheduler
 from seqwarm.curriculum.schedule import difficulty_at
+from seqwarm.curriculum.stages import stage_at
 from seqwarm.curriculum.warmup import SequenceLengthWarmup
 from seqwarm.data.dataset import TokenWindows
 from seqwarm.integrations.hf.arguments import (
@@ -160,6 +161,9 @@ def _build_trainer_class(base: type) -> type:
         def __init__(self, trainer: Any):
             self.trainer = weakref.proxy(trainer)  # the trainer holds its callbacks: no reference cycle
 
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.trainer._positions_at_clock()  # a resume's state is loaded by now
+
         def on_step_end(self, args, state, control, **kwargs):
             slw = self.trainer.curriculum
             if slw.step_open:
@@ -278,6 +282,13 @@ def _build_trainer_class(base: type) -> type:
                     if slw.stage_changed and slw.stage is not None:  # also at the first step of a resume
                         self._stage_begins(slw)
                 yield slw.cut(batch)
+
+        def _positions_at_clock(self) -> None:
+            """The positions of the stage the clock is in (after a resume, as the engine's load_state_dict),
+            so that an evaluation before the next step already uses them."""
+            found = stage_at(self.curriculum.progress.tokens, self.curriculum.stages.stages)
+            if found is not None and self._set_positions is not None:
+                self._set_positions(found[1].positions(), found[1].length)
 
         def _stage_begins(self, slw: SequenceLengthWarmup) -> None:
             """The stage's positions on the model (the same on every rank: from the same clock), said once."""
