@@ -228,3 +228,28 @@ def test_curriculum_engine_sets_a_stages_positions_on_a_transformers_model_and_a
     gpt2 = _model(transformers.GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, n_positions=64))
     with pytest.raises(UserError, match="GPT2LMHeadModel has no rotary embedding"):
         CurriculumEngine(gpt2, torch.optim.AdamW(gpt2.parameters(), lr=1e-3), config)
+
+
+def test_without_the_integrations_hook_the_engine_refuses_rope_stages_on_a_transformers_model_saying_why():
+    """The curriculum does not import the integration: with only seqwarm.curriculum.engine imported, nothing
+    sets a Transformers model's positions, and the refusal names the import that would."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, transformers\n"
+        "from seqwarm.curriculum.engine import CurriculumEngine\n"
+        "from seqwarm.util.errors import UserError\n"
+        "model = transformers.LlamaForCausalLM(transformers.LlamaConfig(vocab_size=64, hidden_size=16,"
+        " intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=64))\n"
+        "cfg = {'train_batch_size': 2, 'optimizer': {'type': 'AdamW', 'params': {'lr': 1e-3}}, 'seqwarm':"
+        " {'seq_length': 32, 'train_tokens': 1000, 'stages': [{'start_tokens': 200, 'length': 32,"
+        " 'rope_theta': 5e5}]}}\n"
+        "try:\n"
+        "    CurriculumEngine(model, torch.optim.AdamW(model.parameters()), cfg)\n"
+        "except UserError as err:\n"
+        "    print(err)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert "import seqwarm.integrations.hf.positions" in out.stdout, out.stderr[-2000:]
+    assert "CurriculumEngine" in out.stdout and "rope_theta" in out.stdout
