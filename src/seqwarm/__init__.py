@@ -76,6 +76,8 @@ _DEPRECATED = {
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
+        if name == "CurriculumEngine":  # its hook for Transformers models' rotary positions (a stage's)
+            importlib.import_module("seqwarm.integrations.hf.positions")
         return getattr(importlib.import_module(_LAZY[name]), name)
     if name in _DEPRECATED:
         module, instead = _DEPRECATED[name]

@@ -120,3 +120,82 @@ def test_a_run_across_a_theta_and_a_yarn_stage_validates_at_both_lengths_and_exp
     model = run.model.eval()
     with torch.no_grad():
         assert (model(ids) - hf(input_ids=ids).logits).abs().max().item() < 1e-4
+
+
+@pytest.mark.slow
+def test_seqwarm_train_of_an_hf_llama_sets_each_stages_positions_and_eval_and_export_use_the_last(
+    tmp_path, byte_data, one_thread, monkeypatch
+):
+    """`seqwarm train --model hf:` across the θ stage and the YaRN stage: every training forward runs at the
+    positions of its step's stage (the rotary module holding what Transformers builds from a config with
+    those settings), the stage rows record them, and `seqwarm eval` / `export` use the last stage's."""
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from helpers import save_tiny_llama, tiny_llama_config
+    from seqwarm.cli import main
+    from seqwarm.evaluation import load_run
+    from seqwarm.integrations.hf.run import HFModelConfig
+
+    yarn = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 48}
+    expected = {}
+    for name, rope in (
+        ("base", {}),
+        ("theta", {"rope_theta": 40000.0}),
+        ("yarn", {"rope_theta": 40000.0, "rope_scaling": dict(yarn)}),  # copies: Transformers edits them
+    ):
+        rotary = transformers.LlamaForCausalLM(tiny_llama_config(260, **rope)).model.rotary_emb
+        expected[name] = (rotary.inv_freq, rotary.attention_scaling)
+    seen = []
+    build = HFModelConfig.build
+
+    def build_and_watch(self):  # the run's model, each training forward's positions recorded
+        model = build(self)
+        model.model.rotary_emb.register_forward_pre_hook(
+            lambda m, a: seen.append((m.inv_freq.clone(), m.attention_scaling)) if model.training else None
+        )
+        return model
+
+    monkeypatch.setattr(HFModelConfig, "build", build_and_watch)
+    folder, run = save_tiny_llama(tmp_path / "llama"), tmp_path / "run"
+    args = ["--data", str(byte_data), "--model", f"hf:{folder}", "--device", "cpu", "--eval-iters", "1"]
+    args += ["--no-progress", "--no-tensorboard", "--save-interval", "100", "--out", str(run)]
+    assert main(["train", "--config", str(_config(tmp_path)), *args]) == 0
+    rows = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] in ("stage", "train")]
+    stages = [r for r in rows if r["kind"] == "stage"]
+    assert [(r["stage"], r["seqlen"], r["reason"], r["rope_theta"]) for r in stages] == [
+        (1, 48, "begins", 40000.0),
+        (2, 64, "begins", 40000.0),
+    ]
+    scaling = stages[1]["rope_scaling"]
+    assert (scaling["type"], scaling["factor"], scaling["original_max_position_embeddings"]) == ("yarn", 2.0, 48)
+    steps = max(r["step"] for r in rows if r["kind"] == "train")
+    named = [next(k for k, (f, a) in expected.items() if torch.equal(f, s[0]) and a == s[1]) for s in seen]
+    gas = 2  # small_config: 8 rows a step, 4 a micro-batch
+    assert (
+        named[-(steps - stages[0]["step"] + 1) * gas :]
+        == ["theta"] * (stages[1]["step"] - stages[0]["step"]) * gas + ["yarn"] * (steps - stages[1]["step"] + 1) * gas
+    )
+    assert set(named[: -(steps - stages[0]["step"] + 1) * gas]) == {"base"}  # the warmup (and the trial step)
+
+    loaded = load_run(run)  # the checkpoint's stage set on the rebuilt model
+    reference = transformers.LlamaForCausalLM(tiny_llama_config(260, rope_theta=40000.0, rope_scaling=dict(yarn)))
+    reference.load_state_dict(loaded.model.state_dict())
+    ids = torch.randint(0, 257, (2, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.allclose(loaded.model(ids).logits, reference.eval()(ids).logits, rtol=1e-6, atol=1e-6)
+    assert main(["export", str(run), "--hf", str(tmp_path / "hf")]) == 0
+    saved = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert saved["rope_parameters"].items() >= {"rope_theta": 40000.0, **yarn}.items()
+    assert saved["max_position_embeddings"] == 64
+    # GPT-2 learns its positions: the rope stages stop the run before its first step, exit 2
+    monkeypatch.undo()
+    transformers.GPT2Config(vocab_size=260, n_positions=64, n_embd=16, n_layer=1, n_head=2).save_pretrained(
+        tmp_path / "gpt2"
+    )
+    args[args.index(f"hf:{folder}")] = f"hf:{tmp_path / 'gpt2'}"
+    args[args.index(str(run))] = str(tmp_path / "gpt2-run")
+    assert main(["train", "--config", str(_config(tmp_path)), *args]) == 2
+    assert not (tmp_path / "gpt2-run" / "metrics.jsonl").exists() or not read_metrics(
+        tmp_path / "gpt2-run" / "metrics.jsonl"
+    )

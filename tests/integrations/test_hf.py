@@ -391,10 +391,63 @@ def test_a_run_of_an_hf_model_evaluates_and_exports_as_that_model(tmp_path, byte
     assert main(["eval", str(run), "--val"]) == 2
 
 
-def test_the_trainer_refuses_stages_that_set_rotary_positions(tmp_path):
-    """CurriculumTrainer cannot change a Transformers model's rotary positions at a stage boundary: a stage
-    with rope_theta would train its length at the old positions, so it is refused before anything trains."""
+def test_the_trainer_sets_each_stages_positions_where_it_begins_and_again_after_a_resume(tmp_path):
+    """A θ stage from step 6 (the warmup's first step at 64) and a YaRN stage from step 7: every training
+    forward runs at the positions of its step's stage, the rotary module holding what Transformers builds
+    from a config with those settings; resumed from step 7, step 8 runs at the YaRN positions again."""
+    clock = expected_clock()
+    theta, yarn = 500000.0, {"type": "yarn", "factor": 2.0}
+    stages = [
+        {"start_tokens": clock[4][1].tokens, "length": SEQ, "rope_theta": theta},
+        {"start_tokens": clock[5][1].tokens, "length": SEQ, "rope_scaling": yarn},
+    ]
+    rope = {
+        "rope_theta": theta,
+        "rope_scaling": {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": SEQ},
+    }
+    expected = {}
+    for name, settings in (("base", {}), ("theta", {"rope_theta": theta}), ("yarn", rope)):
+        built = transformers.LlamaForCausalLM(tiny_llama_config(VOCAB, max_position_embeddings=SEQ, **settings))
+        expected[name] = (built.model.rotary_emb.inv_freq, built.model.rotary_emb.attention_scaling)
+
+    def positions_seen(trainer):
+        seen = []
+        rotary = trainer.model.model.rotary_emb
+        rotary.register_forward_pre_hook(
+            lambda m, a: seen.append((m.inv_freq.clone(), m.attention_scaling)) if trainer.model.training else None
+        )
+        return seen
+
+    def named(seen):
+        return [next(k for k, (f, a) in expected.items() if torch.equal(f, s[0]) and a == s[1]) for s in seen]
+
+    trainer, _, _ = trainer_for("llama", tmp_path, curriculum=raw_config(stages=stages), save_steps=7)
+    seen = positions_seen(trainer)
+    trainer.train()
+    assert named(seen) == ["base"] * 5 * GAS + ["theta"] * GAS + ["yarn"] * 2 * GAS
+    saved = trainer.model.config.rope_parameters  # what a save_pretrained writes: the YaRN stage's
+    assert saved.items() >= {"rope_type": "yarn", "rope_theta": theta, **rope["rope_scaling"]}.items()
+    again, _, _ = trainer_for("llama", tmp_path, curriculum=raw_config(stages=stages), save_steps=7)
+    seen = positions_seen(again)
+    again.train(resume_from_checkpoint=str(tmp_path / "checkpoint-7"))
+    assert named(seen) == ["yarn"] * GAS
+    # and already when training begins, after the checkpoint is loaded (an evaluation then sees them)
+    ended, _, _ = trainer_for("llama", tmp_path, curriculum=raw_config(stages=stages), max_steps=7)
+    at_begin = []
+
+    class Watch(transformers.TrainerCallback):
+        def on_train_begin(self, args, state, control, model=None, **kwargs):
+            at_begin.append((model.model.rotary_emb.inv_freq.clone(), model.model.rotary_emb.attention_scaling))
+
+    ended.add_callback(Watch())
+    ended.train(resume_from_checkpoint=str(tmp_path / "checkpoint-7"))  # nothing left to train
+    assert named(at_begin) == ["yarn"]
+
+
+def test_the_trainer_refuses_rope_stages_on_a_model_without_rotary_positions(tmp_path):
+    """GPT-2 learns its positions: a stage with rope_theta would train its length at the old positions, so it
+    is refused before anything trains."""
     top = CURRICULUM["max_difficulty"]
     stage = {"start_tokens": 10**6, "length": top, "rope_theta": 500000.0}
-    with pytest.raises(UserError, match="CurriculumTrainer: the stages set rope_theta"):
-        trainer_for("llama", tmp_path, curriculum=raw_config(stages=[stage]))
+    with pytest.raises(UserError, match="CurriculumTrainer: GPT2LMHeadModel has no rotary embedding"):
+        trainer_for("gpt2", tmp_path, curriculum=raw_config(stages=[stage]))

@@ -34,13 +34,15 @@ import torch.nn as nn
 from seqwarm.curriculum.clock import Progress
 from seqwarm.curriculum.inputs import check_state_format, set_lr
 from seqwarm.curriculum.loss_scale import LossScaler, resolve_precision
+from seqwarm.curriculum.positions import position_setters
 from seqwarm.curriculum.run import EngineSettings, as_run_config
-from seqwarm.curriculum.stages import refuse_positions, stage_at
+from seqwarm.curriculum.stages import refuse_positions, sets_positions, stage_at
 from seqwarm.curriculum.warmup import SequenceLengthWarmup
 
 __all__ = ["CurriculumEngine", "bf16_supported"]
 
 STATE_FORMAT = "seqwarm.engine/1"
+_NO_SETTER = "no set_positions, no positions hook; for Hugging Face models: import seqwarm.integrations.hf.positions"
 
 
 def _unwrap(model: nn.Module) -> nn.Module:
@@ -129,11 +131,11 @@ class CurriculumEngine:
         )
         self.scheduler = self.slw.scheduler
         self.mode = self.slw.mode
-        # the modules whose rotary positions a stage changes (seqwarm's GPT: set_positions)
-        self._rotary = [m for m in model.modules() if callable(getattr(m, "set_positions", None))]
-        self._rotary = [m for m in self._rotary if getattr(getattr(m, "config", None), "rotary", False)]
+        # who sets a stage's rotary positions (seqwarm's GPT: set_positions; a registered hook: HF models)
+        stages = self.slw.stages.stages
+        self._rotary = position_setters(model, stages) if sets_positions(stages) else []
         if not self._rotary:
-            refuse_positions(self.slw.stages.stages, "CurriculumEngine (a model without set_positions)")
+            refuse_positions(self.slw.stages.stages, f"CurriculumEngine ({_NO_SETTER})")
         self.gradient_accumulation_steps = int(cfg.gradient_accumulation_steps)
         self.micro_steps = 0
         self._grad_norm: torch.Tensor | None = None
@@ -226,14 +228,14 @@ class CurriculumEngine:
         :meth:`forward` and :meth:`cut` begin a step themselves when none is in flight."""
         length = self.slw.begin_step()
         if self.slw.stage_changed:  # a stage begins (or the first step after a load inside one)
-            self._set_positions(self.slw.positions)
+            self._set_positions(self.slw.positions, self.slw.stage.length if self.slw.stage else None)
         return length
 
-    def _set_positions(self, positions: Mapping[str, Any] | None) -> None:
+    def _set_positions(self, positions: Mapping[str, Any] | None, length: int | None) -> None:
         """A stage's rotary settings on the model (every rank computes the same from the same clock)."""
         if positions is not None:
-            for module in self._rotary:
-                module.set_positions(positions["rope_theta"], positions["rope_scaling"])
+            for setter in self._rotary:
+                setter(positions, length)
 
     def cut(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """A training micro-batch cut to the step's length (in inject mode: its first L columns, with
@@ -436,7 +438,7 @@ class CurriculumEngine:
         # step trained in, unless a stage starts inside that step (one that never trained).
         found = stage_at(self.slw.progress.tokens, self.slw.stages.stages)
         if found is not None:
-            self._set_positions(found[1].positions())
+            self._set_positions(found[1].positions(), found[1].length)
 
     def __repr__(self) -> str:
         return (

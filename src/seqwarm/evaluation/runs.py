@@ -239,10 +239,11 @@ def load_run(
 
 
 def _stage_positions(model: torch.nn.Module, state: dict, path: Path, resolved: dict) -> dict[str, Any] | None:
-    """Set on seqwarm's GPT the rotary settings of the stage its weights trained in (the checkpoint's
-    ``positions``, written by ``seqwarm train``); that stage (None: before any, or a run without stages)."""
+    """Set on the model (seqwarm's GPT, or an ``hf:`` run's Transformers model) the rotary settings of the
+    stage its weights trained in (the checkpoint's ``positions``, written by ``seqwarm train``); that stage
+    (None: before any, or a run without stages)."""
     stages = (resolved.get("run") or {}).get("stages") or []
-    if not stages or not isinstance(model, GPT):
+    if not stages:
         return None
     if "positions" not in state:
         if any(s.get("rope_theta") is not None or s.get("rope_scaling") is not None for s in stages):
@@ -252,8 +253,15 @@ def _stage_positions(model: torch.nn.Module, state: dict, path: Path, resolved: 
             )
         return None
     stage = state["positions"]
-    if stage is not None and model.config.rotary:
-        model.set_positions(stage.get("rope_theta"), stage.get("rope_scaling"))
+    if stage is None or (stage.get("rope_theta") is None and stage.get("rope_scaling") is None):
+        return stage
+    if isinstance(model, GPT):
+        if model.config.rotary:
+            model.set_positions(stage.get("rope_theta"), stage.get("rope_scaling"))
+    else:  # the config saved by an export then holds them too (and the stage's length)
+        from seqwarm.integrations.hf.positions import set_positions
+
+        set_positions(model, stage["rope_theta"], stage["rope_scaling"], max_position_embeddings=stage.get("length"))
     return stage
 
 

@@ -385,7 +385,6 @@ def _stage_problems(spec: RunSpec, cfg: RunConfig) -> list[Problem]:
     if not cfg.stages:
         return []
     refused = [
-        (spec.model.startswith("hf:"), "a Hugging Face model (hf:)", "use seqwarm's GPT (--model PRESET --rotary)"),
         (
             spec.deepspeed,
             "the DeepSpeed backend (--deepspeed)",
@@ -393,7 +392,9 @@ def _stage_problems(spec: RunSpec, cfg: RunConfig) -> list[Problem]:
         ),
         (cfg.curriculum is not None and cfg.curriculum.mode == "window", "curriculum mode window", "use truncate"),
         (
-            not spec.rotary and any(s.rope_theta is not None or s.rope_scaling is not None for s in cfg.stages),
+            not spec.rotary
+            and not spec.model.startswith("hf:")  # an hf: model's own config decides (checked when it is built)
+            and any(s.rope_theta is not None or s.rope_scaling is not None for s in cfg.stages),
             "rope_theta / rope_scaling on a model with learned positions",
             "add --rotary, or drop the stages' rope settings",
         ),

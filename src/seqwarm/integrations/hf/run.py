@@ -15,7 +15,9 @@ presets. Differences the model imposes:
   as one row);
 - the model's config sets the architecture: ``--rotary`` and ``--fsdp`` (which shards seqwarm's GPT
   blocks) are refused, and ``--deepspeed`` is not wired for it (use ``CurriculumTrainer`` with
-  ``TrainingArguments(deepspeed=...)``).
+  ``TrainingArguments(deepspeed=...)``);
+- stages with ``rope_theta`` / ``rope_scaling`` are set on the model's rotary embeddings by the engine
+  (:mod:`seqwarm.integrations.hf.positions`, whose hook it finds); a model without them is refused.
 
 Checkpoints hold the HF model's own state dict (``model.save_pretrained``-compatible keys).
 """
@@ -32,7 +34,9 @@ import torch
 import torch.nn as nn
 
 from seqwarm.config import RunConfig
+from seqwarm.curriculum.positions import register_positions_hook
 from seqwarm.integrations.hf.blocks import attn_implementation, block_forward, check_block_attention
+from seqwarm.integrations.hf.positions import positions_hook
 from seqwarm.integrations.hf.trainer import require_transformers
 from seqwarm.trainer.backends import Built, RunChoices, TorchEngineBuilder, curriculum_mode
 from seqwarm.trainer.distributed import DistInfo, wrap_model
@@ -204,6 +208,7 @@ class HFEngineBuilder(TorchEngineBuilder):
                         (cfg.document_masking, window), "document and window fragment"
                     ),
                 )
+        register_positions_hook(positions_hook)  # the engine sets a stage's rope settings through it
         wrapped = wrap_model(CausalLMLoss(lm), info, False, device)
         optimizer = build_optimizer(lm, cfg)
         return Built(

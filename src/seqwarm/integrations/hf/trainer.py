@@ -30,7 +30,7 @@ from seqwarm.curriculum.clock import Progress, advance, tokens_per_step
 from seqwarm.curriculum.lr import lr_at
 from seqwarm.curriculum.lr_scheduler import CurriculumLRScheduler
 from seqwarm.curriculum.schedule import difficulty_at
-from seqwarm.curriculum.stages import refuse_positions
+from seqwarm.curriculum.stages import stage_at
 from seqwarm.curriculum.warmup import SequenceLengthWarmup
 from seqwarm.data.dataset import TokenWindows
 from seqwarm.integrations.hf.arguments import (
@@ -39,6 +39,7 @@ from seqwarm.integrations.hf.arguments import (
     raw_config,
     trainer_deepspeed_config,
 )
+from seqwarm.integrations.hf.positions import stage_setter
 from seqwarm.util.errors import MissingDependencyError, UserError
 
 __all__ = [
@@ -160,6 +161,9 @@ def _build_trainer_class(base: type) -> type:
         def __init__(self, trainer: Any):
             self.trainer = weakref.proxy(trainer)  # the trainer holds its callbacks: no reference cycle
 
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.trainer._positions_at_clock()  # a resume's state is loaded by now
+
         def on_step_end(self, args, state, control, **kwargs):
             slw = self.trainer.curriculum
             if slw.step_open:
@@ -218,7 +222,9 @@ def _build_trainer_class(base: type) -> type:
             self.curriculum = SequenceLengthWarmup.from_config(
                 self.curriculum_config, self.model.forward, inject_via_kwargs=inject_via_kwargs, layout=layout
             )
-            refuse_positions(self.curriculum.stages.stages, "CurriculumTrainer")
+            # a stage's rope_theta / rope_scaling, set on the model where its first step begins (UserError now
+            # for a model they cannot be set on)
+            self._set_positions = stage_setter(self.model, self.curriculum.stages.stages, "CurriculumTrainer")
             self._lr_said = False
             self.add_callback(_CurriculumCallback(self))
             # Trainer normalises by labels[..., 1:] only for models whose class name maps to the causal
@@ -273,7 +279,24 @@ def _build_trainer_class(base: type) -> type:
             for batch in batches:
                 if not slw.step_open:
                     slw.begin_step()
+                    if slw.stage_changed and slw.stage is not None:  # also at the first step of a resume
+                        self._stage_begins(slw)
                 yield slw.cut(batch)
+
+        def _positions_at_clock(self) -> None:
+            """The positions of the stage the clock is in (after a resume, as the engine's load_state_dict),
+            so that an evaluation before the next step already uses them."""
+            found = stage_at(self.curriculum.progress.tokens, self.curriculum.stages.stages)
+            if found is not None and self._set_positions is not None:
+                self._set_positions(found[1].positions(), found[1].length)
+
+        def _stage_begins(self, slw: SequenceLengthWarmup) -> None:
+            """The stage's positions on the model (the same on every rank: from the same clock), said once."""
+            if self._set_positions is not None:
+                self._set_positions(slw.positions, slw.stage.length)
+            if self.args.process_index == 0:
+                step = slw.progress.step + 1
+                logger.info("seqwarm: step %d: stage %d, %s", step, slw.stages.index + 1, slw.stage.describe())
 
         def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
             if self.curriculum.mode != "inject" or not model.training:
