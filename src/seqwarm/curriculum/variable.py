@@ -206,8 +206,9 @@ class VariableLengthSampler:
                 continue
             return None
 
-    def next_step(self) -> VariableStep:
-        """Draw the next optimizer step: its length and this rank's chunk indices."""
+    def next_step(self, *, indices: bool = True) -> VariableStep:
+        """Draw the next optimizer step: its length and this rank's chunk indices (``indices=False``: none,
+        the draw alone, as ``plan`` replays a run; the state moves on the same)."""
         step = self.step + 1
         odds = self._odds(step)
         if odds is None:  # the epoch is used up (or, under a cap, what the cap allows of it)
@@ -220,9 +221,11 @@ class VariableLengthSampler:
         b = int(rng.choice(odds.size, p=odds / odds.sum()))
         rows = int(self._rows[b])
         lo = int(self._used[b]) * rows
-        chunk = self._perm(b)[lo : lo + rows]  # (rows,) this step's global rows
-        per_rank = rows // self.world_size
-        mine = chunk[self.rank * per_rank : (self.rank + 1) * per_rank] + self.decomposition.bounds[b]
+        mine = np.zeros(0, dtype=np.int64)
+        if indices:
+            chunk = self._perm(b)[lo : lo + rows]  # (rows,) this step's global rows
+            per_rank = rows // self.world_size
+            mine = chunk[self.rank * per_rank : (self.rank + 1) * per_rank] + self.decomposition.bounds[b]
         self._used[b] += 1
         self.step = step
         return VariableStep(
