@@ -179,3 +179,18 @@ def test_a_decomposition_may_be_handed_in_and_its_range_is_used():
     assert slw.begin_step() in (32, 64, 128) and slw.sampler.decomposition is d
     with pytest.raises(ConfigError, match="differ from the decomposition's"):
         SequenceLengthWarmup(mode="variable", documents=d, tokens_per_step=TPS, min_length=16, max_length=128)
+
+
+def test_a_deepspeed_schedule_by_keyword_caps_the_length():
+    slw = make(schedule="discrete", num_cycles=None, lengths=[16, 64, 128], until_steps=[3, 9])
+    lengths = []
+    for _ in range(20):
+        lengths.append(slw.begin_step())
+        slw.end_step()
+    # DeepSpeed's fixed_discrete: 16 up to step 3, 64 up to step 9, then 128 (natural odds under the cap)
+    assert lengths[:3] == [16, 16, 16] and 16 < max(lengths[3:9]) <= 64 and 128 in lengths[9:]
+    assert slw.sampler.sampler.curriculum == "schedule"
+    with pytest.raises(ConfigError, match="root_degree = \\(missing\\): is required for schedule 'root'"):
+        make(schedule="root", num_cycles=None, steps=10)
+    with pytest.raises(ConfigError, match="min_length = 'abc': must be a power of 2"):
+        make(min_length="abc")

@@ -42,7 +42,6 @@ def variable_lengths(args: dict[str, Any]) -> StepSampler | None:
     mode, documents, tokens_per_step, curriculum = (
         args[k] for k in ("mode", "documents", "tokens_per_step", "curriculum")
     )
-    keywords = args
     others = {"length_bucket": args["length_bucket"], "stages": args["stages"]}
     mine = {k: args[k] for k in ("documents", "tokens_per_step", "num_cycles", "seed", "rank")}
     if mode != "variable":
@@ -81,12 +80,12 @@ def variable_lengths(args: dict[str, Any]) -> StepSampler | None:
                 "pass the tokens every optimizer step trains, over all ranks",
             )
         )
-    low, high, names = _range(keywords, curriculum, documents, problems)
-    sampler_kwargs = _curriculum(keywords, curriculum, low, high, names, problems)
+    low, high, names = _range(args, curriculum, documents, problems)
+    sampler_kwargs = _curriculum(args, curriculum, low, high, names, problems)
     if problems:
         raise ConfigError(problems, source=_SOURCE)
     chunks = documents if isinstance(documents, Decomposition) else decompose(documents, low, high)
-    rank, world = _ranks(keywords["rank"], keywords["world_size"])
+    rank, world = _ranks(args["rank"], args["world_size"])
     sampler = VariableLengthSampler(chunks, tokens_per_step, **sampler_kwargs, rank=rank, world_size=world)
     return StepSampler(sampler)
 
@@ -133,7 +132,8 @@ def _range(
     low, high = given
     if is_power_of_two(low) and is_power_of_two(high) and low > high:
         problems.append(Problem(names[0], low, f"is above {names[1]} {high}", "swap them"))
-    return int(low or 0), int(high or 0), names
+    low, high = (int(v) if is_power_of_two(v) else 0 for v in (low, high))  # 0: a problem said above
+    return low, high, names
 
 
 def _curriculum(
