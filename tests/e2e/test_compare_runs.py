@@ -137,6 +137,8 @@ def test_compare_modes_trains_the_baseline_once_per_seed_and_reports_one_row_per
     for mode in modes:
         m = report["modes"][mode]
         assert m["curriculum"]["status"] == "trained" and m["aggregate"]["n_seeds"] == 2
+        # the time per token of each run's training steps, read from its metrics (evaluations left out)
+        assert m["curriculum"]["step_us_per_token"] > 0 and m["aggregate"]["step_us_per_token"]["curriculum"]["n"] == 2
         assert [r["run_dirs"] for r in m["seeds"]] == [
             {"baseline": str(out / "baseline"), "curriculum": str(out / mode)},
             {"baseline": str(out / "seed-6" / "baseline"), "curriculum": str(out / "seed-6" / mode)},

@@ -453,3 +453,17 @@ def test_the_report_leads_with_tokens_and_notes_what_wall_clock_measures(tmp_pat
     assert "**speedup_tokens 2.00x**" in tokens
     assert "**" not in time and time.endswith(f"speedup_time 2.00x ({TIME_NOTE})")
     assert md.index("- **tokens**") < md.index("- wall-clock:")
+
+
+def test_time_per_token_is_the_step_time_of_each_logged_window_over_its_tokens():
+    from seqwarm.experiments.curves import step_time_per_token
+
+    rows = [
+        {"tokens": 100, "tokens_per_s": 100.0},  # 1 s for its 100 tokens
+        {"tokens": 300, "tokens_per_s": 200.0},  # 1 s for 200
+        {"tokens": 300, "tokens_per_s": 50.0},  # no new tokens: no window
+        {"tokens": 600, "tokens_per_s": None},  # no rate: left out, with its tokens
+        {"tokens": 900, "tokens_per_s": 300.0},  # 1 s for 300
+    ]
+    assert step_time_per_token(rows) == pytest.approx(3 / 600)
+    assert step_time_per_token([{"tokens": 10}]) is None and step_time_per_token([]) is None

@@ -105,12 +105,14 @@ def test_an_empty_modes_list_is_refused_not_read_as_no_modes(tmp_path, capsys):
 # -- the report from synthetic runs --------------------------------------------------------------------
 
 
-def _fake_run(folder: Path, evals, mode=None, spike_at=None):
-    """A finished run folder: evaluations ``(tokens, val_loss)``; train rows one per evaluation."""
+def _fake_run(folder: Path, evals, mode=None, spike_at=None, rate=None):
+    """A finished run folder: evaluations ``(tokens, val_loss)``; train rows one per evaluation (``rate``:
+    their tokens_per_s)."""
     folder.mkdir(parents=True)
     rows = [
         {"kind": "train", "step": s, "tokens": t, "loss": v + (3 if s == spike_at else 0.5), "seqlen": 64}
         | {"elapsed_s": t / 100}
+        | ({"tokens_per_s": rate} if rate else {})
         for s, (t, v) in enumerate(evals, 1)
     ]
     rows += [
@@ -136,17 +138,19 @@ CURVES = {  # per seed, per mode: the curve
 }
 
 
-def _modes_report(tmp_path, seeds=(1, 2, 3)):
+def _modes_report(tmp_path, seeds=(1, 2, 3), rates=None):
+    """The --modes report of synthetic runs (``rates``: tokens_per_s per arm, for the time per token)."""
     settings = {"spike_threshold": 1.2, "smooth_steps": 1, "scale_batch": 1, "scale_lr": 1.0}
     settings |= {"seeds": list(seeds), "modes": ["truncate", "reshape"]}
-    by_mode = {}
+    by_mode, rates = {}, rates or {}
     for mode in ("truncate", "reshape"):
         reports = {}
         for seed in seeds:
             where = tmp_path if seed == seeds[0] else tmp_path / f"seed-{seed}"
             if not (where / "baseline").exists():
-                _fake_run(where / "baseline", BASES[seed], spike_at=2 if seed == 2 else None)
-            _fake_run(where / mode, CURVES[seed][mode], mode=mode)
+                spike = 2 if seed == 2 else None
+                _fake_run(where / "baseline", BASES[seed], spike_at=spike, rate=rates.get("baseline"))
+            _fake_run(where / mode, CURVES[seed][mode], mode=mode, rate=rates.get(mode))
             pair = ComparePlan(
                 tmp_path,
                 {"baseline": RunSpec(out=where / "baseline"), "curriculum": RunSpec(out=where / mode)},
@@ -216,3 +220,67 @@ def test_cli_prints_one_line_per_arm(tmp_path, capsys, monkeypatch):
     assert arms == ["baseline", "truncate", "reshape"]
     assert any(line.startswith("truncate") and "speedup_tokens 2.00x (reached on 1/1)" in line for line in lines)
     assert any(line.startswith("reshape") and "speedup_tokens - (reached on 0/1)" in line for line in lines)
+
+
+def test_modes_report_gives_tokens_to_target_and_time_per_token(tmp_path, capsys, monkeypatch):
+    from seqwarm.cli.commands import compare as command
+
+    report = _modes_report(tmp_path, rates={"baseline": 1000, "truncate": 2000, "reshape": 1000})
+    rows = {r["arm"]: r for r in mode_rows(report)}
+    # each baseline reaches its own final loss at its last evaluation; truncate at its seed's crossing
+    # (seed 1: 1,500; seed 2: 2,500; seed 3: 1,000 + 1,000 x 1.0/1.7)
+    assert rows["baseline"]["tokens_to_target"]["median"] == 3000
+    assert rows["truncate"]["tokens_to_target"] == {
+        "median": pytest.approx(1000 + 1000 / 1.7),
+        "min": 1500,
+        "max": 2500,
+        "n": 3,
+    }
+    assert rows["reshape"]["tokens_to_target"]["n"] == 0  # never reached
+    # 1,000 tokens/s in every window: 1,000 us per token; truncate's rows at 2,000 tokens/s: 500
+    assert rows["baseline"]["step_us_per_token"]["median"] == pytest.approx(1000)
+    assert rows["truncate"]["step_us_per_token"]["median"] == pytest.approx(500)
+    write_report(tmp_path / "report", report)
+    md = (tmp_path / "report" / "report.md").read_text()
+    assert "| tokens to target |" in md and "| µs per token (steps) |" in md and "Tokens to target:" in md
+    line = next(x for x in md.splitlines() if x.startswith("| truncate | 1.9000"))
+    assert "| 1,588 (1,500–2,500) |" in line and "| 500 (500–500) |" in line
+    report["out"] = str(tmp_path)
+    monkeypatch.setattr(command, "run_compare", lambda spec, options: report)
+    cfg = small_config(tmp_path / "c.json")
+    argv = ["compare", *FAST_TRAIN_FLAGS, "--config", str(cfg), "--out", str(tmp_path), "--modes", "truncate,reshape"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    said = "tokens to target 1,588 (1,500-2,500), 500 (500-500) us/token"
+    assert any(x.startswith("truncate") and said in x for x in out.splitlines())
+
+
+def test_variable_is_a_mode_arm_trained_with_curriculum_mode_variable(tmp_path, monkeypatch):
+    from seqwarm.experiments import compare
+    from seqwarm.run.command import command_line
+
+    # the arm is built whether or not this seqwarm's train runs the mode yet; check_arms resolves it with
+    # the config reader, which knows the mode once `seqwarm train --curriculum-mode variable` exists
+    monkeypatch.setattr(compare, "CURRICULUM_MODES", (*compare.CURRICULUM_MODES, "variable"))
+    monkeypatch.setattr(compare, "check_arms", lambda runs: None)
+    cfg = small_config(tmp_path / "c.json", train_tokens=20_000, total_step=40)
+    plan = plan_compare(*_args(tmp_path, "--config", str(cfg), "--modes", "truncate,variable", "--seeds", "3"))
+    out = tmp_path / "cmp"
+    assert list(plan.runs) == ["baseline", "truncate", "variable"] and plan.curricula == ("truncate", "variable")
+    variable, truncate = plan.runs["variable"], plan.runs["truncate"]
+    assert variable.out == out / "variable" and plan.by_seed()[1236]["variable"].out == out / "seed-1236" / "variable"
+    assert variable.settings["curriculum_mode"] == "variable" and "--curriculum-mode variable" in command_line(variable)
+    assert {**variable.settings, "curriculum_mode": None} == {**truncate.settings, "curriculum_mode": None}
+    assert (out / "configs" / "variable.json").read_text() == (out / "configs" / "truncate.json").read_text()
+    assert "curriculum_mode" not in plan.runs["baseline"].settings
+
+
+def test_variable_is_refused_with_the_reason_while_train_cannot_run_it(tmp_path, capsys, monkeypatch):
+    from seqwarm.experiments import compare
+
+    monkeypatch.setattr(compare, "CURRICULUM_MODES", tuple(m for m in compare.CURRICULUM_MODES if m != "variable"))
+    cfg = small_config(tmp_path / "c.json")
+    argv = ["compare", *FAST_TRAIN_FLAGS, "--config", str(cfg), "--out", str(tmp_path / "o"), "--modes"]
+    assert main([*argv, "truncate,variable"]) == 2
+    err = capsys.readouterr().err
+    assert "--curriculum-mode variable`, which this seqwarm does not run yet" in err and "Traceback" not in err

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import warnings
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -188,3 +189,23 @@ def check_injected_output(output: Any, rows: int, length: int, model_name: str) 
             "'truncate' or 'reshape' (seqwarm cuts the batch itself)"
         )
     return None
+
+
+class OutputCheck:
+    """``SequenceLengthWarmup.check_output``'s state: the model's name, whether its forward names
+    ``curriculum_seqlen``, and whether an output it cannot check was said already (once)."""
+
+    def __init__(self, forward: Callable | None):
+        self.model_name = forward_name(forward).removesuffix(".forward") if forward is not None else "the model"
+        # a forward that names curriculum_seqlen declares it reads it; one reached via **kwargs does not
+        self.declares = forward is not None and "curriculum_seqlen" in inspect.signature(forward).parameters
+        self.warned = False
+
+    def __call__(self, output: Any, rows: int, length: int) -> None:
+        unchecked = check_injected_output(output, rows, length, self.model_name)
+        if unchecked and not self.warned:
+            self.warned = True
+            if self.declares:  # its signature names the keyword: say it, quietly
+                logger.info(unchecked)
+            else:  # reached through **kwargs (inject_via_kwargs): nothing vouches for it
+                warnings.warn(unchecked, stacklevel=4)

@@ -206,10 +206,11 @@ class VariableLengthSampler:
                 continue
             return None
 
-    def next_step(self, at: int | None = None) -> VariableStep:
+    def next_step(self, at: int | None = None, *, indices: bool = True) -> VariableStep:
         """Draw the next optimizer step: its length and this rank's chunk indices. ``at``: the run's step
         number it trains (default: one after the last drawn), which a cap (``linear``, ``schedule``) reads;
-        for a sampler that draws only some of a run's steps (one source of a blend)."""
+        for a sampler that draws only some of a run's steps (one source of a blend). ``indices=False``: no
+        indices, the draw alone, as ``plan`` replays a run; the state moves on the same."""
         step = self.step + 1 if at is None else int(at)
         if step <= self.step:
             raise ValueError(f"next_step(at={at}): step {self.step} was drawn already; steps only move forward")
@@ -224,9 +225,11 @@ class VariableLengthSampler:
         b = int(rng.choice(odds.size, p=odds / odds.sum()))
         rows = int(self._rows[b])
         lo = int(self._used[b]) * rows
-        chunk = self._perm(b)[lo : lo + rows]  # (rows,) this step's global rows
-        per_rank = rows // self.world_size
-        mine = chunk[self.rank * per_rank : (self.rank + 1) * per_rank] + self.decomposition.bounds[b]
+        mine = np.zeros(0, dtype=np.int64)
+        if indices:
+            chunk = self._perm(b)[lo : lo + rows]  # (rows,) this step's global rows
+            per_rank = rows // self.world_size
+            mine = chunk[self.rank * per_rank : (self.rank + 1) * per_rank] + self.decomposition.bounds[b]
         self._used[b] += 1
         self.step = step
         return VariableStep(

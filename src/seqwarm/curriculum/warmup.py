@@ -24,8 +24,6 @@ Face ``CurriculumTrainer`` and seqwarm's own loop are thin users of this object.
 
 from __future__ import annotations
 
-import inspect
-import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -46,16 +44,15 @@ from seqwarm.curriculum.inputs import as_batch, check_keys, check_saved_state, k
 from seqwarm.curriculum.layouts import LAYOUTS, check_cut, cut_to_layout, longest_sequence, read_layout
 from seqwarm.curriculum.lr import LRConfig, lr_at
 from seqwarm.curriculum.lr_checks import with_budget
-from seqwarm.curriculum.modes import check_injected_output, forward_name, resolve_mode
+from seqwarm.curriculum.modes import OutputCheck, resolve_mode
 from seqwarm.curriculum.plan import LoopSettings, Plan, make_plan
 from seqwarm.curriculum.ranks import global_counts
 from seqwarm.curriculum.run import WarmupSettings, as_run_config
 from seqwarm.curriculum.schedule import CurriculumConfig, CurriculumScheduler
 from seqwarm.curriculum.stages import StageConfig, StageTracker, as_stages
+from seqwarm.curriculum.variable_mode import variable_lengths
 
 __all__ = ["SequenceLengthWarmup", "Limits"]
-
-logger = logging.getLogger(__name__)
 
 
 class SequenceLengthWarmup:
@@ -80,6 +77,10 @@ class SequenceLengthWarmup:
     ``curriculum``: instead of the schedule keywords, a checked
     :class:`~seqwarm.curriculum.schedule.CurriculumConfig` (None: no curriculum — every batch passes at full
     length and is counted). :meth:`from_deepspeed` and :meth:`from_config` build one from DeepSpeed's JSON.
+
+    ``mode="variable"`` (:mod:`~seqwarm.curriculum.variable_mode`): rows of one document, ``tokens_per_step``
+    every step; ``documents`` (offsets or a ``Decomposition``), ``schedule`` natural | grow_p2 (``num_cycles``) |
+    linear (``steps``) | root | discrete, ``seed``, ``rank``; ``slw.sampler``: a DataLoader's ``batch_sampler``.
     """
 
     def __init__(
@@ -89,7 +90,7 @@ class SequenceLengthWarmup:
         steps: int | None = None,
         *,
         multiple_of: int = 8,
-        schedule: str = "linear",
+        schedule: str | None = None,
         root_degree: float | None = None,
         lengths: list[int] | None = None,
         until_steps: list[int] | None = None,
@@ -109,7 +110,16 @@ class SequenceLengthWarmup:
         process_group: Any = None,
         keys: Mapping[str, str] | None = None,
         stages: Sequence[StageConfig | Mapping[str, Any]] | None = None,
+        documents: Any = None,
+        tokens_per_step: int | None = None,
+        num_cycles: int | None = None,
+        seed: int | None = None,
+        rank: int | None = None,
     ):
+        self.sampler = variable_lengths(dict(locals()))  # mode "variable" (variable_mode.py), else None
+        """Mode ``variable``: the steps' lengths and rows, a ``DataLoader``'s ``batch_sampler``; else None."""
+        if self.sampler is not None:  # the sampler decides the lengths: no schedule here, rows pass as they are
+            min_length = max_length = steps = lengths = until_steps = curriculum = None
         keywords = (min_length, max_length, steps, lengths, until_steps)
         self.keys = check_keys(keys)
         self._max_name = "max_difficulty" if curriculum is not None else "max_length"  # the caller's word
@@ -117,7 +127,7 @@ class SequenceLengthWarmup:
             raise TypeError("pass either the schedule keywords or curriculum=, not both")
         if curriculum is None and any(v is not None for v in keywords):
             curriculum = keyword_curriculum(
-                min_length, max_length, steps, multiple_of, schedule, root_degree, lengths, until_steps
+                min_length, max_length, steps, multiple_of, schedule or "linear", root_degree, lengths, until_steps
             )
         if count_tokens_by not in COUNT_TOKENS_BY:
             raise ValueError(f"count_tokens_by must be 'shape' or 'loss_mask', got {count_tokens_by!r}")
@@ -135,7 +145,7 @@ class SequenceLengthWarmup:
                 mode, forward, pipeline=pipeline, inject_via_kwargs=inject_via_kwargs, length_bucket=self.bucket
             )
             if self.scheduler or self.stages.stages
-            else None
+            else ("variable" if self.sampler else None)
         )
         if self.bucket is not None and self.mode != "truncate":
             raise ValueError(f"length_bucket works only in curriculum mode truncate, not {self.mode}")
@@ -145,9 +155,8 @@ class SequenceLengthWarmup:
         self.limits = Limits(train_tokens, train_iters, train_samples)
         self.world_size = world_size
         self.process_group = process_group
-        self.model_name = forward_name(forward).removesuffix(".forward") if forward is not None else "the model"
-        # a forward that names curriculum_seqlen declares it reads it; one reached via **kwargs does not
-        self._declares_seqlen = forward is not None and "curriculum_seqlen" in inspect.signature(forward).parameters
+        self._output_check = OutputCheck(forward)
+        self.model_name = self._output_check.model_name
         self.progress = Progress()
         """Optimizer steps applied, samples and tokens trained (all ranks)."""
         self.lr: float | None = lr_at(self.progress, lr) if lr is not None else None
@@ -167,7 +176,6 @@ class SequenceLengthWarmup:
         self._tokens: int | torch.Tensor = 0
         self._totals: tuple[int, int] | None = None  # the open step's global counts, once summed
         self._checked_top = False
-        self._warned_unchecked = False
         self._injected: tuple[int, int] | None = None  # (rows, length) of the last injected micro-batch
 
     # -- other constructors -----------------------------------------------------------------------
@@ -223,6 +231,9 @@ class SequenceLengthWarmup:
             self._step_length = self.scheduler.update_difficulty(self.progress.step + 1)
         if (stage := self.stages.begin(self.progress.tokens)) is not None:  # a stage after the warmup
             self._step_length = stage.length
+        if self.sampler is not None:  # the sampler's next step: its rows pass through at its length
+            self.current_seqlen = self.sampler.begin()
+            return self.current_seqlen
         self.current_seqlen = self._step_length if self._step_length is not None else self.current_seqlen
         return self._step_length
 
@@ -255,7 +266,9 @@ class SequenceLengthWarmup:
         _, rows, seq = batch_shape(batch)
         length = self._step_length
         layout = read_layout(batch, self.layout, strict=length is not None)
-        if length is None:  # no curriculum: the batch as it is, counted
+        if length is None:  # no curriculum (or mode variable: the step's rows): the batch as it is, counted
+            if self.sampler is not None:
+                self.sampler.check_cut(seq)
             self._add(rows, batch, layout)
             self.current_seqlen = seq
             return dict(batch)
@@ -337,14 +350,7 @@ class SequenceLengthWarmup:
             if self._injected is None:
                 return
             shape, self._injected = self._injected, None
-        rows, length = shape
-        unchecked = check_injected_output(output, rows, length, self.model_name)
-        if unchecked and not self._warned_unchecked:
-            self._warned_unchecked = True
-            if self._declares_seqlen:  # its signature names the keyword: say it, quietly
-                logger.info(unchecked)
-            else:  # reached through **kwargs (inject_via_kwargs): nothing vouches for it
-                warnings.warn(unchecked, stacklevel=3)
+        self._output_check(output, *shape)
 
     def _step_totals(self) -> tuple[int, int]:
         """The open step's samples and tokens over all ranks (summed once per step)."""
@@ -375,6 +381,8 @@ class SequenceLengthWarmup:
                 self.lr = lr_at(self.progress, self.lr_config)
         else:
             self.skipped_steps += 1
+        if self.sampler is not None:
+            self.sampler.end()
         self._open, self._step_length, self._totals = False, None, None
         self._samples, self._tokens = 0, 0
         return self.progress
@@ -403,6 +411,7 @@ class SequenceLengthWarmup:
             "pending_samples": self._samples,
             "pending_tokens": int(pending.item()) if isinstance(pending, torch.Tensor) else pending,
             "scheduler": self.scheduler.state_dict() if self.scheduler else None,
+            **({"variable": self.sampler.state_dict()} if self.sampler else {}),  # mode variable only
         }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
@@ -422,6 +431,8 @@ class SequenceLengthWarmup:
         self._totals = None
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+        if self.sampler is not None:
+            self.sampler.load_state_dict(state.get("variable"))
         self.stages.forget()  # derived from the clock: the next begin_step reports its stage as changed
 
     def plan(self, batch_size: int, *, micro_batch_size: int | None = None, seq_length: int | None = None) -> Plan:
@@ -429,19 +440,10 @@ class SequenceLengthWarmup:
         (:meth:`LoopSettings.of <seqwarm.curriculum.plan.LoopSettings.of>` reads the arguments: sequences per
         optimizer step, per cut, the full length) until the budget is reached (none: until the ramp ends); a
         ConfigError lists every problem of the stages' schedule."""
-        return make_plan(
-            LoopSettings.of(
-                self.curriculum,
-                self.lr_config,
-                self.limits,
-                batch_size,
-                micro_batch_size,
-                seq_length,
-                self.bucket,
-                self.mode,
-                self.stages.stages,
-            )
-        )
+        if self.sampler is not None:
+            raise ValueError("mode 'variable' is planned by seqwarm.curriculum.plan_variable.plan_variable")
+        settings = (self.curriculum, self.lr_config, self.limits, batch_size, micro_batch_size, seq_length)
+        return make_plan(LoopSettings.of(*settings, self.bucket, self.mode, self.stages.stages))
 
     def __repr__(self) -> str:
         p, lr, seq = self.progress, "None" if self.lr is None else f"{self.lr:.3g}", self.current_seqlen

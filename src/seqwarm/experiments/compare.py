@@ -2,7 +2,7 @@
 
 :func:`plan_compare` turns a shared :class:`~seqwarm.run.spec.RunSpec` and the :class:`CompareOptions`
 into two runs (``DIR/baseline`` with the curriculum off, ``DIR/curriculum``), or with ``--modes`` into the
-baseline and one curriculum run per mode (``DIR/truncate``, ``DIR/reshape``, ``DIR/window``);
+baseline and one curriculum run per mode (``DIR/truncate``, ``DIR/reshape``, ``DIR/window``, ``DIR/variable``);
 :func:`run_compare` hands them, one seed at a time, to the experiments' one runner
 (:class:`~seqwarm.experiments.runner.ArmRunner`: a finished run is reused, one with checkpoints resumed),
 :func:`build_report` reads a baseline and a curriculum run's metrics into the report
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from seqwarm.curriculum.plan import make_plan
+from seqwarm.curriculum.schedule import CURRICULUM_MODES
 from seqwarm.experiments import curves, spread
 from seqwarm.experiments.launch import (
     check_same_data,
@@ -69,10 +70,11 @@ __all__ = [  # eval_rows and the defaults stay importable from here, where they 
 logger = logging.getLogger(__name__)
 
 RUNS = ("baseline", "curriculum")
-MODES = ("truncate", "reshape", "window")
-"""What ``--modes`` takes: the curriculum modes that cut or window the batch before the model. ``inject``
-is left out: on seqwarm's GPT it is truncate done inside the forward (the default mode there), so
-plain ``compare`` (or ``compare --curriculum-mode inject``) measures it."""
+MODES = ("truncate", "reshape", "window", "variable")
+"""What ``--modes`` takes: the curriculum modes that cut or window the batch before the model, and
+``variable`` (rows of one document, the same tokens every step: docs/VARIABLE.md; its arm trains with
+``--curriculum-mode variable``). ``inject`` is left out: on seqwarm's GPT it is truncate done inside the
+forward (the default mode there), so plain ``compare`` (or ``compare --curriculum-mode inject``) measures it."""
 QUICK_FRACTION = 0.3
 """--quick trains this fraction of the config's token budget (curriculum and LR schedule shrunk alike)."""
 QUICK_EVAL_ITERS = 4
@@ -251,6 +253,11 @@ def _check_modes(base: RunSpec, modes: tuple[str, ...]) -> None:
             f"--modes {','.join(modes)}: {', '.join(map(repr, unknown))} is not a mode to compare; choose "
             f"from {', '.join(MODES)} (comma-separated, e.g. --modes {','.join(MODES)})"
         )
+    if "variable" in modes and "variable" not in CURRICULUM_MODES:
+        raise UserError(
+            "--modes variable: its arm trains with `seqwarm train --curriculum-mode variable`, which this seqwarm "
+            "does not run yet (docs/VARIABLE.md, 'What is not done yet'); compare the other modes"
+        )
     twice = sorted({m for m in modes if modes.count(m) > 1})
     if twice:
         raise UserError(f"--modes {','.join(modes)}: {', '.join(twice)} named twice; name each mode once")
@@ -344,6 +351,7 @@ def _run_summary(spec: RunSpec, status: dict[str, Any], threshold: float, window
         "steps": summary.get("steps", train[-1]["step"] if train else None),
         "wall_time_s": summary.get("wall_time_s", train[-1]["elapsed_s"] if train else None),
         "tokens_per_s": summary.get("tokens_per_s"),
+        "step_us_per_token": _micro(curves.step_time_per_token(train)),
         "global_batch_size": run_cfg.get("train_batch_size"),
         "lr": (run_cfg.get("lr") or {}).get("lr"),
         "total_curriculum_step": (cur or {}).get("schedule_config", {}).get("total_curriculum_step") if cur else None,
@@ -357,6 +365,10 @@ def _run_summary(spec: RunSpec, status: dict[str, Any], threshold: float, window
         },
         "stability": curves.stability(train, threshold, window),
     }
+
+
+def _micro(seconds: float | None) -> float | None:
+    return None if seconds is None else seconds * 1e6
 
 
 def build_report(plan: ComparePlan, status: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -15,6 +15,9 @@ Definitions (also written into every report):
   trailing mean over ``window`` logged points (the first ``window - 1`` points, before the window is
   full, are left out); ``window=1`` is the raw ratio.
 - **Spike** = one excursion of the loss ratio above the threshold: consecutive points above it count once.
+- **Time per token** of a run = the seconds its training steps took (each logged window's tokens / its
+  ``tokens_per_s``, so evaluations and checkpoints are left out) / the tokens they trained, given in
+  microseconds: what a shorter row saves in attention shows here.
 - **Fluctuation** of a validation-perplexity curve = the largest rise of a point above the best
   (lowest) earlier point, in percent: ``max_i (ppl_i / min_{j<i} ppl_j - 1) * 100``.
 """
@@ -94,6 +97,18 @@ def speedup_to_target(
     c = first_crossing(cur_x, cur_y, target)
     speedup = b / c if b is not None and c is not None and c > 0 else None
     return ToTarget(target=float(target), baseline=b, curriculum=c, speedup=speedup, reached=c is not None)
+
+
+def step_time_per_token(train_rows: Sequence[dict[str, Any]]) -> float | None:
+    """Seconds of training steps per token trained (see the module), from the train rows of metrics.jsonl
+    (cumulative ``tokens``, each row's window ``tokens_per_s``); None without a usable row."""
+    seconds, tokens, before = 0.0, 0, 0
+    for row in train_rows:
+        window, rate = row.get("tokens", 0) - before, row.get("tokens_per_s")
+        before = row.get("tokens", before)
+        if window > 0 and isinstance(rate, (int, float)) and rate > 0 and math.isfinite(rate):
+            seconds, tokens = seconds + window / rate, tokens + window
+    return seconds / tokens if tokens else None
 
 
 def trailing_mean(values: Sequence[float], window: int) -> list[float]:

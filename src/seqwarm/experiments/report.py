@@ -29,6 +29,12 @@ TIME_NOTE = (
 """What the report and the console say beside the wall-clock speedup (two runs with the same losses
 measured 3.01x and 4.16x on a shared machine)."""
 
+PER_TOKEN_NOTE = (
+    "Tokens to target: the tokens an arm trained until its full-length validation loss first reached the target "
+    "(interpolated; the baseline's: its own first crossing). µs per token: the seconds its training steps took "
+    "per token trained, evaluations and checkpoints left out (shorter rows cost less attention)."
+)
+
 FIGURES = ("compare_val.png", "compare_stability.png")
 
 
@@ -239,15 +245,16 @@ def render_markdown(report: dict[str, Any]) -> str:
 def _runs_table(report: dict[str, Any], arms: Any) -> list[str]:
     """One row per arm: steps, tokens, time, final loss, batch, LR, curriculum length (first seed)."""
     lines = [
-        "| run | steps | tokens | wall-clock | tokens/s | final val loss | final val ppl | global batch | "
-        "peak LR | total_curriculum_step | status |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| run | steps | tokens | wall-clock | tokens/s | µs per token (steps) | final val loss | final val ppl | "
+        "global batch | peak LR | total_curriculum_step | status |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for name in arms:
         r = compare_arm(report, name)
         lines.append(
             f"| {name} | {_f(r['steps'], ',')} | {human_count(r['tokens'])} | "
             f"{format_duration(r['wall_time_s'])} | {_f(r['tokens_per_s'], ',.0f')} | "
+            f"{_f(r.get('step_us_per_token'), '.3g')} | "
             f"{_f(r['final_val_loss'])} | {_f(r['final_val_ppl'], '.1f')} | "
             f"{_f(r['global_batch_size'], 'd')} | {_f(r['lr'], 'g')} | "
             f"{r['total_curriculum_step'] if r['total_curriculum_step'] else '–'} | {r['status']} |"
@@ -323,6 +330,7 @@ def mode_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
             "arm": "baseline",
             "final_val_loss": first["final_val_loss"]["baseline"],
             "steps": first["steps"]["baseline"],
+            **{key: (first.get(key) or {}).get("baseline") for key in ("tokens_to_target", "step_us_per_token")},
             "spikes": first["spikes"]["baseline"],
             "diverged": first["diverged"]["baseline"],
             "n_seeds": first["n_seeds"],
@@ -338,6 +346,7 @@ def mode_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
                 "reached": agg["reached"],
                 "speedup_time": agg["speedup_time"],
                 "steps": agg["steps"]["curriculum"],
+                **{key: (agg.get(key) or {}).get("curriculum") for key in ("tokens_to_target", "step_us_per_token")},
                 "spikes": agg["spikes"]["curriculum"],
                 "diverged": agg["diverged"]["curriculum"],
                 "n_seeds": agg["n_seeds"],
@@ -369,9 +378,9 @@ def render_modes_markdown(report: dict[str, Any]) -> str:
         "Target on each seed: that seed's baseline final full-length validation loss. Each cell is the median "
         f"(min–max) over {len(seeds)} seed(s).",
         "",
-        f"| arm | final val loss | speedup_tokens | reached | speedup_time | optimizer steps | spikes > {threshold:g} "
-        "| diverged | exceeds seed spread |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|",
+        f"| arm | final val loss | tokens to target | speedup_tokens | reached | speedup_time | µs per token (steps) "
+        f"| optimizer steps | spikes > {threshold:g} | diverged | exceeds seed spread |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in mode_rows(report):
         n = r["n_seeds"]
@@ -382,12 +391,13 @@ def render_modes_markdown(report: dict[str, Any]) -> str:
                 f"{spread_text(r['speedup_tokens'], '.2f', 'x')} | {r['reached']}/{n} | "
                 f"{spread_text(r['speedup_time'], '.2f', 'x')}"
             )
+        to_target, per_token = spread_text(r["tokens_to_target"], ",.0f"), spread_text(r["step_us_per_token"], ".3g")
         lines.append(
-            f"| {r['arm']} | {spread_text(r['final_val_loss'], '.4f')} | {middle} | "
+            f"| {r['arm']} | {spread_text(r['final_val_loss'], '.4f')} | {to_target} | {middle} | {per_token} | "
             f"{spread_text(r['steps'], ',.0f')} | {spread_text(r['spikes'], 'g')} | {r['diverged']}/{n} | "
             f"{r.get('exceeds', '–')} |"
         )
-    lines += ["", f"Wall-clock speedups are {TIME_NOTE}.", ""]
+    lines += ["", f"Wall-clock speedups are {TIME_NOTE}. {PER_TOKEN_NOTE}", ""]
     for r in mode_rows(report)[1:]:
         lines += [f"- **{r['arm']}**: {' '.join(r['verdict'])}"]
     lines += ["", f"_{report['definitions']['target']}_", ""]

@@ -50,6 +50,8 @@ def seed_row(seed: int, report: Mapping[str, Any]) -> dict[str, Any]:
         "final_val_loss": {arm: report[arm]["final_val_loss"] for arm in ARMS},
         "spikes": {arm: report["stability"][arm]["spikes"] for arm in ARMS},
         "steps": {arm: report[arm].get("steps") for arm in ARMS},
+        "tokens_to_target": {arm: (report.get("tokens_to_target") or {}).get(arm) for arm in ARMS},
+        "step_us_per_token": {arm: report[arm].get("step_us_per_token") for arm in ARMS},
         "diverged": {arm: report[arm]["diverged"] for arm in ARMS},
         "evals": {arm: report[arm]["evals"] for arm in ARMS},
     }
@@ -65,6 +67,10 @@ def aggregate(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
         "final_val_loss": {arm: spread(r["final_val_loss"][arm] for r in rows) for arm in ARMS},
         "spikes": {arm: spread(r["spikes"][arm] for r in rows) for arm in ARMS},
         "steps": {arm: spread((r.get("steps") or {}).get(arm) for r in rows) for arm in ARMS},
+        **{
+            key: {arm: spread((r.get(key) or {}).get(arm) for r in rows) for arm in ARMS}
+            for key in ("tokens_to_target", "step_us_per_token")
+        },
         "diverged": {arm: sum(bool(r["diverged"][arm]) for r in rows) for arm in ARMS},
     }
     out["verdict"] = verdict(out)

@@ -34,8 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "one with checkpoints resumed), then write DIR/report.json, DIR/report.md and figures: full-length "
         "validation loss against tokens and wall-clock, tokens-to-target and time-to-target speedups (target: "
         "the baseline's final validation loss), loss-ratio spikes, gradient and Adam second-moment norms. "
-        "With --modes truncate,reshape,window: the baseline and one curriculum run per mode (DIR/baseline, "
-        "DIR/truncate, ...), the report one row per mode against the baseline. "
+        "With --modes truncate,reshape,window,variable: the baseline and one curriculum run per mode "
+        "(DIR/baseline, DIR/truncate, ...), the report one row per mode against the baseline: final loss, tokens "
+        "to the baseline's final loss, speedups, time per token of the training steps. "
         "All `seqwarm train` flags apply to every run.",
     )
     g.add_argument(
@@ -104,7 +105,9 @@ def run(args: argparse.Namespace) -> int:
     print()
     for name, r in (("baseline", base), ("curriculum", cur)):
         loss = "diverged" if r["diverged"] else f"final val loss {r['final_val_loss']:.4f}"
-        print(f"{name:<11} {loss}, {human_count(r['tokens'])} tokens, {r['steps']} steps")
+        per_token = r.get("step_us_per_token")
+        time = f", {per_token:.3g} us/token (steps)" if per_token is not None else ""
+        print(f"{name:<11} {loss}, {human_count(r['tokens'])} tokens, {r['steps']} steps{time}")
     if report.get("target") is None:
         print(report.get("target_note", ""))
     elif report["reached"]:
@@ -140,6 +143,8 @@ def _print_modes(report: dict) -> int:
         loss = _spread(r["final_val_loss"], ".4f")
         steps = _spread(r["steps"], ".0f")
         line = f"{r['arm']:<9} final val loss {loss}, {steps} steps, spikes {_spread(r['spikes'], 'g')}"
+        line += f", tokens to target {_spread(r['tokens_to_target'], ',.0f')}"
+        line += f", {_spread(r['step_us_per_token'], '.3g')} us/token (steps)"
         if r["diverged"]:
             line += f", diverged on {r['diverged']}/{r['n_seeds']}"
         if r["arm"] != "baseline":

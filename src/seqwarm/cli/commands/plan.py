@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from seqwarm.cli.commands.common import positive_int
+from seqwarm.cli.commands.plan_variable import add_variable_flags, run_variable, wants_variable
 from seqwarm.cli.commands.spec_flags import spec_from_args
 from seqwarm.cli.commands.train import add_train_flags
 from seqwarm.config import RunConfig, load_config
@@ -50,6 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--world-size", type=positive_int, default=1, help="data-parallel ranks")
     p.add_argument("--json", action="store_true", help="print one JSON object, on one line, instead of the table")
     p.add_argument("--plot", metavar="FILE.png", help="draw length and LR against steps and tokens")
+    add_variable_flags(p)  # --curriculum-mode variable: buckets, steps per length, the schedule (plan_variable.py)
     p.set_defaults(func=run)
 
 
@@ -186,6 +188,10 @@ def run(args: argparse.Namespace) -> int:
         )
     spec = spec_from_args(args, config=args.config_file or args.config)
     check_spec(spec)  # what train refuses first (an unknown --model, --fsdp with --deepspeed, ...)
+    if wants_variable(spec):
+        if args.plot:
+            raise UserError("--plot draws the warmup's schedule; the variable mode's plan is printed (--json)")
+        return run_variable(args, spec, _resolve)
     cfg, refused = _resolve(spec, args.world_size)
     plan = make_plan(cfg, keep_series=bool(args.plot), check=False)  # the plan first, then its problems
     note = recipe_note(spec)

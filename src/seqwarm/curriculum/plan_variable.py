@@ -1,0 +1,293 @@
+"""The variable-length mode's run ahead of time: buckets, steps per length and the schedule, no token read.
+
+:func:`plan_variable` replays :class:`~seqwarm.curriculum.variable.VariableLengthSampler`'s draw (the same
+sampler, drawing lengths without chunk indices) to the budget, so it shows exactly the lengths a run with
+the same decomposition, ``tokens_per_step``, curriculum and seed trains: each bucket's length, chunks,
+tokens and share of the corpus, rows and steps per epoch, the chunks an epoch leaves over, what the
+decomposition drops (the remainders under ``min_length``, the documents shorter than it), the steps and
+tokens each length gets over the run, and the schedule over the run — the cap on the length at each point
+(``linear``, ``schedule``), the Grow-P2 cycles (``grow_p2``), epochs, and the LR on the token clock.
+``seqwarm plan --curriculum-mode variable`` prints it (``--json``: :meth:`VariablePlan.to_dict`).
+Plain numpy: no torch (docs/VARIABLE.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from seqwarm.curriculum.clock import Limits, Progress, advance, stop_reason
+from seqwarm.curriculum.decompose import Decomposition
+from seqwarm.curriculum.lr import LRConfig, lr_at
+from seqwarm.curriculum.lr_checks import with_budget
+from seqwarm.curriculum.plan import MANY_PASSES
+from seqwarm.curriculum.schedule import CurriculumConfig
+from seqwarm.curriculum.variable import VariableLengthSampler
+from seqwarm.util.errors import UserError
+
+__all__ = ["BucketPlan", "CyclePlan", "VariablePoint", "VariablePlan", "plan_variable", "MAX_PLAN_STEPS"]
+
+MAX_PLAN_STEPS = 5_000_000
+"""The most steps :func:`plan_variable` replays (a few microseconds each)."""
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """One length: what the corpus holds of it, what an epoch uses, what the run trains."""
+
+    length: int
+    chunks: int
+    tokens: int
+    """Tokens its chunks hold (chunks x length)."""
+    share: float
+    """Its share of the decomposition's tokens (what ``natural`` trains in proportion to)."""
+    rows_per_step: int
+    """Rows of a step at this length, over all ranks: ``tokens_per_step / length``."""
+    steps_per_epoch: int
+    left_over_per_epoch: int
+    """Chunks an epoch does not train (fewer than one step's rows)."""
+    steps: int
+    """Steps at this length over the run."""
+    run_tokens: int
+    """Tokens trained at this length over the run."""
+
+
+@dataclass(frozen=True)
+class VariablePoint:
+    """The run at the end of ``step``, and the steps since the previous point."""
+
+    step: int
+    tokens: int
+    epoch: int
+    cycle: int
+    cap: int | None
+    """The longest length allowed at this step (``linear``, ``schedule``; None: every length)."""
+    mean_length: float
+    """The mean length of the steps since the previous point."""
+    shortest: int
+    longest: int
+    lr: float | None
+
+
+@dataclass(frozen=True)
+class CyclePlan:
+    """One Grow-P2 cycle (or, for the other curricula, one epoch): its steps and the lengths at its ends."""
+
+    epoch: int
+    cycle: int
+    first_step: int
+    last_step: int
+    first_length: int
+    last_length: int
+    mean_length: float
+
+
+@dataclass(frozen=True)
+class VariablePlan:
+    curriculum: str
+    num_cycles: int
+    seed: int
+    tokens_per_step: int
+    world_size: int
+    min_length: int
+    max_length: int
+    shift: int
+    documents: int
+    chunk_tokens: int
+    """Tokens the chunks hold: what an epoch can train at most."""
+    dropped_tokens: int
+    empty_documents: int
+    buckets: tuple[BucketPlan, ...]
+    steps_per_epoch: int
+    total_steps: int
+    total_tokens: int
+    total_samples: int
+    stop_reason: str
+    epochs: float
+    """Steps of the run / steps per epoch."""
+    skipped_steps: int
+    """Steps of longer buckets an epoch ended without (under a cap)."""
+    points: tuple[VariablePoint, ...]
+    cycles: tuple[CyclePlan, ...]
+    caps: tuple[tuple[int, int], ...]
+    """``(step, cap)`` where the cap changes (``linear``, ``schedule``); empty otherwise."""
+    warnings: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["mode"] = "variable"
+        out["caps"] = [list(c) for c in self.caps]
+        return out
+
+
+def plan_variable(
+    decomposition: Decomposition,
+    tokens_per_step: int,
+    *,
+    curriculum: str = "natural",
+    num_cycles: int = 8,
+    total_steps: int | None = None,
+    schedule: CurriculumConfig | dict[str, Any] | None = None,
+    seed: int = 0,
+    world_size: int = 1,
+    train_tokens: int | None = None,
+    train_iters: int | None = None,
+    train_samples: int | None = None,
+    lr: LRConfig | None = None,
+    rows: int = 24,
+) -> VariablePlan:
+    """The run of a :class:`~seqwarm.curriculum.variable.VariableLengthSampler` with these settings (the
+    sampler's keywords, errors and all) to the budget (``train_tokens`` / ``train_iters`` /
+    ``train_samples``; none: one epoch), its schedule summed up in about ``rows`` points. ``lr``: the
+    LR on the token clock at each point (a decay without a length spans the budget)."""
+    sampler = VariableLengthSampler(
+        decomposition,
+        tokens_per_step,
+        curriculum=curriculum,
+        num_cycles=num_cycles,
+        total_steps=total_steps,
+        schedule=schedule,
+        seed=seed,
+        world_size=world_size,
+    )
+    limits = Limits(train_tokens, train_iters, train_samples)
+    notes: list[str] = []
+    if not any((train_tokens, train_iters, train_samples)):
+        limits = Limits(train_iters=sampler.steps_per_epoch)
+        notes.append(f"no budget: one epoch planned ({sampler.steps_per_epoch:,} steps)")
+    budget = {"train_tokens": limits.train_tokens, "train_iters": limits.train_iters}
+    lr_cfg = with_budget(lr, {**budget, "train_samples": train_samples}, "plan") if lr is not None else None
+    lengths = np.asarray(sampler.decomposition.bucket_lengths)
+    drawn, epochs, cycles, caps = [], [], [], []
+    progress, clock_lr = Progress(), lr_cfg or LRConfig()
+    while stop_reason(progress, limits) is None:
+        if progress.step >= MAX_PLAN_STEPS:
+            raise UserError(f"plan: the budget takes more than {MAX_PLAN_STEPS:,} steps; plan a smaller budget")
+        cap = int(lengths[sampler._cap_mask(progress.step + 1)].max()) if sampler.schedule is not None else None
+        step = sampler.next_step(indices=False)
+        progress = advance(progress, tokens_per_step // step.length, tokens_per_step, clock_lr)
+        drawn.append(step.length)
+        epochs.append(step.epoch)
+        cycles.append(step.cycle)
+        caps.append(cap)
+    seq = np.asarray(drawn, dtype=np.int64)
+    stats = sampler.stats()
+    buckets = tuple(
+        BucketPlan(
+            length=length,
+            chunks=b["chunks"],
+            tokens=b["tokens"],
+            share=b["share"],
+            rows_per_step=tokens_per_step // length,
+            steps_per_epoch=b["steps_per_epoch"],
+            left_over_per_epoch=b["chunks_left_over_per_epoch"],
+            steps=int((seq == length).sum()),
+            run_tokens=int((seq == length).sum()) * tokens_per_step,
+        )
+        for length, b in stats["buckets"].items()
+    )
+    d = sampler.decomposition
+    plan = VariablePlan(
+        curriculum=curriculum,
+        num_cycles=sampler.num_cycles,
+        seed=sampler.seed,
+        tokens_per_step=tokens_per_step,
+        world_size=world_size,
+        min_length=d.min_length,
+        max_length=d.max_length,
+        shift=d.shift,
+        documents=d.num_documents,
+        chunk_tokens=int(sum(d.tokens_per_bucket())),
+        dropped_tokens=d.dropped_tokens,
+        empty_documents=d.empty_documents,
+        buckets=buckets,
+        steps_per_epoch=sampler.steps_per_epoch,
+        total_steps=progress.step,
+        total_tokens=progress.tokens,
+        total_samples=progress.samples,
+        stop_reason=stop_reason(progress, limits) or "",
+        epochs=progress.step / sampler.steps_per_epoch,
+        skipped_steps=sampler.skipped_steps,
+        points=_points(seq, epochs, cycles, caps, tokens_per_step, lr_cfg, rows),
+        cycles=_cycles(seq, epochs, cycles),
+        caps=tuple((i + 1, c) for i, c in enumerate(caps) if c is not None and (i == 0 or caps[i - 1] != c)),
+        warnings=(),
+    )
+    return _with_warnings(plan, notes)
+
+
+def _points(seq, epochs, cycles, caps, tokens_per_step, lr_cfg, rows) -> tuple[VariablePoint, ...]:
+    """About ``rows`` points, evenly spaced in steps, the last at the run's end."""
+    n = seq.size
+    ends = sorted({max(1, round(n * (i + 1) / max(1, rows))) for i in range(min(rows, n))})
+    points, start, progress = [], 0, Progress()
+    clock = lr_cfg or LRConfig()
+    for end in ends:
+        part = seq[start:end]
+        for length in part:  # the LR's clock (warmup end included) follows every step
+            progress = advance(progress, tokens_per_step // int(length), tokens_per_step, clock)
+        points.append(
+            VariablePoint(
+                step=end,
+                tokens=end * tokens_per_step,
+                epoch=int(epochs[end - 1]),
+                cycle=int(cycles[end - 1]),
+                cap=caps[end - 1],
+                mean_length=float(part.mean()),
+                shortest=int(part.min()),
+                longest=int(part.max()),
+                lr=lr_at(progress, lr_cfg) if lr_cfg is not None else None,
+            )
+        )
+        start = end
+    return tuple(points)
+
+
+def _cycles(seq, epochs, cycles) -> tuple[CyclePlan, ...]:
+    """The runs of steps with one (epoch, cycle): Grow-P2's cycles, or the epochs."""
+    out, start = [], 0
+    for i in range(1, seq.size + 1):
+        if i == seq.size or (epochs[i], cycles[i]) != (epochs[start], cycles[start]):
+            part = seq[start:i]
+            out.append(
+                CyclePlan(
+                    epoch=int(epochs[start]),
+                    cycle=int(cycles[start]),
+                    first_step=start + 1,
+                    last_step=i,
+                    first_length=int(part[0]),
+                    last_length=int(part[-1]),
+                    mean_length=float(part.mean()),
+                )
+            )
+            start = i
+    return tuple(out)
+
+
+def _with_warnings(plan: VariablePlan, notes: list[str]) -> VariablePlan:
+    """What a user should know before the run: data passes, lengths that never train, the cap's end."""
+    said = list(notes)
+    never = [b.length for b in plan.buckets if b.steps_per_epoch == 0]
+    if never:
+        said.append(
+            f"length{'s' if len(never) > 1 else ''} {', '.join(map(str, never))} never train: fewer chunks than one "
+            "step's rows (lower tokens_per_step, or max_length)"
+        )
+    if plan.epochs > MANY_PASSES:
+        said.append(
+            f"the budget makes {plan.epochs:.1f} passes over the chunks ({plan.steps_per_epoch:,} steps an epoch): "
+            f"past ~{MANY_PASSES} passes repeated data trains little; use more data or a smaller budget"
+        )
+    if plan.caps and plan.caps[-1][1] < plan.max_length:
+        said.append(
+            f"the cap reaches only {plan.caps[-1][1]} by the run's last step: lengths up to {plan.max_length} never "
+            "train (a shorter schedule, or a larger budget)"
+        )
+    if plan.skipped_steps:
+        said.append(
+            f"{plan.skipped_steps:,} steps of longer lengths were skipped: epochs ended early under the cap "
+            "(their chunks wait for a later epoch)"
+        )
+    return replace(plan, warnings=tuple(said))
