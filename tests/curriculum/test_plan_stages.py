@@ -84,8 +84,15 @@ def test_plan_and_check_config_show_the_stages_and_exit_2_on_a_problem(tmp_path,
     good.write_text(json.dumps(_config(STAGES)))
     bad.write_text(json.dumps(_config([{"start_tokens": 100, "length": 64}])))
     assert main(["plan", str(good), "--rotary"]) == 0
-    out = capsys.readouterr().out
-    assert "stage 1:                   step 11, after 1.09k tokens (from 1k): length 64, 4 rows/step" in out
+    out, err = capsys.readouterr()
+    # seqwarm train reads a stage's windows at its length, keeping the micro-batch's 2 x 32 tokens: 1 row of 64
+    assert (
+        "stage 1:                   step 11, after 1.09k tokens (from 1k): length 64, 2 rows/step (128 tokens)" in out
+    )
+    assert (
+        "stage 2:                   step 26, after 3.01k tokens (from 3k): length 128, 2 rows/step (256 tokens)" in out
+    )
+    assert "the stage of length 128 trains 1 row per micro-batch, 128 tokens instead of the 64" in err
     assert "rope_theta 40000; yarn (factor 2, original_max_position_embeddings 64" in out
     assert "tokens at each length:" in out and "128: " in out
     assert main(["check-config", str(good)]) == 0
@@ -97,4 +104,4 @@ def test_plan_and_check_config_show_the_stages_and_exit_2_on_a_problem(tmp_path,
         err = capsys.readouterr().err
         assert "seqwarm.stages[0].start_tokens = 100" in err and "before the warmup reaches" in err
     plan = json.loads(main(["plan", str(good), "--rotary", "--json"]) == 0 and capsys.readouterr().out)
-    assert [s["step"] for s in plan["stages"]] == [11, 19] and plan["problems"] == []
+    assert [s["step"] for s in plan["stages"]] == [11, 26] and plan["problems"] == []

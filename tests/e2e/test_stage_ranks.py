@@ -4,8 +4,6 @@ one process seeing the same windows."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from conftest import FAST_TRAIN_FLAGS, run_torchrun, small_config, train_rows
@@ -60,16 +58,15 @@ def test_two_ranks_change_positions_at_the_same_step_and_match_one_process(tmp_p
 
     from seqwarm.trainer.model import GPT
 
-    cfg = small_config(tmp_path / "c.json", total_step=4, train_tokens=5000, batch=8, micro=2, stages=STAGES)
-    raw = json.loads(cfg.read_text())
-    raw["curriculum_learning"]["max_difficulty"] = 32  # the warmup ends at 32; the stages go to 64
-    cfg.write_text(json.dumps(raw))
+    # --seq-length 32 (the warmup's top); the stages read windows of 48 and 64, one row per micro-batch
+    cfg = small_config(tmp_path / "c.json", total_step=4, train_tokens=4000, seq=32, batch=8, micro=2, stages=STAGES)
     common = [*FAST_TRAIN_FLAGS, "--rotary", "--log-interval", "1", "--eval-interval", "0", "--save-interval", "0"]
     common += ["--config", str(cfg), "--data", str(byte_data), *extra]
     two, ranks = _train(tmp_path, "two", common, nproc=2)
     assert len(ranks) == 2 and all(r["code"] == 0 for r in ranks)
     stages = [r for r in read_metrics(two / "metrics.jsonl") if r["kind"] == "stage"]
     assert [(r["stage"], r["seqlen"], r["reason"]) for r in stages] == [(1, 48, "begins"), (2, 64, "begins")]
+    assert ranks[0]["config"].seq_length == 64 and [r["micro_batch_size"] for r in stages] == [1, 1]
     # every rank set each stage's positions at the step the stage row names, and nothing else
     expected = [[r["step"], {"rope_theta": r["rope_theta"], "rope_scaling": r["rope_scaling"]}] for r in stages]
     assert ranks[0]["calls"] == ranks[1]["calls"] == expected
@@ -82,8 +79,10 @@ def test_two_ranks_change_positions_at_the_same_step_and_match_one_process(tmp_p
         assert rank["positions"] == {"rope_theta": 40000.0, "rope_scaling": expected[1][1]["rope_scaling"]}
         assert torch.equal(rank["cos"], fresh.rope_cos) and torch.equal(rank["sin"], fresh.rope_sin)
     assert not torch.equal(fresh.rope_cos, GPT(ranks[0]["config"]).rope_cos)  # the stage changed them
-    lengths = {r["step"]: r["seqlen"] for r in train_rows(two)}
-    assert {v for k, v in lengths.items() if k >= stages[1]["step"]} == {64}
+    rows = train_rows(two)
+    assert {r["seqlen"] for r in rows if r["step"] >= stages[1]["step"]} == {64}
+    tokens = {r["step"]: r["tokens"] for r in rows}  # 1 row x 2 micro-batches x 2 ranks per step
+    assert {tokens[k] - tokens[k - 1] for k in tokens if k > stages[1]["step"]} == {4 * 64}
 
     if extra:
         return

@@ -1,5 +1,7 @@
 """Stages in seqwarm's own loop (issue #36): the length and the rotary positions change at each boundary,
-the change is recorded, and a resume inside a stage continues exactly."""
+each stage's windows are read at its length (above seq_length: the run's windows are 32 tokens, the stages
+48 and 64), the tokens per step are kept, the change is recorded, and a resume inside a stage continues
+exactly."""
 
 from __future__ import annotations
 
@@ -17,13 +19,9 @@ STAGES = [
 ]
 
 
-def _config(tmp_path):
-    path = small_config(tmp_path / "stages.json", total_step=4, train_tokens=4500)
-    cfg = json.loads(path.read_text())
-    cfg["curriculum_learning"]["max_difficulty"] = 32  # the warmup ends at 32; the stages go to 64
-    cfg["seqwarm"]["stages"] = STAGES
-    path.write_text(json.dumps(cfg))
-    return path
+def _config(tmp_path, stages=STAGES):
+    # the warmup ends at 32, the windows' length (--seq-length); the stages go to 64 (the rotary model's length)
+    return small_config(tmp_path / "stages.json", total_step=4, train_tokens=4500, seq=32, stages=stages)
 
 
 def _run(tmp_path, byte_data, name, **opts):
@@ -53,6 +51,16 @@ def test_stages_change_length_and_positions_and_resume_exactly(tmp_path, byte_da
     assert {v for k, v in lengths.items() if stages[0]["step"] <= k < stages[1]["step"]} == {48}
     assert {v for k, v in lengths.items() if k >= stages[1]["step"]} == {64}
     assert whole.model.positions["rope_scaling"]["original_max_position_embeddings"] == 48
+    # each stage reads windows of its length: the micro-batch's 4 x 32 tokens kept (2 rows of 64), or as near as
+    # whole rows allow (2 rows of 48); every step trains 2 micro-batches
+    assert [r["micro_batch_size"] for r in stages] == [2, 2]
+    steps = {t["step"]: t["tokens"] for t in train}
+    trained = {k: v - steps.get(k - 1, 0) for k, v in steps.items()}
+    assert {trained[k] for k in steps if k < stages[0]["step"] and lengths[k] == 32} == {2 * 4 * 32}
+    assert {trained[k] for k in steps if stages[0]["step"] <= k < stages[1]["step"]} == {2 * 2 * 48}
+    assert {trained[k] for k in steps if k >= stages[1]["step"]} == {2 * 2 * 64}
+    assert whole.stages.source.shape == (64, 2) and whole.batches.state_dict()["length"] == 64
+    assert whole.feed.state_dict()["source"]["seq_length"] == 64  # the data's own windows, not cut ones
     expected = [t["loss"] for t in train]
 
     # killed inside the second stage: its last checkpoint is after the stage began
@@ -68,6 +76,7 @@ def test_stages_change_length_and_positions_and_resume_exactly(tmp_path, byte_da
     assert [t["loss"] for t in _rows(resumed, "train")] == expected
     again = _rows(resumed, "stage")
     assert again[-1]["reason"] == "resumed" and again[-1]["step"] == keep + 1 and again[-1]["stage"] == 2
+    assert resumed.stages.source.shape == (64, 2)  # the checkpoint's data position was the stage's windows
 
 
 @pytest.mark.parametrize(
@@ -106,6 +115,12 @@ def test_a_run_across_a_theta_and_a_yarn_stage_validates_at_both_lengths_and_exp
     # every evaluation also measures the loss at the pretraining length (32), before the stages too
     evals = _rows(run, "eval")
     assert len(evals) >= 3 and all(r["pretrain_seqlen"] == 32 and r["seqlen"] == 64 for r in evals)
+    # inside the stage of length 48 (between the two), also at its length; in the first rows of its micro-batch
+    begins = [r["step"] for r in _rows(run, "stage")]
+    inside = [r for r in evals if begins[0] <= r["step"] < begins[1]]
+    assert inside and all(r["stage_seqlen"] == 48 and r["val_loss_stage"] > 0 for r in inside)
+    assert not any("stage_seqlen" in r for r in evals if r not in inside)
+    assert run.evaluator.micro_batch_size == 2  # validation at 64 in the rows of the stage of length 64
     ev = run.evaluator
     at_32 = evaluate(run.engine, ev.data, 32, ev.micro_batch_size, None, ev.device, num_windows=ev.num_windows)
     assert evals[-1]["val_loss_pretrain"] == pytest.approx(at_32, rel=1e-6) != evals[-1]["val_loss"]
@@ -120,3 +135,19 @@ def test_a_run_across_a_theta_and_a_yarn_stage_validates_at_both_lengths_and_exp
     model = run.model.eval()
     with torch.no_grad():
         assert (model(ids) - hf(input_ids=ids).logits).abs().max().item() < 1e-4
+
+
+def test_a_stage_longer_than_a_learned_position_model_holds_is_refused_with_exit_2(tmp_path, capsys):
+    """Length-only stages above --seq-length: a rotary model holds them; learned positions have seq_length
+    rows only, so `seqwarm train` (and `plan`) refuse before anything is built."""
+    from seqwarm.cli import main
+    from seqwarm.run.spec import RunSpec, resolve_config
+
+    path = _config(tmp_path, [{"start_tokens": 1200, "length": 64}])
+    assert main(["plan", str(path), "--model", "tiny"]) == 2
+    assert "a length above seq_length 32 on a model with learned positions" in capsys.readouterr().err
+    assert main(["train", "--config", str(path), "--model", "tiny", "--out", str(tmp_path / "run")]) == 2
+    assert "add --rotary" in capsys.readouterr().err and not (tmp_path / "run" / "checkpoints").exists()
+    assert resolve_config(RunSpec(config=path, model="tiny", rotary=True)).stages[0].length == 64
+    within = _config(tmp_path, [{"start_tokens": 1200, "length": 32}])  # a stage the positions hold: trains
+    assert resolve_config(RunSpec(config=within, model="tiny")).stages[0].length == 32
