@@ -105,3 +105,38 @@ def test_plan_and_check_config_show_the_stages_and_exit_2_on_a_problem(tmp_path,
         assert "seqwarm.stages[0].start_tokens = 100" in err and "before the warmup reaches" in err
     plan = json.loads(main(["plan", str(good), "--rotary", "--json"]) == 0 and capsys.readouterr().out)
     assert [s["step"] for s in plan["stages"]] == [11, 26] and plan["problems"] == []
+
+
+def test_plan_estimates_memory_at_the_longest_stage_without_torch(tmp_path, capsys):
+    """`seqwarm plan` of a run with stages: one process's memory at the longest stage (its rows there), the lower
+    bound train's check computes from the same sizes — the GPT's parameters counted as the model counts them —
+    said to be an estimate, and nothing of torch imported to get it."""
+    import subprocess
+    import sys
+
+    from seqwarm.trainer.memory import estimate_memory
+    from seqwarm.trainer.model import GPT, GPTConfig
+
+    path = tmp_path / "good.json"
+    path.write_text(json.dumps(_config(STAGES)))
+    code = (
+        "import json, sys; from seqwarm.cli import main; "
+        f"assert main(['plan', {str(path)!r}, '--rotary', '--model', 'tiny', '--json']) == 0; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    memory = json.loads(done.stdout)["memory"]
+    assert memory["estimate"] is True and (memory["rows"], memory["length"]) == (1, 128)  # 2 x 32 tokens: 1 row
+    model = GPTConfig.preset("tiny", seq_length=128, rotary=True)
+    assert memory["params"] == model.num_params() == GPT(model).num_params()
+    expected = estimate_memory(
+        model.num_params(), vocab_rows=model.padded_vocab_size, n_embd=256, n_layer=4, micro_batch=1, seq_length=128
+    )
+    assert memory["bytes"] == expected.total
+    # a longer last stage with rows of its own: the estimate follows it
+    path.write_text(json.dumps(_config([*STAGES, {"start_tokens": 4000, "length": 512, "micro_batch_size": 2}])))
+    assert main(["plan", str(path), "--rotary", "--model", "tiny"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("memory (estimate):"))
+    assert "for micro-batch 2 x length 512 x vocabulary 8,192" in line and "a lower bound" in line
+    assert "before anything is allocated" in line and "the tiny preset's vocabulary" in line

@@ -20,7 +20,7 @@ from seqwarm.curriculum.lr import (
     warmup_iters_from_tokens,
     warmup_samples_from_tokens,
 )
-from seqwarm.curriculum.plan_stages import LengthUse, StagePlan, StageWalk
+from seqwarm.curriculum.plan_stages import LengthUse, StagePlan, StageWalk, eval_rows, model_length
 from seqwarm.curriculum.run import PlanSettings
 from seqwarm.curriculum.schedule import CurriculumConfig, difficulty_at
 from seqwarm.util.errors import UserError
@@ -225,8 +225,7 @@ def make_plan(cfg: PlanSettings, *, keep_series: bool = False, check: bool = Tru
     ranks = cfg.gradient_accumulation_steps * cfg.world_size
     staged = {s.length: (s.rows_per_step // ranks, s.length) for s in walk.plans if s.step is not None}
     plan.shapes = train_shapes(cfg, lengths, staged)
-    longest = max([full, *(s.length for s in stages)])  # validation runs at the longest length the run trains
-    plan.val_shape = staged.get(longest, (cfg.micro_batch_size, longest))
+    plan.val_shape = (eval_rows(cfg), model_length(cfg))  # validation: at the longest length the run trains
     plan.compiles, plan.compiles_why = compile_count(cfg, lengths, staged)
     if cfg.lr.warmup_unit and plan.warmup_end_step is None and not no_budget:
         plan.warmup_reached = lr / cfg.lr.lr if cfg.lr.lr else 0.0

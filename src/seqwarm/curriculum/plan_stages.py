@@ -98,15 +98,30 @@ def _stage_step(cfg: Any, stage: StageConfig) -> tuple[int, int]:
 
 
 def longest_shape(cfg: Any) -> tuple[int, int]:
-    """``(rows, length)`` of one micro-batch (one rank) at the longest length the run trains: the longest
-    stage's, read at its length, when it is longer than the full length; else the full-length micro-batch.
-    The length the model must hold; the shape the memory estimate, the trial step and validation's batches use."""
+    """``(rows, length)`` of the training micro-batch (one rank) at the longest length the run trains, what the
+    memory estimate and the trial step are sized by: with stages, the longest of the stages' (read at their
+    lengths) and the micro-batch before them (cut to the pretraining length); else the full-length one."""
     stages = tuple(getattr(cfg, "stages", ()) or ())
-    full = cfg.full_length
-    longest = max(stages, key=lambda s: (s.length, stage_micro_rows(cfg, s)), default=None)
-    if longest is None or longest.length <= full:
-        return cfg.micro_batch_size, full
-    return stage_micro_rows(cfg, longest), longest.length
+    if not stages:
+        return cfg.micro_batch_size, cfg.full_length
+    mode = cfg.curriculum.mode if cfg.curriculum else None
+    top = min(cfg.curriculum.max_difficulty if cfg.curriculum else cfg.full_length, cfg.full_length)
+    shapes = [micro_batch_shape(cfg.micro_batch_size, cfg.full_length, top, mode)]
+    shapes += [(stage_micro_rows(cfg, s), s.length) for s in stages]
+    return max(shapes, key=lambda shape: (shape[1], shape[0]))
+
+
+def model_length(cfg: Any) -> int:
+    """The longest sequence the model must hold, the length validation runs at: the full length, or the longest
+    stage's when that is longer."""
+    return max([cfg.full_length, *(s.length for s in getattr(cfg, "stages", ()) or ())])
+
+
+def eval_rows(cfg: Any) -> int:
+    """Rows per validation batch at :func:`model_length`: a stage's rows at that length, else the micro-batch."""
+    length = model_length(cfg)
+    rows = [stage_micro_rows(cfg, s) for s in getattr(cfg, "stages", ()) or () if s.length == length]
+    return min(rows, default=cfg.micro_batch_size)
 
 
 def warmup_end_tokens(cfg: Any) -> int | None:

@@ -27,7 +27,7 @@ from seqwarm.config import RunConfig
 from seqwarm.config.defaults import CURRICULUM_FRACTION, default_train_config
 from seqwarm.config.settings import flag_for
 from seqwarm.curriculum.plan import Plan, data_use, make_plan
-from seqwarm.curriculum.plan_stages import longest_shape
+from seqwarm.curriculum.plan_stages import longest_shape, model_length
 from seqwarm.run.checks import check_spec, model_overrides
 from seqwarm.run.command import command_line
 from seqwarm.run.spec import RunSpec, recipe_config, resolve_config
@@ -276,7 +276,7 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, info, say, stop) -> TrainRe
         model_cfg = GPTConfig.preset(
             spec.model,
             vocab_size=data.vocab_size,
-            seq_length=longest_shape(cfg)[1] if spec.rotary else cfg.seq_length,  # rotary: the longest stage's
+            seq_length=model_length(cfg) if spec.rotary else cfg.seq_length,  # rotary: the longest stage's
             rotary=spec.rotary,
             **model_overrides(spec),
         )

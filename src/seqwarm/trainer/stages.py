@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from seqwarm.curriculum.plan_stages import longest_shape, stage_micro_rows
+from seqwarm.curriculum.plan_stages import eval_rows, longest_shape, stage_micro_rows
+from seqwarm.curriculum.plan_stages import model_length as _model_length
 from seqwarm.curriculum.stages import StageConfig, stage_at
 from seqwarm.trainer.distributed import DistInfo, gather_floats
 from seqwarm.trainer.stage_data import StageBatches
@@ -60,13 +61,14 @@ class StagePositions:
         self.model_length = model_length
         self.base_length = (cfg.full_length if cfg is not None and stages else None) or model_length
         self.longest = longest_shape(cfg) if cfg is not None and stages else None  # (rows, length)
-        if self.longest is not None and model_length is not None and self.longest[1] > model_length:
+        needed = _model_length(cfg) if self.longest is not None else 0
+        if model_length is not None and needed > model_length:
             raise UserError(
-                f"a stage trains at length {self.longest[1]}, longer than the model holds ({model_length}): build "
-                "the model with seq_length at least the longest stage's (seqwarm train does for --rotary)"
+                f"a stage trains at length {needed}, longer than the model holds ({model_length}): build the "
+                "model with seq_length at least the longest stage's (seqwarm train does for --rotary)"
             )
-        if self.longest is not None and evaluator is not None:  # validation at the longest length, in its rows
-            evaluator.micro_batch_size = min(evaluator.micro_batch_size, self.longest[0])
+        if self.longest is not None and evaluator is not None and evaluator.seq_length == needed:
+            evaluator.micro_batch_size = eval_rows(cfg)  # validation at the longest length, in a stage's rows there
         if stages and info.is_main:
             logger.info("stages: %s", "; ".join(f"from {s.start_tokens:,} tokens {self._words(s)}" for s in stages))
 
