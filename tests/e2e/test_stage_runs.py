@@ -84,7 +84,6 @@ def test_stages_change_length_and_positions_and_resume_exactly(tmp_path, byte_da
     [
         ({"model": "tiny"}, "learned positions"),
         ({"model": "tiny", "rotary": True, "deepspeed": True}, "DeepSpeed backend"),
-        ({"model": "tiny", "rotary": True, "settings": {"curriculum_mode": "window"}}, "curriculum mode window"),
     ],
 )
 def test_what_stages_do_not_train_yet_is_refused(tmp_path, spec, message):
@@ -151,3 +150,42 @@ def test_a_stage_longer_than_a_learned_position_model_holds_is_refused_with_exit
     assert resolve_config(RunSpec(config=path, model="tiny", rotary=True)).stages[0].length == 64
     within = _config(tmp_path, [{"start_tokens": 1200, "length": 32}])  # a stage the positions hold: trains
     assert resolve_config(RunSpec(config=within, model="tiny")).stages[0].length == 32
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["window", "document_masking"])
+def test_stages_train_in_window_mode_and_with_document_masking(tmp_path, byte_data, one_thread, how):
+    """Window mode (the attention span grows inside rows of --seq-length; a stage's rows are read at its length,
+    one span per row) and document masking (attention inside each document; a stage's windows carry their
+    document ids) inside stages: the stages begin, their batches are the stage's windows, the tokens per step
+    are the micro-batch's."""
+    import math
+
+    path = small_config(tmp_path / "c.json", total_step=4, train_tokens=4500, seq=32, stages=STAGES)
+    cfg = json.loads(path.read_text())
+    if how == "window":
+        cfg["seqwarm"]["curriculum_mode"] = "window"
+    else:
+        cfg["seqwarm"]["document_masking"] = True
+    path.write_text(json.dumps(cfg))
+    from helpers import tiny_run
+
+    run = tiny_run(tmp_path / "run", byte_data, path, model={"rotary": True})
+    assert (run.choices.mode == "window") == (how == "window")
+    run.train()
+    stages = _rows(run, "stage")
+    assert [(r["stage"], r["seqlen"], r["micro_batch_size"]) for r in stages] == [(1, 48, 2), (2, 64, 2)]
+    train = _rows(run, "train")
+    assert all(math.isfinite(t["loss"]) for t in train)
+    tokens = {t["step"]: t["tokens"] for t in train}
+    assert {tokens[k] - tokens[k - 1] for k in tokens if k > stages[1]["step"]} == {2 * 2 * 64}
+    if how == "window":  # before the stages every step trains whole rows of 32, whatever the span
+        assert {tokens[k] - tokens.get(k - 1, 0) for k in tokens if k < stages[0]["step"]} == {2 * 4 * 32}
+    batches = [run.batches.next_batch() for _ in range(20)]
+    assert {b["input_ids"].shape for b in batches} == {(2, 64)}
+    if how == "document_masking":  # the stage's windows restart positions after each end of document
+        assert run.cfg.document_masking
+        ends = [(b, r, c) for b in batches for r, c in (b["input_ids"] == run.data.eod_id).nonzero().tolist() if c < 63]
+        assert ends
+        for b, r, c in ends:
+            assert b["position_ids"][r, c + 1] == 0 and b["document_ids"][r, c + 1] != b["document_ids"][r, c]

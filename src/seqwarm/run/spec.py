@@ -392,7 +392,6 @@ def _stage_problems(spec: RunSpec, cfg: RunConfig) -> list[Problem]:
             "the DeepSpeed backend (--deepspeed)",
             "train on the torch backends (one device, DDP, --fsdp)",
         ),
-        (cfg.curriculum is not None and cfg.curriculum.mode == "window", "curriculum mode window", "use truncate"),
         (
             not spec.rotary and any(s.rope_theta is not None or s.rope_scaling is not None for s in cfg.stages),
             "rope_theta / rope_scaling on a model with learned positions",
