@@ -314,7 +314,7 @@ def compile_count(cfg: PlanSettings, seqlens: list[int], staged: dict | None = N
         parts.append("1 when curriculum_seqlen first changes (an int is specialized on its first value)")
     parts.append("1 for full-length validation (no_grad)")
     pretrain = cur.max_difficulty if cur is not None else cfg.full_length
-    both = bool(getattr(cfg, "stages", ())) and pretrain < cfg.full_length  # val_loss_pretrain: a 2nd length
+    both = bool(getattr(cfg, "stages", ())) and pretrain < model_length(cfg)  # val_loss_pretrain: a 2nd length
     if both:
         parts.append(f"1 for validation at the pretraining length {pretrain}")
     why = " + ".join(parts) + "; on CUDA +1 for the trial step before step 1"
