@@ -153,6 +153,17 @@ def test_a_stage_longer_than_a_learned_position_model_holds_is_refused_with_exit
     assert resolve_config(RunSpec(config=within, model="tiny")).stages[0].length == 32
 
 
+def test_a_run_whose_model_cannot_hold_the_longest_stage_stops_before_training(tmp_path, byte_data):
+    """The loop's own guard (a Run built from Python, where no spec was checked): the model's seq_length 64
+    cannot hold a stage of 128, whatever its positions."""
+    from helpers import tiny_run
+    from seqwarm.util.errors import UserError
+
+    path = _config(tmp_path, [{"start_tokens": 1200, "length": 128}])
+    with pytest.raises(UserError, match="a stage trains at length 128, longer than the model holds"):
+        tiny_run(tmp_path / "run", byte_data, path, model={"rotary": True})
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["window", "document_masking"])
 def test_stages_train_in_window_mode_and_with_document_masking(tmp_path, byte_data, one_thread, how):
