@@ -119,6 +119,7 @@ def test_a_run_across_a_theta_and_a_yarn_stage_validates_at_both_lengths_and_exp
     begins = [r["step"] for r in _rows(run, "stage")]
     inside = [r for r in evals if begins[0] <= r["step"] < begins[1]]
     assert inside and all(r["stage_seqlen"] == 48 and r["val_loss_stage"] > 0 for r in inside)
+    assert ("val/loss_stage", inside[0]["val_loss_stage"], inside[0]["step"]) in list(scalars(inside[0]))
     assert not any("stage_seqlen" in r for r in evals if r not in inside)
     assert run.evaluator.micro_batch_size == 2  # validation at 64 in the rows of the stage of length 64
     ev = run.evaluator
