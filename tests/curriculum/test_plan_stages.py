@@ -52,7 +52,9 @@ def test_the_plan_is_the_run_the_warmup_object_trains():
     assert plan.total_steps == len(lengths) and plan.total_tokens == slw.progress.tokens
     assert [(s.step, s.tokens_before) for s in plan.stages] == [begins[1], begins[2]]
     first, second = plan.stages
+    # a loop of its own cuts its rows to the stage's length (seqwarm train reads the stage's windows instead)
     assert first.length == 64 and first.rows_per_step == 4 and first.tokens_per_step == 256
+    assert plan.val_shape == (2, 128) and plan.stages[1].rows_per_step == 4
     assert first.rope_theta == 40000.0 and first.rope_scaling is None
     assert second.rope_scaling["type"] == "yarn" and second.rope_scaling["original_max_position_embeddings"] == 64
     assert first.steps == lengths.count(64) and second.steps == lengths.count(128)

@@ -120,6 +120,8 @@ def model_length(cfg: Any) -> int:
 def eval_rows(cfg: Any) -> int:
     """Rows per validation batch at :func:`model_length`: a stage's rows at that length, else the micro-batch."""
     length = model_length(cfg)
+    if not getattr(cfg, "stage_windows", True):  # a loop of its own validates as it likes: its micro-batch
+        return cfg.micro_batch_size
     rows = [stage_micro_rows(cfg, s) for s in getattr(cfg, "stages", ()) or () if s.length == length]
     return min(rows, default=cfg.micro_batch_size)
 
