@@ -124,14 +124,14 @@ class StagePositions:
         stage, positions = slw.stage, slw.positions  # already set on the model by the engine's begin_step
         self._check_ranks(step, stage)
         reason = "resumed" if first and step > 1 else "begins"
-        index, extra = slw.stages.index, {}
+        index, extra, words = slw.stages.index, {}, stage.describe()
         if self.source is not None:
             rows = self.rows(stage)
             if feed is not None and (stage.length, rows) != self.source.shape:
                 feed.close()  # a batch read ahead is given back to the old source first
             self.source.switch(stage.length, rows)
-            extra = {"micro_batch_size": rows}
-        logger.info("step %d: stage %d %s at %s tokens: %s", step, index + 1, reason, f"{tokens:,}", stage.describe())
+            extra, words = {"micro_batch_size": rows}, f"{words} ({rows} rows of {stage.length} per micro-batch)"
+        logger.info("step %d: stage %d %s at %s tokens: %s", step, index + 1, reason, f"{tokens:,}", words)
         self.log.eval_row(
             {"kind": "stage", "step": step, "tokens": tokens, "stage": index + 1, "seqlen": stage.length}
             | {"reason": reason, **positions, **extra}
