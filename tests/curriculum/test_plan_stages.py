@@ -52,7 +52,9 @@ def test_the_plan_is_the_run_the_warmup_object_trains():
     assert plan.total_steps == len(lengths) and plan.total_tokens == slw.progress.tokens
     assert [(s.step, s.tokens_before) for s in plan.stages] == [begins[1], begins[2]]
     first, second = plan.stages
+    # a loop of its own cuts its rows to the stage's length (seqwarm train reads the stage's windows instead)
     assert first.length == 64 and first.rows_per_step == 4 and first.tokens_per_step == 256
+    assert plan.val_shape == (2, 128) and plan.stages[1].rows_per_step == 4
     assert first.rope_theta == 40000.0 and first.rope_scaling is None
     assert second.rope_scaling["type"] == "yarn" and second.rope_scaling["original_max_position_embeddings"] == 64
     assert first.steps == lengths.count(64) and second.steps == lengths.count(128)
@@ -84,8 +86,15 @@ def test_plan_and_check_config_show_the_stages_and_exit_2_on_a_problem(tmp_path,
     good.write_text(json.dumps(_config(STAGES)))
     bad.write_text(json.dumps(_config([{"start_tokens": 100, "length": 64}])))
     assert main(["plan", str(good), "--rotary"]) == 0
-    out = capsys.readouterr().out
-    assert "stage 1:                   step 11, after 1.09k tokens (from 1k): length 64, 4 rows/step" in out
+    out, err = capsys.readouterr()
+    # seqwarm train reads a stage's windows at its length, keeping the micro-batch's 2 x 32 tokens: 1 row of 64
+    assert (
+        "stage 1:                   step 11, after 1.09k tokens (from 1k): length 64, 2 rows/step (128 tokens)" in out
+    )
+    assert (
+        "stage 2:                   step 26, after 3.01k tokens (from 3k): length 128, 2 rows/step (256 tokens)" in out
+    )
+    assert "the stage of length 128 trains 1 row per micro-batch, 128 tokens instead of the 64" in err
     assert "rope_theta 40000; yarn (factor 2, original_max_position_embeddings 64" in out
     assert "tokens at each length:" in out and "128: " in out
     assert main(["check-config", str(good)]) == 0
@@ -97,4 +106,39 @@ def test_plan_and_check_config_show_the_stages_and_exit_2_on_a_problem(tmp_path,
         err = capsys.readouterr().err
         assert "seqwarm.stages[0].start_tokens = 100" in err and "before the warmup reaches" in err
     plan = json.loads(main(["plan", str(good), "--rotary", "--json"]) == 0 and capsys.readouterr().out)
-    assert [s["step"] for s in plan["stages"]] == [11, 19] and plan["problems"] == []
+    assert [s["step"] for s in plan["stages"]] == [11, 26] and plan["problems"] == []
+
+
+def test_plan_estimates_memory_at_the_longest_stage_without_torch(tmp_path, capsys):
+    """`seqwarm plan` of a run with stages: one process's memory at the longest stage (its rows there), the lower
+    bound train's check computes from the same sizes — the GPT's parameters counted as the model counts them —
+    said to be an estimate, and nothing of torch imported to get it."""
+    import subprocess
+    import sys
+
+    from seqwarm.trainer.memory import estimate_memory
+    from seqwarm.trainer.model import GPT, GPTConfig
+
+    path = tmp_path / "good.json"
+    path.write_text(json.dumps(_config(STAGES)))
+    code = (
+        "import json, sys; from seqwarm.cli import main; "
+        f"assert main(['plan', {str(path)!r}, '--rotary', '--model', 'tiny', '--json']) == 0; "
+        "assert 'torch' not in sys.modules, 'torch imported'"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    memory = json.loads(done.stdout)["memory"]
+    assert memory["estimate"] is True and (memory["rows"], memory["length"]) == (1, 128)  # 2 x 32 tokens: 1 row
+    model = GPTConfig.preset("tiny", seq_length=128, rotary=True)
+    assert memory["params"] == model.num_params() == GPT(model).num_params()
+    expected = estimate_memory(
+        model.num_params(), vocab_rows=model.padded_vocab_size, n_embd=256, n_layer=4, micro_batch=1, seq_length=128
+    )
+    assert memory["bytes"] == expected.total
+    # a longer last stage with rows of its own: the estimate follows it
+    path.write_text(json.dumps(_config([*STAGES, {"start_tokens": 4000, "length": 512, "micro_batch_size": 2}])))
+    assert main(["plan", str(path), "--rotary", "--model", "tiny"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("memory (estimate):"))
+    assert "for micro-batch 2 x length 512 x vocabulary 8,192" in line and "a lower bound" in line
+    assert "before anything is allocated" in line and "the tiny preset's vocabulary" in line

@@ -59,7 +59,7 @@ def test_check_lists_every_stage_problem_at_once():
     bad = [
         {"start_tokens": 0, "length": 16, "rope_thetta": 5},
         {"start_tokens": 500, "length": 256, "rope_scaling": {"type": "yarnn", "factor": 2}},
-        {"start_tokens": 400, "length": 64, "rope_scaling": {"type": "linear", "factor": 0.5}},
+        {"start_tokens": 400, "length": 64, "rope_scaling": {"type": "linear", "factor": 0.5}, "micro_batch_size": 0},
     ]
     with pytest.raises(ConfigError) as err:
         load_config(_config(bad))
@@ -68,13 +68,31 @@ def test_check_lists_every_stage_problem_at_once():
         'did you mean "rope_theta"',
         "starts before the warmup ends",
         "is below the length before it (32)",
-        "exceeds the run's seq_length 128",
+        "micro_batch_size = 0: must be positive",
         'did you mean "yarn"',
         "stages must be in order",
         "must be >= 1",
     ):
         assert needle in text, needle
     assert len(err.value.problems) == 8  # and stage 2 is shorter than stage 1
+    # a length above seq_length (256 > 128) is the trainer's to judge: a rotary model holds it
+    assert "exceeds" not in text and "stages[1].length" not in text
+
+
+def test_a_stage_keeps_the_micro_batch_tokens_unless_it_gives_its_rows():
+    from seqwarm.curriculum.plan_stages import longest_shape, micro_tokens, stage_micro_rows
+    from seqwarm.curriculum.stages import stage_rows
+
+    assert stage_rows(StageConfig(0, 256), 4 * 128) == 2  # twice the length: half the rows
+    assert stage_rows(StageConfig(0, 384), 4 * 128) == 1  # rounded down
+    assert stage_rows(StageConfig(0, 4096), 4 * 128) == 1  # at least one row
+    assert stage_rows(StageConfig(0, 256, micro_batch_size=3), 4 * 128) == 3  # the stage's own
+    long = [{"start_tokens": 5000, "length": 128}, {"start_tokens": 9000, "length": 512, "micro_batch_size": 1}]
+    cfg = load_config(_config(long) | {"train_micro_batch_size_per_gpu": 8, "train_batch_size": 16})
+    # the micro-batch's tokens at the pretraining length (the warmup's top, 32), not at seq_length
+    assert cfg.seq_length == 128 and micro_tokens(cfg) == 8 * 32
+    assert [stage_micro_rows(cfg, s) for s in cfg.stages] == [2, 1]
+    assert longest_shape(cfg) == (1, 512) and cfg.stages[1].describe().endswith("micro_batch_size 1")
 
 
 def test_stages_from_the_command_line_are_json_text():

@@ -1,5 +1,7 @@
 """Stages in seqwarm's own loop (issue #36): the length and the rotary positions change at each boundary,
-the change is recorded, and a resume inside a stage continues exactly."""
+each stage's windows are read at its length (above seq_length: the run's windows are 32 tokens, the stages
+48 and 64), the tokens per step are kept, the change is recorded, and a resume inside a stage continues
+exactly."""
 
 from __future__ import annotations
 
@@ -17,13 +19,9 @@ STAGES = [
 ]
 
 
-def _config(tmp_path):
-    path = small_config(tmp_path / "stages.json", total_step=4, train_tokens=4500)
-    cfg = json.loads(path.read_text())
-    cfg["curriculum_learning"]["max_difficulty"] = 32  # the warmup ends at 32; the stages go to 64
-    cfg["seqwarm"]["stages"] = STAGES
-    path.write_text(json.dumps(cfg))
-    return path
+def _config(tmp_path, stages=STAGES):
+    # the warmup ends at 32, the windows' length (--seq-length); the stages go to 64 (the rotary model's length)
+    return small_config(tmp_path / "stages.json", total_step=4, train_tokens=4500, seq=32, stages=stages)
 
 
 def _run(tmp_path, byte_data, name, **opts):
@@ -39,6 +37,7 @@ def _rows(run, kind):
 @pytest.mark.slow
 def test_stages_change_length_and_positions_and_resume_exactly(tmp_path, byte_data, one_thread):
     whole = _run(tmp_path, byte_data, "whole", save_interval=2, keep_checkpoints=0)
+    whole.feed.threaded = True  # as on CUDA: a batch read ahead from the old windows is given back at a stage
     whole.train()
     train = _rows(whole, "train")
     stages = _rows(whole, "stage")
@@ -53,6 +52,16 @@ def test_stages_change_length_and_positions_and_resume_exactly(tmp_path, byte_da
     assert {v for k, v in lengths.items() if stages[0]["step"] <= k < stages[1]["step"]} == {48}
     assert {v for k, v in lengths.items() if k >= stages[1]["step"]} == {64}
     assert whole.model.positions["rope_scaling"]["original_max_position_embeddings"] == 48
+    # each stage reads windows of its length: the micro-batch's 4 x 32 tokens kept (2 rows of 64), or as near as
+    # whole rows allow (2 rows of 48); every step trains 2 micro-batches
+    assert [r["micro_batch_size"] for r in stages] == [2, 2]
+    steps = {t["step"]: t["tokens"] for t in train}
+    trained = {k: v - steps.get(k - 1, 0) for k, v in steps.items()}
+    assert {trained[k] for k in steps if k < stages[0]["step"] and lengths[k] == 32} == {2 * 4 * 32}
+    assert {trained[k] for k in steps if stages[0]["step"] <= k < stages[1]["step"]} == {2 * 2 * 48}
+    assert {trained[k] for k in steps if k >= stages[1]["step"]} == {2 * 2 * 64}
+    assert whole.stages.source.shape == (64, 2) and whole.batches.state_dict()["length"] == 64
+    assert whole.feed.state_dict()["source"]["seq_length"] == 64  # the data's own windows, not cut ones
     expected = [t["loss"] for t in train]
 
     # killed inside the second stage: its last checkpoint is after the stage began
@@ -68,6 +77,7 @@ def test_stages_change_length_and_positions_and_resume_exactly(tmp_path, byte_da
     assert [t["loss"] for t in _rows(resumed, "train")] == expected
     again = _rows(resumed, "stage")
     assert again[-1]["reason"] == "resumed" and again[-1]["step"] == keep + 1 and again[-1]["stage"] == 2
+    assert resumed.stages.source.shape == (64, 2)  # the checkpoint's data position was the stage's windows
 
 
 @pytest.mark.parametrize(
@@ -75,7 +85,6 @@ def test_stages_change_length_and_positions_and_resume_exactly(tmp_path, byte_da
     [
         ({"model": "tiny"}, "learned positions"),
         ({"model": "tiny", "rotary": True, "deepspeed": True}, "DeepSpeed backend"),
-        ({"model": "tiny", "rotary": True, "settings": {"curriculum_mode": "window"}}, "curriculum mode window"),
     ],
 )
 def test_what_stages_do_not_train_yet_is_refused(tmp_path, spec, message):
@@ -106,6 +115,13 @@ def test_a_run_across_a_theta_and_a_yarn_stage_validates_at_both_lengths_and_exp
     # every evaluation also measures the loss at the pretraining length (32), before the stages too
     evals = _rows(run, "eval")
     assert len(evals) >= 3 and all(r["pretrain_seqlen"] == 32 and r["seqlen"] == 64 for r in evals)
+    # inside the stage of length 48 (between the two), also at its length; in the first rows of its micro-batch
+    begins = [r["step"] for r in _rows(run, "stage")]
+    inside = [r for r in evals if begins[0] <= r["step"] < begins[1]]
+    assert inside and all(r["stage_seqlen"] == 48 and r["val_loss_stage"] > 0 for r in inside)
+    assert ("val/loss_stage", inside[0]["val_loss_stage"], inside[0]["step"]) in list(scalars(inside[0]))
+    assert not any("stage_seqlen" in r for r in evals if r not in inside)
+    assert run.evaluator.micro_batch_size == 2  # validation at 64 in the rows of the stage of length 64
     ev = run.evaluator
     at_32 = evaluate(run.engine, ev.data, 32, ev.micro_batch_size, None, ev.device, num_windows=ev.num_windows)
     assert evals[-1]["val_loss_pretrain"] == pytest.approx(at_32, rel=1e-6) != evals[-1]["val_loss"]
@@ -199,3 +215,69 @@ def test_seqwarm_train_of_an_hf_llama_sets_each_stages_positions_and_eval_and_ex
     assert not (tmp_path / "gpt2-run" / "metrics.jsonl").exists() or not read_metrics(
         tmp_path / "gpt2-run" / "metrics.jsonl"
     )
+
+
+def test_a_stage_longer_than_a_learned_position_model_holds_is_refused_with_exit_2(tmp_path, capsys):
+    """Length-only stages above --seq-length: a rotary model holds them; learned positions have seq_length
+    rows only, so `seqwarm train` (and `plan`) refuse before anything is built."""
+    from seqwarm.cli import main
+    from seqwarm.run.spec import RunSpec, resolve_config
+
+    path = _config(tmp_path, [{"start_tokens": 1200, "length": 64}])
+    assert main(["plan", str(path), "--model", "tiny"]) == 2
+    assert "a length above seq_length 32 on a model with learned positions" in capsys.readouterr().err
+    assert main(["train", "--config", str(path), "--model", "tiny", "--out", str(tmp_path / "run")]) == 2
+    assert "add --rotary" in capsys.readouterr().err and not (tmp_path / "run" / "checkpoints").exists()
+    assert resolve_config(RunSpec(config=path, model="tiny", rotary=True)).stages[0].length == 64
+    within = _config(tmp_path, [{"start_tokens": 1200, "length": 32}])  # a stage the positions hold: trains
+    assert resolve_config(RunSpec(config=within, model="tiny")).stages[0].length == 32
+
+
+def test_a_run_whose_model_cannot_hold_the_longest_stage_stops_before_training(tmp_path, byte_data):
+    """The loop's own guard (a Run built from Python, where no spec was checked): the model's seq_length 64
+    cannot hold a stage of 128, whatever its positions."""
+    from helpers import tiny_run
+    from seqwarm.util.errors import UserError
+
+    path = _config(tmp_path, [{"start_tokens": 1200, "length": 128}])
+    with pytest.raises(UserError, match="a stage trains at length 128, longer than the model holds"):
+        tiny_run(tmp_path / "run", byte_data, path, model={"rotary": True})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["window", "document_masking"])
+def test_stages_train_in_window_mode_and_with_document_masking(tmp_path, byte_data, one_thread, how):
+    """Window mode (the attention span grows inside rows of --seq-length; a stage's rows are read at its length,
+    one span per row) and document masking (attention inside each document; a stage's windows carry their
+    document ids) inside stages: the stages begin, their batches are the stage's windows, the tokens per step
+    are the micro-batch's."""
+    import math
+
+    path = small_config(tmp_path / "c.json", total_step=4, train_tokens=4500, seq=32, stages=STAGES)
+    cfg = json.loads(path.read_text())
+    if how == "window":
+        cfg["seqwarm"]["curriculum_mode"] = "window"
+    else:
+        cfg["seqwarm"]["document_masking"] = True
+    path.write_text(json.dumps(cfg))
+    from helpers import tiny_run
+
+    run = tiny_run(tmp_path / "run", byte_data, path, model={"rotary": True})
+    assert (run.choices.mode == "window") == (how == "window")
+    run.train()
+    stages = _rows(run, "stage")
+    assert [(r["stage"], r["seqlen"], r["micro_batch_size"]) for r in stages] == [(1, 48, 2), (2, 64, 2)]
+    train = _rows(run, "train")
+    assert all(math.isfinite(t["loss"]) for t in train)
+    tokens = {t["step"]: t["tokens"] for t in train}
+    assert {tokens[k] - tokens[k - 1] for k in tokens if k > stages[1]["step"]} == {2 * 2 * 64}
+    if how == "window":  # before the stages every step trains whole rows of 32, whatever the span
+        assert {tokens[k] - tokens.get(k - 1, 0) for k in tokens if k < stages[0]["step"]} == {2 * 4 * 32}
+    batches = [run.batches.next_batch() for _ in range(20)]
+    assert {b["input_ids"].shape for b in batches} == {(2, 64)}
+    if how == "document_masking":  # the stage's windows restart positions after each end of document
+        assert run.cfg.document_masking
+        ends = [(b, r, c) for b in batches for r, c in (b["input_ids"] == run.data.eod_id).nonzero().tolist() if c < 63]
+        assert ends
+        for b, r, c in ends:
+            assert b["position_ids"][r, c + 1] == 0 and b["document_ids"][r, c + 1] != b["document_ids"][r, c]

@@ -264,8 +264,7 @@ def _stages(chk: Checker, s: Settings, curriculum: Any, seq_length: int | None) 
             chk.add(path, value, f"is not valid JSON ({err.msg}, column {err.colno})", "check the JSON")
             return ()
     top = curriculum.max_difficulty if curriculum else seq_length
-    full = seq_length if seq_length is not None else top  # the windows' length (None: the model preset's)
-    return check_stages(chk, value, path, pretrain_length=top, full_length=full, warmup=bool(curriculum))
+    return check_stages(chk, value, path, pretrain_length=top, warmup=bool(curriculum))
 
 
 def load_config(source: Any, *, overrides: Mapping[str, Any] | None = None, world_size: int = 1) -> RunConfig:

@@ -272,8 +272,9 @@ SETTINGS: tuple[Setting, ...] = (
         '[{"start_tokens": N, "length": L, "rope_theta": T}, {"start_tokens": N2, "length": L2, "rope_scaling": '
         '{"type": "yarn", "factor": 2.0}}]; from the first step whose clock reaches start_tokens the run trains '
         "at that length with those rotary settings (linear or yarn rope_scaling in Transformers' keys; a key "
-        "left out keeps the previous stage's). Lengths up to --seq-length, whose windows are cut to each "
-        "stage's length; seqwarm's rotary GPT on the torch backends only (see docs/STAGES.md)",
+        "left out keeps the previous stage's). A stage's windows are read at its length, above --seq-length too, "
+        "with the micro-batch's tokens kept (or its own micro_batch_size); seqwarm's rotary GPT on the torch "
+        "backends only (see docs/STAGES.md)",
         "batch",
         metavar="JSON",
     ),

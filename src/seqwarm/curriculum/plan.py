@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from seqwarm.curriculum.checks import CUSTOM
-from seqwarm.curriculum.clock import Progress, advance, bucket_length, micro_batch_shape, stop_reason, tokens_per_step
+from seqwarm.curriculum.clock import Progress, advance, bucket_length, micro_batch_shape, stop_reason
 from seqwarm.curriculum.lr import (
     LRConfig,
     decay_tokens_from_iters,
@@ -20,7 +20,7 @@ from seqwarm.curriculum.lr import (
     warmup_iters_from_tokens,
     warmup_samples_from_tokens,
 )
-from seqwarm.curriculum.plan_stages import LengthUse, StagePlan, StageWalk
+from seqwarm.curriculum.plan_stages import LengthUse, StagePlan, StageWalk, eval_rows, model_length
 from seqwarm.curriculum.run import PlanSettings
 from seqwarm.curriculum.schedule import CurriculumConfig, difficulty_at
 from seqwarm.util.errors import UserError
@@ -115,6 +115,9 @@ class LoopSettings:
     warnings: tuple[str, ...] = ()
     stages: tuple[Any, ...] = ()
     stages_path: str = "stages"
+    stage_windows: bool = False
+    """False: the loop's own batches are cut to a stage's length, its rows kept (``seqwarm train`` reads a
+    stage's windows at its length, with the micro-batch's tokens kept)."""
 
     @classmethod
     def of(
@@ -185,9 +188,9 @@ def make_plan(cfg: PlanSettings, *, keep_series: bool = False, check: bool = Tru
             current = difficulty_at(step, cur)
         before = progress.tokens
         seqlen = walk.length(step, before, current)  # a stage's length from its start on
-        tps = tokens_per_step(cfg, seqlen)
+        samples, tps = walk.step_size(seqlen)  # a stage's rows are read at its length
         walk.count(seqlen, tps)
-        progress = advance(progress, cfg.train_batch_size, tps, cfg.lr)
+        progress = advance(progress, samples, tps, cfg.lr)
         lr = lr_at(progress, cfg.lr)
         if cur is not None and plan.curriculum_end_step is None and current >= cur.max_difficulty:
             plan.curriculum_end_step = step
@@ -219,9 +222,11 @@ def make_plan(cfg: PlanSettings, *, keep_series: bool = False, check: bool = Tru
     plan.stop_reason = reason
     plan.conversions = conversions(cfg)
     lengths = list(dict.fromkeys(p.seqlen for p in plan.points))  # distinct, in order of first use
-    plan.shapes = train_shapes(cfg, lengths)
-    plan.val_shape = (cfg.micro_batch_size, full)
-    plan.compiles, plan.compiles_why = compile_count(cfg, lengths)
+    ranks = cfg.gradient_accumulation_steps * cfg.world_size
+    staged = {s.length: (s.rows_per_step // ranks, s.length) for s in walk.plans if s.step is not None}
+    plan.shapes = train_shapes(cfg, lengths, staged)
+    plan.val_shape = (eval_rows(cfg), model_length(cfg))  # validation: at the longest length the run trains
+    plan.compiles, plan.compiles_why = compile_count(cfg, lengths, staged)
     if cfg.lr.warmup_unit and plan.warmup_end_step is None and not no_budget:
         plan.warmup_reached = lr / cfg.lr.lr if cfg.lr.lr else 0.0
     plan.stages, plan.lengths, plan.problems = walk.plans, list(walk.uses.values()), walk.problems
@@ -232,10 +237,13 @@ def make_plan(cfg: PlanSettings, *, keep_series: bool = False, check: bool = Tru
     return plan
 
 
-def _step_shape(cfg: PlanSettings, seqlen: int) -> tuple[int, int]:
+def _step_shape(cfg: PlanSettings, seqlen: int, staged: dict | None = None) -> tuple[int, int]:
     """``(rows, columns)`` of one micro-batch at ``seqlen`` as the model is given it: the mode's cut
     (:func:`~seqwarm.curriculum.clock.micro_batch_shape`), or with a length bucket the length rounded up to
-    the bucket (the loss masked past it). Inject mode: the loop hands the model the first L columns."""
+    the bucket (the loss masked past it). Inject mode: the loop hands the model the first L columns.
+    ``staged``: a stage's ``(rows, length)`` by its length (its windows are read at that length)."""
+    if staged and seqlen in staged:
+        return staged[seqlen]
     full = cfg.full_length
     if cfg.curriculum is None:
         return cfg.micro_batch_size, full
@@ -245,11 +253,11 @@ def _step_shape(cfg: PlanSettings, seqlen: int) -> tuple[int, int]:
     return rows, columns
 
 
-def train_shapes(cfg: PlanSettings, seqlens: list[int]) -> list[tuple[int, int]]:
+def train_shapes(cfg: PlanSettings, seqlens: list[int], staged: dict | None = None) -> list[tuple[int, int]]:
     """The distinct ``(rows, columns)`` micro-batch shapes of training steps at the lengths ``seqlens``, in
     order of first use: truncate and inject keep the rows; reshape re-chunks them (``rows * S // L`` rows);
     window keeps ``(rows, S)`` at every length; a length bucket rounds the columns up to its multiples."""
-    return list(dict.fromkeys(_step_shape(cfg, length) for length in seqlens))
+    return list(dict.fromkeys(_step_shape(cfg, length, staged) for length in seqlens))
 
 
 def _inputs(cfg: PlanSettings, seqlen: int) -> frozenset[str]:
@@ -273,7 +281,7 @@ def _inputs(cfg: PlanSettings, seqlen: int) -> frozenset[str]:
     return frozenset(keys)
 
 
-def compile_count(cfg: PlanSettings, seqlens: list[int]) -> tuple[int, str]:
+def compile_count(cfg: PlanSettings, seqlens: list[int], staged: dict | None = None) -> tuple[int, str]:
     """Graphs ``--compile`` (``torch.compile`` of seqwarm's GPT, Dynamo's default ``dynamic=None``) traces for
     training at ``seqlens`` and full-length validation, and why.
 
@@ -287,7 +295,7 @@ def compile_count(cfg: PlanSettings, seqlens: list[int]) -> tuple[int, str]:
     (full length, before step 1, not marked) adds one."""
     groups: dict[frozenset[str], list[tuple[int, int]]] = {}
     for length in seqlens:
-        groups.setdefault(_inputs(cfg, length), []).append(_step_shape(cfg, length))
+        groups.setdefault(_inputs(cfg, length), []).append(_step_shape(cfg, length, staged))
     train = 0
     rows_vary = False
     for shapes in groups.values():
@@ -306,7 +314,7 @@ def compile_count(cfg: PlanSettings, seqlens: list[int]) -> tuple[int, str]:
         parts.append("1 when curriculum_seqlen first changes (an int is specialized on its first value)")
     parts.append("1 for full-length validation (no_grad)")
     pretrain = cur.max_difficulty if cur is not None else cfg.full_length
-    both = bool(getattr(cfg, "stages", ())) and pretrain < cfg.full_length  # val_loss_pretrain: a 2nd length
+    both = bool(getattr(cfg, "stages", ())) and pretrain < model_length(cfg)  # val_loss_pretrain: a 2nd length
     if both:
         parts.append(f"1 for validation at the pretraining length {pretrain}")
     why = " + ".join(parts) + "; on CUDA +1 for the trial step before step 1"

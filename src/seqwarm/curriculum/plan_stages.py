@@ -21,11 +21,19 @@ from typing import Any
 
 from seqwarm.curriculum.clock import micro_batch_shape, tokens_per_step
 from seqwarm.curriculum.schedule import difficulty_at
-from seqwarm.curriculum.stages import StageConfig, stage_at
+from seqwarm.curriculum.stages import StageConfig, stage_at, stage_rows
 from seqwarm.util.problems import Problem
 from seqwarm.util.units import human_count
 
-__all__ = ["StagePlan", "LengthUse", "StageWalk", "warmup_end_tokens"]
+__all__ = [
+    "StagePlan",
+    "LengthUse",
+    "StageWalk",
+    "warmup_end_tokens",
+    "micro_tokens",
+    "stage_micro_rows",
+    "longest_shape",
+]
 
 
 @dataclass
@@ -61,11 +69,61 @@ class LengthUse:
     tokens: int = 0
 
 
-def rows_per_step(cfg: Any, length: int) -> int:
-    """Sequences of ``length`` one optimizer step trains (all ranks), as :func:`tokens_per_step` counts them."""
+def micro_tokens(cfg: Any) -> int:
+    """The tokens of one micro-batch before the stages — at the pretraining length (the warmup's top, else
+    the full length), cut as the curriculum's mode cuts: what a stage's micro-batch keeps."""
     mode = cfg.curriculum.mode if cfg.curriculum else None
-    rows, _ = micro_batch_shape(cfg.micro_batch_size, cfg.full_length, length, mode)
-    return rows * cfg.gradient_accumulation_steps * cfg.world_size
+    top = cfg.curriculum.max_difficulty if cfg.curriculum else cfg.full_length
+    rows, columns = micro_batch_shape(cfg.micro_batch_size, cfg.full_length, min(top, cfg.full_length), mode)
+    return rows * columns
+
+
+def stage_micro_rows(cfg: Any, stage: StageConfig) -> int:
+    """Rows of ``stage.length`` in one micro-batch of ``stage`` (one rank): :func:`~seqwarm.curriculum.stages.
+    stage_rows` of the micro-batch's tokens before the stages. The windows are read at the stage's length."""
+    return stage_rows(stage, micro_tokens(cfg))
+
+
+def _stage_step(cfg: Any, stage: StageConfig) -> tuple[int, int]:
+    """(rows, tokens) of one optimizer step in ``stage`` (all ranks): ``seqwarm train`` reads its windows at
+    its length (:func:`stage_micro_rows`); a loop of its own (``cfg.stage_windows`` False) cuts its batches,
+    at least as long as the stage, to the stage's length."""
+    ranks = cfg.gradient_accumulation_steps * cfg.world_size
+    if getattr(cfg, "stage_windows", True):
+        rows = stage_micro_rows(cfg, stage) * ranks
+        return rows, rows * stage.length
+    mode = cfg.curriculum.mode if cfg.curriculum else None
+    rows, length = micro_batch_shape(cfg.micro_batch_size, max(cfg.full_length, stage.length), stage.length, mode)
+    return rows * ranks, rows * length * ranks
+
+
+def longest_shape(cfg: Any) -> tuple[int, int]:
+    """``(rows, length)`` of the training micro-batch (one rank) at the longest length the run trains, what the
+    memory estimate and the trial step are sized by: with stages, the longest of the stages' (read at their
+    lengths) and the micro-batch before them (cut to the pretraining length); else the full-length one."""
+    stages = tuple(getattr(cfg, "stages", ()) or ())
+    if not stages:
+        return cfg.micro_batch_size, cfg.full_length
+    mode = cfg.curriculum.mode if cfg.curriculum else None
+    top = min(cfg.curriculum.max_difficulty if cfg.curriculum else cfg.full_length, cfg.full_length)
+    shapes = [micro_batch_shape(cfg.micro_batch_size, cfg.full_length, top, mode)]
+    shapes += [(stage_micro_rows(cfg, s), s.length) for s in stages]
+    return max(shapes, key=lambda shape: (shape[1], shape[0]))
+
+
+def model_length(cfg: Any) -> int:
+    """The longest sequence the model must hold, the length validation runs at: the full length, or the longest
+    stage's when that is longer."""
+    return max([cfg.full_length, *(s.length for s in getattr(cfg, "stages", ()) or ())])
+
+
+def eval_rows(cfg: Any) -> int:
+    """Rows per validation batch at :func:`model_length`: a stage's rows at that length, else the micro-batch."""
+    length = model_length(cfg)
+    if not getattr(cfg, "stage_windows", True):  # a loop of its own validates as it likes: its micro-batch
+        return cfg.micro_batch_size
+    rows = [stage_micro_rows(cfg, s) for s in getattr(cfg, "stages", ()) or () if s.length == length]
+    return min(rows, default=cfg.micro_batch_size)
 
 
 def warmup_end_tokens(cfg: Any) -> int | None:
@@ -89,6 +147,7 @@ class StageWalk:
         self.plans = [StagePlan(i + 1, s.start_tokens, s.length, **s.positions()) for i, s in enumerate(self.stages)]
         self.problems: list[Problem] = []
         self.uses: dict[int, LengthUse] = {}
+        self.current: StagePlan | None = None  # the stage of the step just decided (None: before the first)
         end = warmup_end_tokens(cfg) if self.stages else None
         for i, stage in enumerate(self.stages):
             if end is not None and stage.start_tokens < end:
@@ -98,17 +157,25 @@ class StageWalk:
         """The length of step ``step`` begun with ``before`` tokens trained, where the warmup alone gives
         ``warm``; records a stage's first step."""
         found = stage_at(before, self.stages) if self.stages else None
+        self.current = None
         if found is None:
             return warm
         index, stage = found
         plan = self.plans[index]
         if plan.step is None:
             plan.step, plan.tokens_before = step, before
-            plan.rows_per_step = rows_per_step(self.cfg, stage.length)
-            plan.tokens_per_step = tokens_per_step(self.cfg, stage.length)
+            plan.rows_per_step, plan.tokens_per_step = _stage_step(self.cfg, stage)
         plan.steps += 1
         plan.tokens += plan.tokens_per_step
+        self.current = plan
         return stage.length
+
+    def step_size(self, seqlen: int) -> tuple[int, int]:
+        """(samples, tokens) of the step :meth:`length` just decided: a stage's rows at its length, else the
+        run's batch cut to ``seqlen`` (:func:`~seqwarm.curriculum.clock.tokens_per_step`)."""
+        if self.current is not None:
+            return self.current.rows_per_step, self.current.tokens_per_step
+        return self.cfg.train_batch_size, tokens_per_step(self.cfg, seqlen)
 
     def count(self, length: int, tokens: int) -> None:
         """One step trained ``tokens`` at ``length``."""
@@ -129,8 +196,18 @@ class StageWalk:
         )
 
     def warnings(self, total_steps: int, total_tokens: int) -> list[str]:
-        """A warning for each stage the run ends before."""
+        """A warning for each stage the run ends before, and for each whose rows cannot keep the micro-batch's
+        tokens (its length does not divide them) without a ``micro_batch_size`` of its own."""
         out = []
+        keep = micro_tokens(self.cfg) if self.stages and getattr(self.cfg, "stage_windows", True) else None
+        for stage in self.stages if keep else ():
+            if stage.micro_batch_size is None and (keep % stage.length or keep < stage.length):
+                rows = stage_micro_rows(self.cfg, stage)
+                out.append(
+                    f"the stage of length {stage.length} trains {rows} row{'s' if rows > 1 else ''} per micro-batch, "
+                    f"{rows * stage.length:,} tokens instead of the {keep:,} before the stages ({keep:,} is not a "
+                    "multiple of its length); give the stage a micro_batch_size to say so, or a length that divides it"
+                )
         for plan in self.plans:
             if plan.step is None:
                 out.append(

@@ -29,11 +29,12 @@ __all__ = [
     "check_stages",
     "refuse_positions",
     "sets_positions",
+    "stage_rows",
     "STAGE_KEYS",
     "ROPE_TYPES",
 ]
 
-STAGE_KEYS = ("start_tokens", "length", "rope_theta", "rope_scaling")
+STAGE_KEYS = ("start_tokens", "length", "rope_theta", "rope_scaling", "micro_batch_size")
 ROPE_TYPES = ("linear", "yarn")
 _SCALING_KEYS = {
     "linear": ("type", "factor"),
@@ -92,6 +93,9 @@ class StageConfig:
     """The rotary base from this stage on (None: the previous stage's, or the model's own)."""
     rope_scaling: RopeScaling | None = None
     """Linear interpolation or YaRN from this stage on (None: the previous stage's, or none)."""
+    micro_batch_size: int | None = None
+    """Rows of ``length`` per micro-batch in this stage (None: as many as keep the tokens of the micro-batch
+    before the stages, :func:`stage_rows`). Not carried over to the next stage."""
 
     def positions(self) -> dict[str, Any]:
         """``{"rope_theta": ..., "rope_scaling": {...} | None}``: what a rotary model applies."""
@@ -105,7 +109,18 @@ class StageConfig:
             parts.append(f"rope_theta {self.rope_theta:g}")
         if self.rope_scaling is not None:
             parts.append(f"{self.rope_scaling.type} x{self.rope_scaling.factor:g}")
+        if self.micro_batch_size is not None:
+            parts.append(f"micro_batch_size {self.micro_batch_size}")
         return ", ".join(parts)
+
+
+def stage_rows(stage: StageConfig, micro_tokens: int) -> int:
+    """Rows of ``stage.length`` in one micro-batch of ``stage``: its own ``micro_batch_size``, else as many as
+    keep ``micro_tokens`` (the tokens of a micro-batch before the stages: rows x the pretraining length), rounded
+    down, at least 1 — a stage twice as long trains half the rows, the same tokens per step."""
+    if stage.micro_batch_size is not None:
+        return stage.micro_batch_size
+    return max(1, micro_tokens // stage.length)
 
 
 def stage_at(tokens: int, stages: Sequence[StageConfig]) -> tuple[int, StageConfig] | None:
@@ -157,19 +172,13 @@ def _scaling(chk: Checker, raw: Any, path: str, before: int | None) -> RopeScali
 
 
 def check_stages(
-    chk: Checker,
-    raw: Any,
-    path: str = "seqwarm.stages",
-    *,
-    pretrain_length: int | None = None,
-    full_length: int | None = None,
-    warmup: bool = False,
+    chk: Checker, raw: Any, path: str = "seqwarm.stages", *, pretrain_length: int | None = None, warmup: bool = False
 ) -> tuple[StageConfig, ...]:
     """The checked stages of a ``stages`` list (JSON objects or :class:`StageConfig`), each with its whole
     position settings (a key left out keeps the previous stage's); every problem goes to ``chk``.
     ``pretrain_length``: the length trained before the first stage (the warmup's top), when known.
-    ``full_length``: the windows' length (this release reads no longer ones). ``warmup``: a warmup runs
-    first (a stage cannot start at token 0)."""
+    ``warmup``: a warmup runs first (a stage cannot start at token 0). A length above the run's seq_length is
+    for the trainer to judge (a rotary model holds it, learned positions do not)."""
     if not isinstance(raw, (list, tuple)) or not raw:
         chk.add(path, raw, "must be a non-empty list of stages", 'write [{"start_tokens": N, "length": L}, ...]')
         return ()
@@ -201,19 +210,15 @@ def check_stages(
                     f"is below the length before it ({before})",
                     f"give a length of at least {before}",
                 )
-            if full_length is not None and length > full_length:
-                chk.add(
-                    f"{where}.length",
-                    length,
-                    f"exceeds the run's seq_length {full_length} (windows are read at seq_length)",
-                    f"raise --seq-length to {length}; the windows are cut to each stage's length",
-                )
         if stage.get("rope_theta") is not None:
             theta = chk.number(stage["rope_theta"], f"{where}.rope_theta", minimum=1.0, strict=True)
         if stage.get("rope_scaling") is not None:
             scaling = _scaling(chk, stage["rope_scaling"], f"{where}.rope_scaling", before)
+        micro = None
+        if stage.get("micro_batch_size") is not None:
+            micro = chk.integer(stage["micro_batch_size"], f"{where}.micro_batch_size")
         if start is not None and length is not None:
-            out.append(StageConfig(start, length, theta, scaling))
+            out.append(StageConfig(start, length, theta, scaling, micro))
         before = length if length is not None else before
     return tuple(out)
 

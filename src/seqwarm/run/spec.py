@@ -384,19 +384,24 @@ def _stage_problems(spec: RunSpec, cfg: RunConfig) -> list[Problem]:
     """What this release's stages do not train yet: each refused rather than trained otherwise."""
     if not cfg.stages:
         return []
+    seq, longest = cfg.full_length or 0, max(s.length for s in cfg.stages)
     refused = [
         (
             spec.deepspeed,
             "the DeepSpeed backend (--deepspeed)",
             "train on the torch backends (one device, DDP, --fsdp)",
         ),
-        (cfg.curriculum is not None and cfg.curriculum.mode == "window", "curriculum mode window", "use truncate"),
         (
             not spec.rotary
             and not spec.model.startswith("hf:")  # an hf: model's own config decides (checked when it is built)
             and any(s.rope_theta is not None or s.rope_scaling is not None for s in cfg.stages),
             "rope_theta / rope_scaling on a model with learned positions",
             "add --rotary, or drop the stages' rope settings",
+        ),
+        (
+            not spec.rotary and not spec.model.startswith("hf:") and longest > seq,
+            f"a length above seq_length {seq} on a model with learned positions (it has {seq} of them)",
+            f"add --rotary (rotary positions hold any length), or raise --seq-length to {longest}",
         ),
     ]
     return [

@@ -27,6 +27,7 @@ from seqwarm.config import RunConfig
 from seqwarm.config.defaults import CURRICULUM_FRACTION, default_train_config
 from seqwarm.config.settings import flag_for
 from seqwarm.curriculum.plan import Plan, data_use, make_plan
+from seqwarm.curriculum.plan_stages import longest_shape, model_length
 from seqwarm.run.checks import check_spec, model_overrides
 from seqwarm.run.command import command_line
 from seqwarm.run.spec import RunSpec, recipe_config, resolve_config
@@ -197,13 +198,14 @@ def _check_memory(spec: RunSpec, cfg: RunConfig, model_cfg, info, device, choice
     zero = (cfg.deepspeed or {}).get("zero_optimization") or {}
     sharded = spec.fsdp or (spec.deepspeed and isinstance(zero, dict) and int(zero.get("stage") or 0) > 0)
     half = choices.precision in ("fp16", "bf16")
+    rows, length = longest_shape(cfg) if cfg.stages else (cfg.micro_batch_size, model_cfg.seq_length)
     estimate = estimate_memory(
         model_cfg.num_params(),
         vocab_rows=getattr(model_cfg, "padded_vocab_size", model_cfg.vocab_size),
         n_embd=model_cfg.n_embd,
         n_layer=model_cfg.n_layer,
-        micro_batch=cfg.micro_batch_size,
-        seq_length=model_cfg.seq_length,
+        micro_batch=rows,
+        seq_length=length,
         half=half,
         shards=info.world_size if sharded else 1,
     )
@@ -274,7 +276,7 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, info, say, stop) -> TrainRe
         model_cfg = GPTConfig.preset(
             spec.model,
             vocab_size=data.vocab_size,
-            seq_length=cfg.seq_length,
+            seq_length=model_length(cfg) if spec.rotary else cfg.seq_length,  # rotary: the longest stage's
             rotary=spec.rotary,
             **model_overrides(spec),
         )

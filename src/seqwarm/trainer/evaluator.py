@@ -119,15 +119,15 @@ class Evaluator:
         """Whether to evaluate after ``step`` (``last``: the run ends with it, and evaluates then anyway)."""
         return bool(self.interval) and step % self.interval == 0 and not last
 
-    def at_length(self, engine, length: int) -> float:
+    def at_length(self, engine, length: int, rows: int | None = None) -> float:
         """The mean validation loss over as many windows of ``length`` tokens (a stage run's pretraining
-        length), the same ones at every evaluation."""
+        length, or a stage's), the same ones at every evaluation; ``rows`` per batch (None: the micro-batch)."""
         windows = self.num_windows if self.num_windows is not None else len(self.data.windows("val", length))
         return evaluate(
             engine,
             self.data,
             length,
-            self.micro_batch_size,
+            rows or self.micro_batch_size,
             None,
             self.device,
             label_style=self.label_style,

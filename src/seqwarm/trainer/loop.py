@@ -19,6 +19,7 @@ import logging
 import math
 import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -170,18 +171,19 @@ class Run:
                 wandb_run_name=opts.wandb_run_name,
             ),
         )
-        self.stages = StagePositions(self.engine, self.model, self.info, self.device, self.log)
+        self.stages = StagePositions.for_run(self)  # with stages: their windows read at each stage's length
         self._optimizer_states = (
             (lambda: optimizer_states(self.optimizer)) if opts.log_optimizer_states_to_tensorboard else None
         )
-        self.batches = data.train_batches(
-            model_cfg.seq_length,
-            cfg.micro_batch_size,
-            seed=opts.seed,
-            rank=dp_rank,
-            world_size=dp_world,
-            label_style=built.label_style,
-            **({"document_masking": True} if cfg.document_masking else {}),
+        self.batches = self.stages.batches(  # data.train_batches(length, rows, ...)
+            partial(
+                data.train_batches,
+                seed=opts.seed,
+                rank=dp_rank,
+                world_size=dp_world,
+                label_style=built.label_style,
+                **({"document_masking": True} if cfg.document_masking else {}),
+            )
         )
         # seqwarm's GPT: a trivial loss mask / positions are its defaults, so they need not be copied; but
         # window mode keeps its positions, which turn trivial at the full length: a compiled model would
@@ -310,7 +312,7 @@ class Run:
             wanted = self.device.type == "cuda" or not (self.cfg.compile or self.resolved.get("compile"))
         if not callable(probe) or not wanted:
             return
-        length, micro, step = self.model_cfg.seq_length, self.cfg.micro_batch_size, self.engine.progress.step + 1
+        (length, micro), step = self.stages.probe_shape, self.engine.progress.step + 1  # the longest length
         seconds = trial_step(
             probe, length=length, micro=micro, vocab_size=self.data.vocab_size, device=self.device, step=step
         )
@@ -324,7 +326,7 @@ class Run:
         read at the next log, eval or save step). An fp16 overflow skips the update: the clock stays."""
         engine, feed, micro_batches = self.engine, self.feed, self.cfg.gradient_accumulation_steps
         engine.begin_step()  # the step's length, decided once, before its micro-batches are drawn
-        self.stages.follow(engine.progress.step + 1, engine.progress.tokens)  # a new stage: its positions set
+        self.stages.follow(engine.progress.step + 1, engine.progress.tokens, feed)  # a new stage: its windows
         if self.whole_steps:  # a pipeline trains the step's micro-batches in one call (DeepSpeed's train_batch)
             cuts = [self.meter.add(engine.cut(feed.draw()), engine.current_seqlen) for _ in range(micro_batches)]
             loss, applied = engine.train_batch([feed.to_device(cut) for cut in cuts])

@@ -32,7 +32,15 @@ from typing import Any
 
 from seqwarm.util.errors import UserError
 
-__all__ = ["LIMIT_ENV", "MemoryEstimate", "estimate_memory", "parse_bytes", "available_memory", "check_memory"]
+__all__ = [
+    "LIMIT_ENV",
+    "MemoryEstimate",
+    "estimate_memory",
+    "gpt_params",
+    "parse_bytes",
+    "available_memory",
+    "check_memory",
+]
 
 LIMIT_ENV = "SEQWARM_MEMORY_LIMIT"
 """Environment variable: the memory a run may assume it has (``off``: no check)."""
@@ -125,6 +133,31 @@ def estimate_memory(
         activations=residual + logits,
         shape=f"micro-batch {micro_batch} x length {seq_length} x vocabulary {vocab_rows:,}",
     )
+
+
+def gpt_params(
+    n_embd: int,
+    n_layer: int,
+    vocab_rows: int,
+    seq_length: int,
+    *,
+    bias: bool = True,
+    rotary: bool = False,
+    non_embedding: bool = False,
+) -> int:
+    """The parameters of seqwarm's GPT from its sizes, without building it (what
+    :meth:`~seqwarm.trainer.model.GPTConfig.num_params` and ``seqwarm plan``'s estimate count): the tied
+    embedding (``vocab_rows`` rows), per layer two LayerNorms, the attention's qkv and output, the MLP, the
+    final LayerNorm, and learned positions (``seq_length`` rows) unless ``rotary``."""
+    d, n = int(n_embd), int(n_layer)
+    ln = 2 * d if bias else d
+    b = 1 if bias else 0
+    per_layer = 2 * ln + (3 * d * d + b * 3 * d) + (d * d + b * d)  # two LNs, qkv, out-proj
+    per_layer += (4 * d * d + b * 4 * d) + (4 * d * d + b * d)  # MLP up, down
+    total = int(vocab_rows) * d + n * per_layer + ln
+    if not rotary and not non_embedding:
+        total += int(seq_length) * d
+    return total
 
 
 def _limit_from_env() -> int | None | str:

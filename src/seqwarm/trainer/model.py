@@ -29,6 +29,7 @@ from seqwarm.config.defaults import PRESETS
 from seqwarm.curriculum.batch import truncate_batch
 from seqwarm.curriculum.rope import rope_frequencies
 from seqwarm.trainer.attention import AttentionPlan, plan_attention
+from seqwarm.trainer.memory import gpt_params
 
 __all__ = ["GPTConfig", "GPT"]
 
@@ -103,18 +104,10 @@ class GPTConfig:
         return dataclasses.replace(self, **changes)
 
     def num_params(self, non_embedding: bool = False) -> int:
-        """Parameter count from the formula (equals ``GPT(self).num_params()``)."""
-        d, v, t, n = self.n_embd, self.padded_vocab_size, self.seq_length, self.n_layer
-        ln = 2 * d if self.bias else d
-        b = 1 if self.bias else 0
-        per_layer = 2 * ln + (3 * d * d + b * 3 * d) + (d * d + b * d)  # two LNs, qkv, out-proj
-        per_layer += (4 * d * d + b * 4 * d) + (4 * d * d + b * d)  # MLP up, down
-        total = v * d + n * per_layer + ln
-        if not self.rotary:
-            total += t * d
-            if non_embedding:
-                total -= t * d
-        return total
+        """Parameter count from the formula (equals ``GPT(self).num_params()``;
+        :func:`~seqwarm.trainer.memory.gpt_params`, which the torch-free plan counts with too)."""
+        sizes = (self.n_embd, self.n_layer, self.padded_vocab_size, self.seq_length)
+        return gpt_params(*sizes, bias=self.bias, rotary=self.rotary, non_embedding=non_embedding)
 
 
 def _rotary_tables(cfg: GPTConfig, inv_freq: list[float] | None = None, scale: float = 1.0):

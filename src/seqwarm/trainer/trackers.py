@@ -67,6 +67,7 @@ SEQWARM_TAGS = {
     "val_loss": "val/loss",
     "val_ppl": "val/ppl",
     "val_loss_pretrain": "val/loss_pretrain",
+    "val_loss_stage": "val/loss_stage",
     "adam_v_l1": "stability/adam_v_l1",
     "adam_v_max": "stability/adam_v_max",
     "loss_ratio": "stability/loss_ratio",

@@ -17,10 +17,11 @@ from seqwarm.config import RunConfig, load_config
 from seqwarm.config.defaults import PRESETS
 from seqwarm.config.describe import describe
 from seqwarm.curriculum.plan import Plan, make_plan
-from seqwarm.curriculum.plan_stages import StagePlan
-from seqwarm.run.checks import check_spec
+from seqwarm.curriculum.plan_stages import StagePlan, longest_shape
+from seqwarm.run.checks import check_spec, model_size
 from seqwarm.run.spec import RunSpec, policy_problems, recipe_config, resolve_config, schedule_problems
 from seqwarm.run.training import recipe_note
+from seqwarm.trainer.memory import estimate_memory, gpt_params
 from seqwarm.trainer.plots import plot_plan
 from seqwarm.util.errors import UserError
 from seqwarm.util.problems import ConfigError, Problem
@@ -78,7 +79,8 @@ def _shapes_line(plan: Plan) -> str:
     )
 
 
-def print_plan(plan: Plan, out=None) -> None:
+def print_plan(plan: Plan, out=None, memory: dict | None = None) -> None:
+    """The plan as ``seqwarm plan`` prints it; ``memory``: :func:`plan_memory`'s estimate (a run with stages)."""
     out = out or sys.stdout
     rows, thinned = _table_rows(plan)
     print(f"{'step':>10} {'seqlen':>7} {'tokens/step':>12} {'tokens':>10} {'lr':>10}", file=out)
@@ -112,7 +114,7 @@ def print_plan(plan: Plan, out=None) -> None:
             f"LR warmup ends:            never: the run stops first, at {plan.warmup_reached:.0%} of the peak LR",
             file=out,
         )
-    _print_stages(plan, out)
+    _print_stages(plan, out, memory)
     print(f"shapes:                    {_shapes_line(plan)}", file=out)
     print(f"compiles with --compile:   {plan.compiles}  ({plan.compiles_why})", file=out)
     notes = {
@@ -135,7 +137,7 @@ def _positions(stage: StagePlan) -> str:
     return "; ".join(parts) or "the model's own positions"
 
 
-def _print_stages(plan: Plan, out) -> None:
+def _print_stages(plan: Plan, out, memory: dict | None = None) -> None:
     """The stages (first step, tokens, length, rows, positions) and the tokens trained at each length."""
     if not plan.stages:
         return
@@ -154,12 +156,57 @@ def _print_stages(plan: Plan, out) -> None:
         f"{u.length}: {human_count(u.tokens)} ({u.tokens / max(plan.total_tokens, 1):.0%})" for u in plan.lengths
     )
     print(f"tokens at each length:     {shares}", file=out)
-    longest = max(u.length for u in plan.lengths)
+    if memory is None:
+        print("memory:                    not estimated here (train checks it before step 1)", file=out)
+        return
     print(
-        f"memory:                    not estimated here; train checks it and runs its trial step at the windows' "
-        f"length {plan.val_shape[1]} (the longest stage trains at {longest}) before step 1",
+        f"memory (estimate):         {memory['describe']} per process, at the longest length the run trains; a "
+        "lower bound from the model's sizes, before anything is allocated (attention scores, MLP activations and "
+        f"the allocator's slack come on top: train runs a trial step at that shape before step 1){memory['note']}",
         file=out,
     )
+
+
+def plan_memory(spec: RunSpec, cfg: RunConfig, world_size: int) -> dict | None:
+    """An estimate of one process's memory at the longest length a run with stages trains (its rows per
+    micro-batch there), from the model's sizes alone — :func:`seqwarm.trainer.memory.estimate_memory`'s lower
+    bound, nothing built; None without stages, or for an ``hf:`` model (train checks those)."""
+    if not cfg.stages or spec.model not in PRESETS:
+        return None
+    preset, size = PRESETS[spec.model], model_size(spec)
+    vocab, note = preset["vocab_size"], f"; the {spec.model} preset's vocabulary of {preset['vocab_size']:,}"
+    meta = Path(spec.data) / "meta.json" if spec.data else None
+    if spec.vocab_size:
+        vocab, note = spec.vocab_size, ""
+    elif meta is not None and meta.is_file():
+        vocab, note = int(json.loads(meta.read_text(encoding="utf-8"))["vocab_size"]), ""
+    multiple = preset.get("vocab_multiple", 1)
+    vocab_rows = -(-vocab // multiple) * multiple
+    rows, length = longest_shape(cfg)
+    params = gpt_params(size["n_embd"], size["n_layer"], vocab_rows, length, rotary=spec.rotary)
+    half = cfg.precision in ("bf16", "fp16")
+    if not cfg.precision_named:
+        note += "; counted in fp32 (a run on CUDA without a precision trains in bf16: less)"
+    estimate = estimate_memory(
+        params,
+        vocab_rows=vocab_rows,
+        n_embd=size["n_embd"],
+        n_layer=size["n_layer"],
+        micro_batch=rows,
+        seq_length=length,
+        half=half,
+        shards=world_size if spec.fsdp else 1,
+    )
+    return {
+        "estimate": True,
+        "bytes": estimate.total,
+        "length": length,
+        "rows": rows,
+        "params": params,
+        "activations_bytes": estimate.activations,
+        "describe": estimate.describe(),
+        "note": note,
+    }
 
 
 def _resolve(spec: RunSpec, world_size: int) -> tuple[RunConfig, list[Problem]]:
@@ -197,15 +244,16 @@ def run(args: argparse.Namespace) -> int:
     note = recipe_note(spec)
     if args.plot:
         plot_plan(plan, args.plot)
+    memory = plan_memory(spec, cfg, args.world_size)
     if args.json:
-        print(json.dumps({**plan.to_dict(), "recipe": note}))
+        print(json.dumps({**plan.to_dict(), "recipe": note, **({"memory": memory} if memory else {})}))
     else:
         for line in describe(cfg):
             print(line)
         if note:
             print(note)
         print()
-        print_plan(plan)
+        print_plan(plan, memory=memory)
         if args.plot:
             print(f"plot written to {args.plot}")
     for problem in (p for p in refused if p not in plan.problems):
