@@ -281,3 +281,21 @@ def test_stages_train_in_window_mode_and_with_document_masking(tmp_path, byte_da
         assert ends
         for b, r, c in ends:
             assert b["position_ids"][r, c + 1] == 0 and b["document_ids"][r, c + 1] != b["document_ids"][r, c]
+
+
+def test_an_hf_model_whose_positions_cannot_hold_the_longest_stage_is_refused_before_training(
+    tmp_path, byte_data, capsys
+):
+    """`--model hf:` with a length-only stage above the model's max_position_embeddings (GPT-2's learned
+    table of 48 rows, a stage of 64): exit 2 naming the stage, before anything is built."""
+    transformers = pytest.importorskip("transformers")
+    from seqwarm.cli import main
+
+    gpt2 = tmp_path / "gpt2"
+    transformers.GPT2Config(vocab_size=260, n_positions=48, n_embd=16, n_layer=1, n_head=2).save_pretrained(gpt2)
+    path = _config(tmp_path, [{"start_tokens": 1200, "length": 64}])
+    args = ["--config", str(path), "--data", str(byte_data), "--model", f"hf:{gpt2}", "--out", str(tmp_path / "r")]
+    assert main(["train", *args, "--device", "cpu", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "max_position_embeddings 48 < the run's sequence length 64 (its longest stage's" in err
+    assert not (tmp_path / "r" / "checkpoints").exists()

@@ -268,8 +268,10 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, info, say, stop) -> TrainRe
     if spec.model.startswith("hf:"):
         from seqwarm.integrations.hf.run import HFEngineBuilder, HFModelConfig, hf_model_path
 
-        model_cfg = HFModelConfig.from_path(
-            hf_model_path(spec.model), vocab_size=data.vocab_size, seq_length=cfg.seq_length
+        model_cfg = HFModelConfig.from_path(  # its positions must hold the longest stage too
+            hf_model_path(spec.model),
+            vocab_size=data.vocab_size,
+            seq_length=model_length(cfg) if cfg.stages else cfg.seq_length,
         )
         builder = HFEngineBuilder()
     else:

@@ -116,7 +116,8 @@ class HFModelConfig:
         if isinstance(positions, int) and positions < seq_length:
             raise UserError(
                 f"--model hf:{path}: max_position_embeddings {positions} < the run's sequence length "
-                f"{seq_length}; lower --seq-length / max_difficulty or raise it in config.json"
+                f"{seq_length} (its longest stage's, with stages); lower --seq-length / max_difficulty / the "
+                "stage's length, or raise it in config.json"
             )
         transformers = require_transformers("--model hf:PATH")
         with torch.device("meta"):  # shapes only: the parameter count and class without allocating
