@@ -74,7 +74,6 @@ def test_stages_change_length_and_positions_and_resume_exactly(tmp_path, byte_da
     "spec, message",
     [
         ({"model": "tiny"}, "learned positions"),
-        ({"model": "tiny", "rotary": True, "deepspeed": True}, "DeepSpeed backend"),
         ({"model": "tiny", "rotary": True, "settings": {"curriculum_mode": "window"}}, "curriculum mode window"),
     ],
 )

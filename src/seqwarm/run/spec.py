@@ -385,11 +385,6 @@ def _stage_problems(spec: RunSpec, cfg: RunConfig) -> list[Problem]:
     if not cfg.stages:
         return []
     refused = [
-        (
-            spec.deepspeed,
-            "the DeepSpeed backend (--deepspeed)",
-            "train on the torch backends (one device, DDP, --fsdp)",
-        ),
         (cfg.curriculum is not None and cfg.curriculum.mode == "window", "curriculum mode window", "use truncate"),
         (
             not spec.rotary
