@@ -251,3 +251,25 @@ def test_zero3_trains_a_theta_and_a_yarn_stage_on_every_rank_like_ddp_and_resume
 
     model = check_export(run, rows[-1]["step"])  # gathered from the partitions, the YaRN stage set on it
     assert model.positions == {"rope_theta": 40000.0, "rope_scaling": stages[1]["rope_scaling"]}
+
+
+@torchrun_test
+def test_a_two_stage_pipeline_trains_stages_with_lengths_only(tmp_path, byte_data):
+    """The pipeline (learned positions) takes stages that change the length only: a reset of the activation
+    shapes at each, as in the warmup. Rope stages are refused there (--rotary is)."""
+    cfg = stages_json(tmp_path / "z1.json", 1)
+    raw = json.loads(cfg.read_text())
+    raw["seqwarm"]["stages"] = [{k: v for k, v in s.items() if k in ("start_tokens", "length")} for s in STAGES]
+    cfg.write_text(json.dumps(raw))
+    run = tmp_path / "pipe"
+    args = ["--config", str(cfg), "--data", str(byte_data), "--pipeline-stages", "2", "--save-interval", "0"]
+    torchrun([*args, "--out", str(run)])
+    rows = train_rows(run)
+    stages = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "stage"]
+    assert [(r["stage"], r["seqlen"], r["rope_theta"], r["rope_scaling"]) for r in stages] == [
+        (1, 48, None, None),
+        (2, 64, None, None),
+    ]
+    lengths = {r["step"]: r["seqlen"] for r in rows}
+    assert {lengths[s] for s in lengths if stages[0]["step"] <= s < stages[1]["step"]} == {48}
+    assert {lengths[s] for s in lengths if s >= stages[1]["step"]} == {64} and rows[-1]["tokens"] >= 4500
