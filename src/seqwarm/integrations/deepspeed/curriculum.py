@@ -92,7 +92,10 @@ class DeepSpeedCurriculum:
 
     Per micro-batch call :meth:`cut` (on every rank, every pipeline stage included), then :meth:`step`
     instead of ``engine.step()``; a pipeline engine: :meth:`cut` every micro-batch of the step, then
-    :meth:`train_batch`. The clock, length and LR are ``curriculum.slw``'s.
+    :meth:`train_batch`. The clock, length and LR are ``curriculum.slw``'s. Stages that set
+    ``rope_theta`` / ``rope_scaling`` are set on ``engine.module`` at the step each begins (:meth:`begin_step`)
+    and in :meth:`load_state_dict` (``curriculum.positions``: :class:`~seqwarm.curriculum.positions.ModelPositions`);
+    a module nothing can set them on is a UserError here.
     """
 
     def __init__(
