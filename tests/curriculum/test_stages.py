@@ -133,6 +133,20 @@ def test_keyword_stages_are_checked():
     assert tracker.begin(5).length == 8 and tracker.changed
 
 
+def test_a_scaling_writes_only_its_types_keys_and_stage_configs_go_back_in_unchanged():
+    linear = {"start_tokens": 1000, "length": 64, "rope_scaling": {"type": "linear", "factor": 2.0}}
+    slw = SequenceLengthWarmup(min_length=8, max_length=32, steps=4, stages=[linear, STAGES[1]])
+    first, second = slw.stages.stages
+    assert first.positions()["rope_scaling"] == {"type": "linear", "factor": 2.0}  # no YaRN defaults
+    yarn = second.positions()["rope_scaling"]
+    assert yarn.items() >= {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64}.items()
+    assert yarn["beta_fast"] == 32.0 and yarn["beta_slow"] == 1.0 and yarn["truncate"] is True
+    assert RopeScaling("linear", 3.0).to_dict() == {"type": "linear", "factor": 3.0}
+    # the StageConfig objects themselves (SequenceLengthWarmup takes them as well as dicts)
+    again = SequenceLengthWarmup(min_length=8, max_length=32, steps=4, stages=[first, second])
+    assert again.stages.stages == (first, second)
+
+
 def _transformers_rope(theta, dim, scaling, max_positions):
     transformers = pytest.importorskip("transformers")
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS

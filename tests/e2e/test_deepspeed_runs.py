@@ -1,4 +1,4 @@
-"""DeepSpeed: ZeRO-2, ZeRO-3 and a 2-stage pipeline on 2 CPU processes (gloo) under torchrun, the
+"""DeepSpeed: ZeRO-2, ZeRO-3 (with stages too) and a 2-stage pipeline on 2 CPU processes (gloo) under torchrun, the
 DeepSpeedCurriculum helper (the docs example, run as written), the config hand-off, and the message
 when DeepSpeed is missing.
 
@@ -191,3 +191,85 @@ def test_own_loop_example_in_the_docs_runs(tmp_path):
         prev = tokens
     assert rows[0][3] == pytest.approx(5e-4) and rows[1][3] == pytest.approx(1e-3, rel=1e-3)
     assert (tmp_path / "ckpt" / "latest").is_file()
+
+
+STAGES = [
+    {"start_tokens": 1200, "length": 48, "rope_theta": 40000.0},
+    {"start_tokens": 2500, "length": 64, "rope_scaling": {"type": "yarn", "factor": 2.0}},
+]
+
+
+def stages_json(path: Path, zero: int | None) -> Path:
+    """The warmup 8 -> 32 over 4 steps, then a θ stage at 48 and a YaRN stage at 64 (4500 tokens in all);
+    global batch 8, micro 2; ZeRO ``zero`` (None: no DeepSpeed block)."""
+    small_config(path, total_step=4, train_tokens=4500, batch=8, micro=2)
+    cfg = json.loads(path.read_text())
+    cfg["curriculum_learning"]["max_difficulty"] = 32
+    cfg["seqwarm"]["stages"] = STAGES
+    if zero is not None:
+        cfg["zero_optimization"] = {"stage": zero}
+    path.write_text(json.dumps(cfg))
+    return path
+
+
+@torchrun_test
+def test_zero3_trains_a_theta_and_a_yarn_stage_on_every_rank_like_ddp_and_resumes_inside_a_stage(tmp_path, byte_data):
+    """Stages under ZeRO-3 (partitioned parameters; the rotary tables are buffers, set whole on each rank):
+    the stage rows, the same losses as DDP over the same 2 ranks (a rank left at the old positions would
+    change the mean), an exact resume inside the YaRN stage, and the export carrying the last stage."""
+    common = ["--data", str(byte_data), "--rotary", "--save-interval", "3"]
+    ds = ["--config", str(stages_json(tmp_path / "z3.json", 3)), *common]
+    run = tmp_path / "zero3"
+    torchrun([*ds, "--out", str(run)])
+    rows = train_rows(run)
+    stages = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "stage"]
+    assert [(r["stage"], r["seqlen"], r["reason"]) for r in stages] == [(1, 48, "begins"), (2, 64, "begins")]
+    for row, stage in zip(stages, STAGES):  # the first step whose clock reached start_tokens
+        assert rows[row["step"] - 2]["tokens"] >= stage["start_tokens"] > rows[row["step"] - 3]["tokens"]
+    assert stages[1]["rope_theta"] == 40000.0 and stages[1]["rope_scaling"]["type"] == "yarn"
+    assert {r["seqlen"] for r in rows if r["step"] >= stages[1]["step"]} == {64}
+
+    ddp = tmp_path / "ddp"  # the torch backend over the same ranks, data and recipe
+    run_torchrun(
+        ["-m", "seqwarm", "train", *FAST_TRAIN_FLAGS, "--log-interval", "1", "--eval-interval", "5"]
+        + ["--config", str(stages_json(tmp_path / "ddp.json", None)), *common, "--out", str(ddp)],
+        2,
+    )
+    ref = train_rows(ddp)
+    assert [(r["seqlen"], r["tokens"]) for r in rows] == [(r["seqlen"], r["tokens"]) for r in ref]
+    for a, b in zip(rows, ref):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-4), a["step"]  # ~1e-6 apart
+
+    part = tmp_path / "part"  # stopped inside the YaRN stage, resumed: the same losses, step for step
+    inside = stages[1]["step"] + 1
+    torchrun([*ds, "--out", str(part), "--train-iters", str(inside)])
+    out = torchrun([*ds, "--out", str(part), "--resume", "--allow-config-change"])
+    assert f"resuming at step {inside}" in out
+    assert {r["step"]: r["loss"] for r in train_rows(part)} == {r["step"]: r["loss"] for r in rows}
+    again = [r for r in read_metrics(part / "metrics.jsonl") if r["kind"] == "stage"]
+    assert (again[-1]["step"], again[-1]["stage"], again[-1]["reason"]) == (inside + 1, 2, "resumed")
+
+    model = check_export(run, rows[-1]["step"])  # gathered from the partitions, the YaRN stage set on it
+    assert model.positions == {"rope_theta": 40000.0, "rope_scaling": stages[1]["rope_scaling"]}
+
+
+@torchrun_test
+def test_a_two_stage_pipeline_trains_stages_with_lengths_only(tmp_path, byte_data):
+    """The pipeline (learned positions) takes stages that change the length only: a reset of the activation
+    shapes at each, as in the warmup. Rope stages are refused there (--rotary is)."""
+    cfg = stages_json(tmp_path / "z1.json", 1)
+    raw = json.loads(cfg.read_text())
+    raw["seqwarm"]["stages"] = [{k: v for k, v in s.items() if k in ("start_tokens", "length")} for s in STAGES]
+    cfg.write_text(json.dumps(raw))
+    run = tmp_path / "pipe"
+    args = ["--config", str(cfg), "--data", str(byte_data), "--pipeline-stages", "2", "--save-interval", "0"]
+    torchrun([*args, "--out", str(run)])
+    rows = train_rows(run)
+    stages = [r for r in read_metrics(run / "metrics.jsonl") if r["kind"] == "stage"]
+    assert [(r["stage"], r["seqlen"], r["rope_theta"], r["rope_scaling"]) for r in stages] == [
+        (1, 48, None, None),
+        (2, 64, None, None),
+    ]
+    lengths = {r["step"]: r["seqlen"] for r in rows}
+    assert {lengths[s] for s in lengths if stages[0]["step"] <= s < stages[1]["step"]} == {48}
+    assert {lengths[s] for s in lengths if s >= stages[1]["step"]} == {64} and rows[-1]["tokens"] >= 4500

@@ -84,7 +84,6 @@ def test_stages_change_length_and_positions_and_resume_exactly(tmp_path, byte_da
     "spec, message",
     [
         ({"model": "tiny"}, "learned positions"),
-        ({"model": "tiny", "rotary": True, "deepspeed": True}, "DeepSpeed backend"),
     ],
 )
 def test_what_stages_do_not_train_yet_is_refused(tmp_path, spec, message):

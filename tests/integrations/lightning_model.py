@@ -66,6 +66,33 @@ class TinyLM(pl.LightningModule):
         return opt
 
 
+class RotaryLM(pl.LightningModule):
+    """seqwarm's rotary GPT in a LightningModule: records (global step, length, the GPT's rotary settings, loss)
+    of every training micro-batch (its rotary tables as their sum), and the tables when training starts."""
+
+    def __init__(self, rotary: bool = True):
+        super().__init__()
+        from seqwarm import GPT, GPTConfig
+
+        torch.manual_seed(0)
+        self.gpt = GPT(GPTConfig(vocab_size=VOCAB, seq_length=SEQ, n_layer=1, n_head=2, n_embd=16, rotary=rotary))
+        self.seen: list[tuple[int, int, float, float]] = []
+        self.at_start: float | None = None
+
+    def on_train_start(self):
+        self.at_start = float(self.gpt.rope_cos.sum()) if self.gpt.config.rotary else None
+
+    def training_step(self, batch, batch_idx):
+        loss = self.gpt(batch["input_ids"], batch["labels"])
+        rope = getattr(self.gpt, "rope_cos", None)  # what the forward used, not only what was recorded
+        tables = float(rope.sum()) if rope is not None else 0.0
+        self.seen.append((self.global_step, batch["input_ids"].shape[1], tables, loss.item()))
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.05)
+
+
 def curriculum_of(trainer):
     for cb in trainer.callbacks:
         if type(cb).__name__ == "SequenceLengthWarmupCallback":

@@ -339,3 +339,75 @@ def test_a_wrapper_hiding_its_model_says_what_to_set(tmp_path, caplog):
     assert cur.mode == "truncate"
     assert "inject_via_kwargs=True" in caplog.text and "TwoChildren.forward" in caplog.text
     assert DeepSpeedCurriculum(engine, cfg, inject_via_kwargs=True).mode == "inject"
+
+
+# -- a stage's rotary positions, set on the engine's module --------------------------------------------
+
+ROPE_STAGE = {"start_tokens": 2000, "length": 64, "rope_theta": 500_000.0}
+
+
+def rotary_module(kind: str) -> torch.nn.Module:
+    """seqwarm's rotary GPT or a tiny Transformers Llama, the same weights for a kind."""
+    torch.manual_seed(0)
+    if kind == "gpt":
+        from seqwarm import GPT, GPTConfig
+
+        return GPT(GPTConfig(vocab_size=50, seq_length=64, n_layer=1, n_head=2, n_embd=16, rotary=True))
+    transformers = pytest.importorskip("transformers")
+    from helpers import tiny_llama_config
+
+    return transformers.LlamaForCausalLM(tiny_llama_config(50))
+
+
+def rotary_table(module: torch.nn.Module) -> torch.Tensor:
+    """The table the module's forward reads its positions from (cos of the GPT, inv_freq of the Llama)."""
+    return module.rope_cos.clone() if hasattr(module, "rope_cos") else module.model.rotary_emb.inv_freq.clone()
+
+
+def on_engine(kind: str) -> FakeEngine:
+    engine = FakeEngine(dp=1)
+    engine.module = rotary_module(kind)
+    engine.optimizer = torch.optim.SGD(engine.module.parameters(), lr=1.0)
+    return engine
+
+
+@pytest.mark.parametrize("kind", ["gpt", "llama"])
+def test_curriculum_sets_a_stages_positions_on_the_engines_module_when_it_begins_and_after_a_load(tmp_path, kind):
+    cfg = fake_config(tmp_path, dp=1, stages=[ROPE_STAGE])
+    base = rotary_table(rotary_module(kind))
+    expected = rotary_module(kind)
+    if kind == "gpt":
+        expected.set_positions(ROPE_STAGE["rope_theta"], None)
+    else:
+        from seqwarm.integrations.hf.positions import set_positions
+
+        set_positions(expected, ROPE_STAGE["rope_theta"], None)
+    stage = rotary_table(expected)
+    assert not torch.equal(base, stage)
+
+    engine = on_engine(kind)
+    cur = DeepSpeedCurriculum(engine, cfg)
+    while cur.slw.stage is None:  # before the stage: the model's own positions at every step
+        assert torch.equal(rotary_table(engine.module), base)
+        before = cur.slw.progress.tokens
+        cur.cut(full_batch())  # the step's first micro-batch begins it (and a stage with it)
+        seen = rotary_table(engine.module)  # what this step's forwards read
+        cur.step()
+        cur.cut(full_batch())
+        cur.step()
+    # the first step whose clock reached start_tokens trained at the stage's positions, set at its first cut
+    assert before >= ROPE_STAGE["start_tokens"] and torch.equal(seen, stage)
+    assert cur.slw.progress.step > 6 and torch.equal(rotary_table(engine.module), stage)
+
+    fresh = on_engine(kind)  # a new process: its own positions until the state is loaded
+    again = DeepSpeedCurriculum(fresh, cfg)
+    assert torch.equal(rotary_table(fresh.module), base)
+    again.load_state_dict(cur.state_dict())  # an evaluation right after a resume already sees the stage's
+    assert torch.equal(rotary_table(fresh.module), stage)
+
+
+def test_rope_stages_on_an_engine_whose_module_nothing_can_set_them_on_are_refused(tmp_path):
+    with pytest.raises(UserError, match="DeepSpeedCurriculum .*rope_theta"):
+        DeepSpeedCurriculum(FakeEngine(dp=1), fake_config(tmp_path, dp=1, stages=[ROPE_STAGE]))
+    length_only = {"start_tokens": 2000, "length": 64}  # nothing to set: any model trains it as asked
+    assert DeepSpeedCurriculum(FakeEngine(dp=1), fake_config(tmp_path, dp=1, stages=[length_only])).slw.stages.stages

@@ -19,7 +19,7 @@ pytest.importorskip("lightning")
 import torch  # noqa: E402
 from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
 from lightning.pytorch.loggers import CSVLogger  # noqa: E402
-from lightning_model import SEQ, TinyLM, loader, trainer  # noqa: E402
+from lightning_model import SEQ, RotaryLM, TinyLM, loader, trainer  # noqa: E402
 
 from helpers import doc_block  # noqa: E402
 from seqwarm.curriculum.lr import LRConfig  # noqa: E402
@@ -115,6 +115,51 @@ def test_a_resume_from_lightnings_checkpoint_continues_exactly(tmp_path):
     assert per_step(resumed) == {s: v for s, v in per_step(full).items() if s >= 4}
     assert cb.curriculum.state_dict() == full_cb.curriculum.state_dict()
     assert len({shape for shapes in per_step(full).values() for shape in shapes}) > 2  # lengths changed
+
+
+STAGED = dict(min_length=8, max_length=16, steps=2, multiple_of=8)
+ROPE_STAGE = {"start_tokens": 100, "length": SEQ, "rope_theta": 500_000.0}
+
+
+def rotary_tables(theta: float | None) -> float:
+    """The sum of the tables of RotaryLM's GPT at base θ ``theta`` (None: its own)."""
+    gpt = RotaryLM().gpt
+    if theta is not None:
+        gpt.set_positions(theta, None)
+    return float(gpt.rope_cos.sum())
+
+
+def fit_staged(tmp, steps: int, ckpt_path: str | None = None) -> RotaryLM:
+    cb = SequenceLengthWarmupCallback(**STAGED, stages=[ROPE_STAGE])
+    saver = ModelCheckpoint(dirpath=tmp / "ckpt", filename="{step}", every_n_train_steps=1, save_top_k=-1)
+    model = RotaryLM()
+    t = trainer(tmp, [cb, saver], max_steps=steps, enable_checkpointing=True)
+    t.fit(model, loader(2), ckpt_path=ckpt_path)  # one batch an epoch: a checkpoint resumes where it stopped
+    return model
+
+
+def test_a_rope_stage_sets_the_positions_on_the_model_at_its_first_step_and_after_a_resume(tmp_path):
+    base, stage = rotary_tables(None), rotary_tables(ROPE_STAGE["rope_theta"])
+    assert base != stage
+    full = fit_staged(tmp_path / "full", 8)
+    first = next(step for step, length, _, _ in full.seen if length == SEQ)  # the stage's first step
+    assert 2 < first < 7  # after the warmup (8 -> 16), before the end
+    # the clock reached start_tokens before the stage's first step, not before the one ahead of it
+    assert {(length, tables) for step, length, tables, _ in full.seen if step < first} <= {(8, base), (16, base)}
+    assert {(length, tables) for step, length, tables, _ in full.seen if step >= first} == {(SEQ, stage)}
+    # a resume inside the stage: the positions set when the checkpoint loads, before any step; the same losses
+    resumed = fit_staged(tmp_path / "resumed", 8, str(tmp_path / "full" / "ckpt" / f"step={first + 1}.ckpt"))
+    assert resumed.at_start == stage
+    assert resumed.seen == [row for row in full.seen if row[0] > first]
+
+
+def test_rope_stages_on_a_module_nothing_can_set_them_on_are_refused(tmp_path):
+    t = trainer(tmp_path, [SequenceLengthWarmupCallback(**STAGED, stages=[ROPE_STAGE])], max_steps=1)
+    with pytest.raises(UserError, match="SequenceLengthWarmupCallback.*rope_theta"):
+        t.fit(RotaryLM(rotary=False), loader(4))
+    length_only = {"start_tokens": 100, "length": SEQ}  # nothing to set: any model trains it as asked
+    t = trainer(tmp_path, [SequenceLengthWarmupCallback(**STAGED, stages=[length_only])], max_steps=1)
+    t.fit(RotaryLM(rotary=False), loader(4))
 
 
 def test_a_resume_from_a_checkpoint_without_the_callbacks_state_is_refused(tmp_path):

@@ -12,7 +12,7 @@ import pytest
 
 from helpers import tiny_run, wandb_summary
 from seqwarm.trainer.metrics import MetricsWriter
-from seqwarm.trainer.trackers import TrackerConfig, open_trackers, scalars, tracker_config
+from seqwarm.trainer.trackers import STAGE_TAGS, TrackerConfig, open_trackers, scalars, tracker_config
 
 TRAIN = {
     "kind": "train",
@@ -330,3 +330,50 @@ def test_the_log_interval_row_gives_the_trackers_what_the_points_do_not(tmp_path
     assert loss_csv == (["1,5.0", "2,3.0"] if interval else ["2,4.0"])
     assert grad_csv == ["2,0.5"]
     assert '"loss": 4.0' in (tmp_path / "metrics.jsonl").read_text()  # the file keeps the window's row
+
+
+STAGE_ROWS = [
+    {"kind": "stage", "step": 5, "tokens": 1280, "stage": 1, "seqlen": 48, "reason": "begins"}
+    | {"rope_theta": 40000.0, "rope_scaling": None},
+    {"kind": "stage", "step": 9, "tokens": 2800, "stage": 2, "seqlen": 64, "reason": "begins"}
+    | {"rope_theta": 40000.0, "rope_scaling": {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 48}},
+]
+
+
+def test_a_stage_row_gets_its_own_tags_at_the_step_it_begins_and_nothing_else():
+    assert list(scalars(STAGE_ROWS[0])) == [
+        ("train/stage", 1.0, 5),
+        ("train/rope_theta", 40000.0, 5),
+        ("train/rope_scaling_factor", 1.0, 5),  # θ set, no scaling
+    ]
+    assert {tag: value for tag, value, _ in scalars(STAGE_ROWS[1])}["train/rope_scaling_factor"] == 2.0
+    # a stage with a length only: its number (its tokens are before the step, not the train row's after it)
+    length_only = {"kind": "stage", "step": 7, "tokens": 900, "stage": 1, "seqlen": 64, "reason": "resumed"}
+    assert list(scalars(length_only | {"rope_theta": None, "rope_scaling": None})) == [("train/stage", 1.0, 7)]
+
+
+def test_tensorboard_and_wandb_get_the_stage_tags(tmp_path, monkeypatch):
+    pytest.importorskip("tensorboard", reason="tensorboard is an optional extra: pip install 'seqwarm[tensorboard]'")
+    pytest.importorskip("wandb", reason="W&B is an optional extra: pip install 'seqwarm[wandb]'")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = tracker_config({"wandb": {"enabled": True, "project": "p"}}, tmp_path, tensorboard_dir=tmp_path / "tb")
+    writer = MetricsWriter(tmp_path, trackers=cfg)
+    for row in STAGE_ROWS:
+        writer.write(row)
+    writer.write(TRAIN | {"step": 9, "tokens": 3300})  # the stage's first step: the tokens after it
+    writer.close()
+    acc = EventAccumulator(str(tmp_path / "tb"))
+    acc.Reload()
+    got = {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in STAGE_TAGS.values()}
+    assert got == {
+        "train/stage": [(5, 1.0), (9, 2.0)],
+        "train/rope_theta": [(5, 40000.0), (9, 40000.0)],
+        "train/rope_scaling_factor": [(5, 1.0), (9, 2.0)],
+    }
+    assert [(e.step, e.value) for e in acc.Scalars("progress/tokens")] == [(9, 3300.0)]
+    summary = wandb_summary(tmp_path)
+    assert summary["train/stage"] == 2 and summary["train/rope_scaling_factor"] == 2.0
+    assert summary["progress/tokens"] == 3300

@@ -12,6 +12,11 @@ Hugging Face integration registers one for Transformers' rotary models when
 A hook, called with the model and the run's stages, returns a setter for a model it knows, None for one it
 does not, and raises :class:`~seqwarm.util.errors.UserError` for a model it knows but cannot set a stage's
 positions on (a rotary module it does not recognise), before anything trains. Imports no torch.
+
+:class:`ModelPositions` is the wiring a framework integration adds next to its curriculum
+(:class:`~seqwarm.integrations.deepspeed.curriculum.DeepSpeedCurriculum`, the Lightning callback): the
+setters found once (or a :class:`~seqwarm.util.errors.UserError` when the stages set positions and nothing
+can), applied at the step a stage begins and after a checkpoint load.
 """
 
 from __future__ import annotations
@@ -19,9 +24,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from seqwarm.curriculum.stages import StageConfig
+from seqwarm.curriculum.stages import StageConfig, refuse_positions, sets_positions, stage_at
 
-__all__ = ["PositionSetter", "PositionsHook", "position_setters", "register_positions_hook"]
+__all__ = ["ModelPositions", "PositionSetter", "PositionsHook", "position_setters", "register_positions_hook"]
+
+NO_SETTER = "no set_positions, no positions hook; for Hugging Face models: import seqwarm.integrations.hf.positions"
 
 PositionSetter = Callable[[Mapping[str, Any], "int | None"], None]
 PositionsHook = Callable[[Any, Sequence[StageConfig]], "PositionSetter | None"]
@@ -58,3 +65,38 @@ def position_setters(model: Any, stages: Sequence[StageConfig] = ()) -> list[Pos
         if setter is not None:
             return [setter]
     return []
+
+
+class ModelPositions:
+    """The stages' rotary positions set on ``model`` for the curriculum ``slw`` (a
+    :class:`~seqwarm.curriculum.warmup.SequenceLengthWarmup`): :meth:`begun` after each ``slw.begin_step()``,
+    :meth:`loaded` after ``slw.load_state_dict``. Built when the stages set positions: every stage is checked
+    on the model now (:func:`position_setters`), and a model nothing can set them on is a UserError naming
+    ``who``. Stages with lengths only need nothing (no setter is looked for)."""
+
+    def __init__(self, model: Any, slw: Any, who: str):
+        self.slw = slw
+        stages = slw.stages.stages
+        self.setters = position_setters(model, stages) if sets_positions(stages) else []
+        if not self.setters:
+            refuse_positions(stages, f"{who} ({NO_SETTER})")
+
+    def set(self, positions: Mapping[str, Any] | None, length: int | None) -> None:
+        """``positions`` (a stage's; None: nothing to set) on the model."""
+        if positions is not None:
+            for setter in self.setters:
+                setter(positions, length)
+
+    def begun(self) -> None:
+        """After ``slw.begin_step()``: the stage's positions when it begins with this step (or it is the first
+        step after a load inside one)."""
+        slw = self.slw
+        if self.setters and slw.stage_changed and slw.stage is not None:
+            self.set(slw.positions, slw.stage.length)
+
+    def loaded(self) -> None:
+        """After a checkpoint load: the positions of the stage the clock is in (the tables are not saved), so
+        an evaluation before the next step uses them."""
+        found = stage_at(self.slw.progress.tokens, self.slw.stages.stages) if self.setters else None
+        if found is not None:
+            self.set(found[1].positions(), found[1].length)

@@ -77,8 +77,10 @@ class RopeScaling:
     """YaRN: round the ramp's ends to whole channels (Transformers' default)."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The given keys as a Transformers ``rope_scaling`` dict (``type`` and the keys set)."""
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        """A Transformers ``rope_scaling`` dict: ``type`` and the keys of that type that are set (a linear
+        scaling: ``factor`` only; YaRN: its defaults too)."""
+        keys = _SCALING_KEYS.get(self.type, ())
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and k in keys}
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,8 @@ def check_stages(
     for i, stage in enumerate(raw):
         where = f"{path}[{i}]"
         if isinstance(stage, StageConfig):
-            stage = {k: v for k, v in dataclasses.asdict(stage).items() if v is not None}
+            stage = {f.name: getattr(stage, f.name) for f in dataclasses.fields(stage)}  # its RopeScaling kept
+            stage = {k: v for k, v in stage.items() if v is not None}
         if not isinstance(stage, Mapping):
             chk.add(where, stage, "must be an object", 'write {"start_tokens": N, "length": L}')
             continue

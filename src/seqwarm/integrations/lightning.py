@@ -24,6 +24,12 @@ The callback holds a :class:`~seqwarm.curriculum.warmup.SequenceLengthWarmup` bu
   budget reached (``train_tokens`` ...) stops the Trainer.
 - ``state_dict`` / ``load_state_dict``: the curriculum's state, saved in Lightning's checkpoints and
   restored by ``Trainer.fit(ckpt_path=...)``; a resume from a checkpoint without it is refused.
+- Stages with ``rope_theta`` / ``rope_scaling``: ``on_fit_start`` (after a checkpoint's state is loaded,
+  before the sanity check) finds who sets the positions on the LightningModule — seqwarm's rotary GPT
+  (``set_positions``) or a Transformers rotary model inside it (:mod:`seqwarm.integrations.hf.positions`),
+  :class:`~seqwarm.curriculum.positions.ModelPositions` — checks every stage on it (a UserError when none
+  can be set) and sets the stage the clock is in (a resume); then the first micro-batch of the step a
+  stage begins sets its positions, before the forward.
 
 The class is built on first access, and only then is Lightning imported (``lightning.pytorch``, or the
 older ``pytorch_lightning`` package where that is the one installed).
@@ -38,8 +44,9 @@ from typing import Any
 import torch
 
 from seqwarm.curriculum.inputs import set_lr
-from seqwarm.curriculum.stages import refuse_positions
+from seqwarm.curriculum.positions import ModelPositions
 from seqwarm.curriculum.warmup import SequenceLengthWarmup
+from seqwarm.integrations.hf import positions as _hf_positions  # noqa: F401 (registers the Transformers hook)
 from seqwarm.util.errors import MissingDependencyError, UserError
 
 __all__ = ["SequenceLengthWarmupCallback", "require_lightning"]
@@ -103,11 +110,15 @@ def _build(pl: Any) -> type:
         def __init__(self, *args: Any, **kwargs: Any):
             super().__init__()
             self.curriculum = SequenceLengthWarmup(*args, **kwargs)
-            refuse_positions(self.curriculum.stages.stages, "SequenceLengthWarmupCallback")
+            self._positions: ModelPositions | None = None  # found on the LightningModule at on_fit_start
             self._stepped = False
             self._scale: float | None = None
 
         # -- checks at the start ------------------------------------------------------------------
+        def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+            self._positions = None  # found again: the module may have changed since the last fit
+            self._model_positions(pl_module).loaded()  # a resume inside a stage: its positions before any step
+
         def on_train_start(self, trainer: Any, pl_module: Any) -> None:
             slw = self.curriculum
             if not pl_module.automatic_optimization:
@@ -128,12 +139,19 @@ def _build(pl: Any) -> type:
                     "and the length ramp would start again; resume from a checkpoint saved with the callback"
                 )
 
+        def _model_positions(self, pl_module: Any) -> ModelPositions:
+            """Who sets the stages' positions on ``pl_module`` (every stage checked on it once)."""
+            if self._positions is None:
+                self._positions = ModelPositions(pl_module, self.curriculum, NAME)
+            return self._positions
+
         # -- one optimizer step -------------------------------------------------------------------
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
             _check_batch(batch)
             slw = self.curriculum
             if not slw.step_open:
                 slw.begin_step()
+                self._model_positions(pl_module).begun()  # a stage begins with this step: its positions first
             _replace_contents(batch, slw.cut(batch))
 
         def on_before_optimizer_step(self, trainer: Any, pl_module: Any, optimizer: Any) -> None:

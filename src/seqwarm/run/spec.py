@@ -387,11 +387,6 @@ def _stage_problems(spec: RunSpec, cfg: RunConfig) -> list[Problem]:
     seq, longest = cfg.full_length or 0, max(s.length for s in cfg.stages)
     refused = [
         (
-            spec.deepspeed,
-            "the DeepSpeed backend (--deepspeed)",
-            "train on the torch backends (one device, DDP, --fsdp)",
-        ),
-        (
             not spec.rotary
             and not spec.model.startswith("hf:")  # an hf: model's own config decides (checked when it is built)
             and any(s.rope_theta is not None or s.rope_scaling is not None for s in cfg.stages),

@@ -4,8 +4,10 @@ stage begins, the same on every rank, and the change recorded.
 The curriculum object decides the stage from the clock at ``begin_step``
 (:class:`~seqwarm.curriculum.warmup.SequenceLengthWarmup`) and says when it changed (``slw.stage_changed``,
 also at the first step after a resume inside a stage, since the rotary tables are not saved).
-The engine's ``begin_step`` sets the stage's positions on the model
-(:meth:`~seqwarm.curriculum.engine.CurriculumEngine.begin_step`: ``set_positions`` on seqwarm's GPT);
+The engine's ``begin_step`` sets the stage's positions on the model through the setters of
+:mod:`seqwarm.curriculum.positions` (seqwarm's GPT's ``set_positions``, the hook for an ``hf:`` model;
+:meth:`~seqwarm.curriculum.engine.CurriculumEngine.begin_step`, or ``DeepSpeedCurriculum.begin_step`` under
+``--deepspeed``);
 :meth:`StagePositions.follow`, called right after it, checks that every rank is in the same stage with the
 same settings, switches the training windows to the stage's length and rows
 (:class:`~seqwarm.trainer.stage_data.StageBatches`, built by :meth:`StagePositions.batches`), and writes a

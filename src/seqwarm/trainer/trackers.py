@@ -21,8 +21,11 @@ built on Megatron-DeepSpeed runs keep working. Rows of kind ``step`` are the per
 ``--tensorboard-log-interval`` steps, as Megatron-DeepSpeed's ``training_log`` writes them), with the
 optimizer's state norms (``optimizer/variance_l2``, ..., against steps and as ``... vs tokens``) when
 ``--log-optimizer-states-to-tensorboard`` asks for them; a row of kind ``window`` is what the
-``--log-interval`` row adds to them (grad norm, tokens/s, Adam statistics). A tracker that is asked for
-and not installed gets one warning naming the extra.
+``--log-interval`` row adds to them (grad norm, tokens/s, Adam statistics). A row of kind ``stage`` (a
+stage of the length schedule begins, or is set again after a resume) gives :data:`STAGE_TAGS` only, at the
+step it begins: ``train/stage`` (its number, from 1), ``train/rope_theta`` (when the stages set θ) and
+``train/rope_scaling_factor`` (the scaling's factor; 1 for a stage that sets θ without scaling). A tracker
+that is asked for and not installed gets one warning naming the extra.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "SEQWARM_TAGS",
     "MEGATRON_TAGS",
+    "STAGE_TAGS",
     "OPTIMIZER_STATE_TAGS",
     "optimizer_states",
     "TrackerConfig",
@@ -88,6 +92,9 @@ MEGATRON_TAGS = {
 """metrics.jsonl key -> Megatron-DeepSpeed's tag (also logged as ``TAG vs samples`` / ``TAG vs tokens``);
 ``actual_seqlen`` is the row's ``seqlen`` (the length trained: Megatron sets ``actual_seq_length`` to the
 curriculum's length), ``iteration_time`` seconds per step."""
+STAGE_TAGS = {"stage": "train/stage", "rope_theta": "train/rope_theta", "factor": "train/rope_scaling_factor"}
+"""A ``stage`` row's key -> its tag (x axis: the optimizer step the stage begins at); ``factor`` is the
+``rope_scaling``'s."""
 OPTIMIZER_STATE_TAGS = tuple(
     f"optimizer/{what}_{norm}"
     for norm in ("l2", "l1", "abs_max")
@@ -138,6 +145,9 @@ def scalars(row: Mapping[str, Any]) -> Iterator[tuple[str, float, int]]:
     """``(tag, value, x)`` of every number a metrics row holds, under every tag it is logged as."""
     step, samples, tokens = int(row["step"]), row.get("samples"), row.get("tokens")
     kind = row.get("kind")
+    if kind == "stage":  # its own tags only: its tokens are those before the step, the train row's after it
+        yield from _stage_scalars(row, step)
+        return
     # an eval row's seqlen is the evaluation length (full), not the curriculum's; a window row's position
     # (tokens) is its step point's
     skip = {"eval": ("seqlen", "actual_seqlen"), "window": ("tokens",)}.get(kind, ())
@@ -167,6 +177,16 @@ def scalars(row: Mapping[str, Any]) -> Iterator[tuple[str, float, int]]:
         yield "steps-vs-samples/y=samples,x=steps", float(samples), step
         yield "steps-vs-tokens/y=steps,x=tokens", float(step), tokens
         yield "steps-vs-tokens/y=tokens,x=steps", float(tokens), step
+
+
+def _stage_scalars(row: Mapping[str, Any], step: int) -> Iterator[tuple[str, float, int]]:
+    scaling = row.get("rope_scaling")
+    factor = scaling.get("factor") if isinstance(scaling, Mapping) else None
+    if factor is None and row.get("rope_theta") is not None:
+        factor = 1.0  # positions set, no scaling
+    for key, value in (("stage", row.get("stage")), ("rope_theta", row.get("rope_theta")), ("factor", factor)):
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            yield STAGE_TAGS[key], float(value), step
 
 
 @dataclass(frozen=True)
@@ -311,7 +331,7 @@ class _Wandb:
     def log(self, row: Mapping[str, Any]) -> None:
         values = {tag: value for tag, value, _ in scalars(row) if not tag.startswith("steps-vs-")}
         for key in ("samples", "tokens"):
-            if isinstance(row.get(key), int):
+            if isinstance(row.get(key), int) and row.get("kind") != "stage":  # the stage's: before its step
                 values[f"progress/{key}"] = row[key]
         self.run.log(values, step=int(row["step"]))
 

@@ -34,10 +34,11 @@ import torch
 
 from seqwarm.config import RunConfig
 from seqwarm.curriculum.inputs import check_state_format, set_lr
+from seqwarm.curriculum.positions import ModelPositions
 from seqwarm.curriculum.run import as_run_config
-from seqwarm.curriculum.stages import refuse_positions
 from seqwarm.curriculum.warmup import SequenceLengthWarmup
 from seqwarm.integrations.deepspeed.engine_config import build_deepspeed_optimizer, deepspeed_config, skip_cpu_shm_comm
+from seqwarm.integrations.hf import positions as _hf_positions  # noqa: F401 (registers the Transformers hook)
 from seqwarm.util.errors import MissingDependencyError, UserError
 
 __all__ = [
@@ -91,7 +92,10 @@ class DeepSpeedCurriculum:
 
     Per micro-batch call :meth:`cut` (on every rank, every pipeline stage included), then :meth:`step`
     instead of ``engine.step()``; a pipeline engine: :meth:`cut` every micro-batch of the step, then
-    :meth:`train_batch`. The clock, length and LR are ``curriculum.slw``'s.
+    :meth:`train_batch`. The clock, length and LR are ``curriculum.slw``'s. Stages that set
+    ``rope_theta`` / ``rope_scaling`` are set on ``engine.module`` at the step each begins (:meth:`begin_step`)
+    and in :meth:`load_state_dict` (``curriculum.positions``: :class:`~seqwarm.curriculum.positions.ModelPositions`);
+    a module nothing can set them on is a UserError here.
     """
 
     def __init__(
@@ -123,7 +127,9 @@ class DeepSpeedCurriculum:
             inject_via_kwargs=inject_via_kwargs,
             layout=layout,
         )
-        refuse_positions(self.slw.stages.stages, "DeepSpeedCurriculum")
+        # a stage's rotary positions, set on the wrapped model (every rank: the same clock) when it begins and
+        # after a load: seqwarm's GPT (set_positions) or a Transformers model (its hook); none: UserError
+        self.positions = ModelPositions(getattr(engine, "module", engine), self.slw, "DeepSpeedCurriculum")
         self.scheduler = self.slw.scheduler
         self.mode = self.slw.mode
         if getattr(engine, "lr_scheduler", None) is not None:
@@ -162,11 +168,19 @@ class DeepSpeedCurriculum:
         the micro-batch's shape changes. Call it for every training micro-batch, on every rank."""
         self._settle()
         if not self.slw.step_open:
-            self.slw.begin_step()
+            self.begin_step()
         out = self.slw.cut(batch, trim=trim)
         if self.pipeline:
             self.pipe_shape(self.slw.micro_shape)
         return out
+
+    def begin_step(self) -> int | None:
+        """Decide the length of the optimizer step about to run (``slw.begin_step()``), and set a stage's
+        rotary positions on the model when one begins with it; :meth:`cut` calls it at a step's first
+        micro-batch."""
+        length = self.slw.begin_step()
+        self.positions.begun()
+        return length
 
     def pipe_shape(self, shape: tuple[int, ...] | None) -> None:
         """A pipeline engine's next micro-batch has this (rows, length): its activation shapes are reset
@@ -234,6 +248,7 @@ class DeepSpeedCurriculum:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         check_state_format(state, STATE_FORMAT, "DeepSpeedCurriculum")
         self.slw.load_state_dict(state)
+        self.positions.loaded()  # the rotary tables are not in a checkpoint: the clock's stage set again
         self._pipe_shape = None
         self._staged = None
 
@@ -318,7 +333,7 @@ class DeepSpeedEngineAdapter:
         return self.train(False)
 
     def begin_step(self) -> int | None:
-        return self.slw.begin_step()
+        return self.curriculum.begin_step()
 
     def cut(self, batch: Mapping[str, Any]) -> dict[str, Any]:
         """The loop's cut, made on the host before the copy (inject mode: trimmed to the length too)."""

@@ -185,6 +185,7 @@ class DeepSpeedCheckpointer:
         self.model, self.engine, self.ds = built.model, built.engine, built.engine.module
         self.info, self.keep, self.deepspeed, self.pipeline_stages = info, keep, deepspeed, pipeline_stages
         self.interval = interval
+        self.positions: dict[str, Any] | None = None  # the last save's stage positions, for the export
 
     def due(self, step: int, last: bool) -> bool:
         return save_due(self.interval, step, last)
@@ -197,6 +198,7 @@ class DeepSpeedCheckpointer:
     def save(self, step: int, loop_state: dict[str, Any]) -> Path | None:
         """DeepSpeed's checkpoint of this step (every rank writes its part), seqwarm's state inside."""
         tag = f"step_{step:08d}"
+        self.positions = loop_state.get("positions")  # the loop saves at the end, before finish()
         state = {"format": STATE_FORMAT, "engine": self.engine.state_dict(), **loop_state}
         self.ds.save_checkpoint(str(self.ds_dir), tag=tag, client_state={"seqwarm": state})
         if self.info.is_main and self.keep > 0:
@@ -269,6 +271,7 @@ class DeepSpeedCheckpointer:
                 "config": config,
                 "deepspeed": True,
                 "last_val": last_val,
+                "positions": self.positions,  # the stage the weights trained in: eval / export set it
             }
             path = save_checkpoint(self.folder, progress.step, payload, keep=self.keep)
         barrier(self.info)
