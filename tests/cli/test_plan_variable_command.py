@@ -24,7 +24,7 @@ def plan_json(argv, capsys) -> dict:
 def test_the_plan_reads_the_prepared_folders_train_documents(tmp_path, byte_data, capsys):
     config = small_config(tmp_path / "c.json", seq=64, batch=8, train_tokens=40_000)
     argv = [str(config), "--data", str(byte_data), "--curriculum-mode", "variable", "--variable-curriculum"]
-    plan = plan_json([*argv, "grow_p2", "--num-cycles", "2", "--seed", "7"], capsys)
+    plan = plan_json([*argv, "grow_p2", "--variable-cycles", "2", "--seed", "7"], capsys)
     offsets = MegatronIndexed(byte_data / "train").doc_offsets
     expected = plan_variable(
         decompose(offsets, 8, 64), 8 * 64, curriculum="grow_p2", num_cycles=2, seed=7, train_tokens=40_000
@@ -36,7 +36,7 @@ def test_the_plan_reads_the_prepared_folders_train_documents(tmp_path, byte_data
     assert plan["total_steps"] == expected.total_steps == 79 and plan["documents"] == len(offsets) - 1
     assert plan["data"].endswith("train") and plan["points"][-1]["lr"] == pytest.approx(0.0002)
     # the table says the same
-    assert main(["plan", *argv, "grow_p2", "--num-cycles", "2", "--seed", "7"]) == 0
+    assert main(["plan", *argv, "grow_p2", "--variable-cycles", "2", "--seed", "7"]) == 0
     out = capsys.readouterr().out
     assert "curriculum grow_p2, 2 cycles an epoch, seed 7" in out
     row = next(line for line in out.splitlines() if line.split()[:1] == ["64"])
@@ -55,15 +55,20 @@ def test_a_config_that_says_variable_is_planned_in_that_mode_with_the_blocks_sch
     assert all(p["longest"] <= p["cap"] for p in capped)
 
 
-def test_the_variable_plans_mistakes_are_one_line_and_exit_2(tmp_path, byte_data, capsys):
+def test_the_variable_plans_mistakes_are_one_line_and_exit_2(tmp_path, byte_data, capsys, caplog):
     config = small_config(tmp_path / "c.json", seq=48)
     base = [str(config), "--data", str(byte_data), "--curriculum-mode", "variable"]
     assert main(["plan", *base]) == 2
     err = capsys.readouterr().err
     assert "max_difficulty" in err and "powers of 2" in err and "Traceback" not in err
     config = small_config(tmp_path / "d.json", seq=64)
-    assert main(["plan", str(config), "--curriculum-mode", "variable", "--num-cycles", "3"]) == 2
-    assert "--num-cycles is grow_p2's" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:  # the plan takes train's flags, and no flag of its own
+        main(["plan", str(config), "--curriculum-mode", "variable", "--num-cycles", "3"])
+    assert exit_.value.code == 2
+    assert "--variable-cycles" in capsys.readouterr().err
+    argv = [str(config), "--data", str(byte_data), "--curriculum-mode", "variable", "--variable-cycles", "3"]
+    assert main(["plan", *argv]) == 0  # as train says it: cycles are grow_p2's
+    assert "variable_cycles has no effect with variable_curriculum schedule" in capsys.readouterr().err + caplog.text
     assert main(["plan", str(config), "--curriculum-mode", "variable", "--data", str(tmp_path)]) == 2
     assert "Traceback" not in capsys.readouterr().err
 
@@ -77,7 +82,7 @@ def test_megatron_data_path_plans_its_train_split(tmp_path, capsys):
     config = small_config(tmp_path / "c.json", seq=64, train_tokens=20_000)
     argv = [str(config), "--data-path", str(tmp_path / "corpus_text_document"), "--curriculum-mode", "variable"]
     plan = plan_json([*argv, "--variable-curriculum", "natural", "--split", "90,10,0"], capsys)
-    assert plan["documents"] == 180 and "180 train documents" in plan["data"]
+    assert plan["documents"] == 180 and "(--split 90,10,0; 180 documents)" in plan["data"]
     expected = decompose(np.concatenate([[0], np.cumsum(lengths[:180])]), 8, 64)
     assert [b["chunks"] for b in plan["buckets"]] == list(expected.chunks_per_bucket())
 

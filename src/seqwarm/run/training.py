@@ -27,6 +27,7 @@ from seqwarm.config import RunConfig
 from seqwarm.config.defaults import CURRICULUM_FRACTION, default_train_config
 from seqwarm.config.settings import flag_for
 from seqwarm.curriculum.plan import Plan, data_use, make_plan
+from seqwarm.curriculum.plan_variable_text import bucket_lines
 from seqwarm.run.checks import check_spec, model_overrides
 from seqwarm.run.command import command_line
 from seqwarm.run.spec import RunSpec, recipe_config, resolve_config
@@ -173,6 +174,29 @@ def _print_plan(cfg: RunConfig, start_step: int, train_windows: int | None = Non
     return plan
 
 
+def _print_variable_plan(cfg: RunConfig, run, say) -> None:
+    """Curriculum mode variable at the start of a run: the mode line, the bucket table ``seqwarm plan``
+    prints (short form, from the run's own decompositions and samplers' settings) and its warnings."""
+    say(run.batches.describe(), flush=True)
+    try:
+        plan = run.batches.plan(cfg)
+    except UserError as err:  # e.g. a budget past the plan's step limit: the run itself goes on
+        logger.warning("warning: no plan of the variable-length run (%s)", err)
+        return
+    for line in bucket_lines(plan, short=True):
+        say(line, flush=True)
+    resuming = f" (resuming at {run.engine.global_steps:,})" if run.engine.global_steps else ""
+    say(
+        f"plan:        {plan.total_steps:,} steps of {human_count(plan.tokens_per_step)} tokens{resuming}; "
+        f"passes: the times a bucket's chunks are trained over the run (seqwarm plan shows the rest)",
+        flush=True,
+    )
+    for message in plan.warnings:
+        if message not in cfg.warnings:
+            logger.warning("warning: %s", message)
+    run.log.expect(plan.total_steps, plan.total_tokens)
+
+
 def _data_dir(spec: RunSpec, info) -> Path:
     from seqwarm.data import embedded_data_dir
     from seqwarm.trainer.distributed import barrier
@@ -313,10 +337,7 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, info, say, stop) -> TrainRe
     for line in recorded:
         logger.warning("%s", line)
     if info.is_main and run.choices.mode == "variable":  # what the mode does; every step the same tokens
-        say(run.batches.describe(), flush=True)
-        if cfg.train_tokens:
-            per_step = run.batches.tokens_per_step
-            run.log.expect(-(-cfg.train_tokens // per_step), -(-cfg.train_tokens // per_step) * per_step)
+        _print_variable_plan(cfg, run, say)
     elif info.is_main:
         plan = _print_plan(cfg, run.engine.global_steps, len(run.batches.windows))
         if plan is not None:
