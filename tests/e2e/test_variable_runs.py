@@ -66,6 +66,34 @@ def test_a_variable_run_trains_one_length_per_step_with_the_same_tokens(tmp_path
     assert resolved["curriculum"]["mode"] == "variable" and resolved["variable_curriculum"] == "grow_p2"
 
 
+@pytest.mark.parametrize("curriculum", ["linear", "grow_p2"])
+def test_seqwarm_plan_gives_the_lengths_the_run_trains_step_by_step(tmp_path, varied_data, curriculum, capsys):
+    # the same command line for both: plan reads the run's settings (tokens per step, seed, curriculum,
+    # cycles, linear's steps from the budget) as train reads them
+    config = small_config(tmp_path / "c.json", train_tokens=12 * TOKENS_PER_STEP, curriculum_mode="variable")
+    argv = [*FAST, "--config", str(config), "--data", str(varied_data), "--seed", "11"]
+    argv += ["--variable-curriculum", curriculum] + (["--variable-cycles", "3"] if curriculum == "grow_p2" else [])
+    assert main(["plan", *argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [p["step"] for p in plan["points"]] == list(range(1, 13))  # a row per step: each its step's length
+    assert all(p["shortest"] == p["longest"] for p in plan["points"])
+    planned = [p["longest"] for p in plan["points"]]
+    assert len(set(planned)) >= 2, planned
+    if curriculum == "linear":  # the cap grows over the budget's 12 steps, from 8 to 64
+        assert plan["caps"][0][1] < 64 == plan["caps"][-1][1] and plan["caps"][-1][0] <= 12
+        assert all(p["longest"] <= p["cap"] for p in plan["points"])
+
+    out = tmp_path / "run"
+    assert main(["train", *argv, "--out", str(out), "--eval-interval", "0"]) == 0
+    assert [r["seqlen"] for r in train_rows(out)] == planned
+    # the run prints the plan's bucket table (short form) at its start: each length's steps over the run
+    printed = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(printed) if line.split()[:3] == ["length", "chunks", "share"])
+    table = {int(r.split()[0]): r.split() for r in printed[head + 1 : head + 5]}
+    assert sorted(table) == [8, 16, 32, 64]
+    assert {length: int(row[5]) for length, row in table.items()} == {n: planned.count(n) for n in table}
+
+
 # -- SIGKILL + --resume -------------------------------------------------------------------------------
 
 

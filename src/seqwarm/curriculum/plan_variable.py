@@ -298,7 +298,8 @@ def plan_variable(
 def _points(seq, epochs, cycles, caps, tokens_per_step, lr_cfg, rows) -> tuple[VariablePoint, ...]:
     """About ``rows`` points, evenly spaced in steps, the last at the run's end."""
     n = seq.size
-    ends = sorted({max(1, round(n * (i + 1) / max(1, rows))) for i in range(min(rows, n))})
+    count = max(1, min(rows, n))  # a run of fewer steps than rows: a row per step
+    ends = sorted({max(1, round(n * (i + 1) / count)) for i in range(count)})
     points, start, progress = [], 0, Progress()
     clock = lr_cfg or LRConfig()
     for end in ends:
