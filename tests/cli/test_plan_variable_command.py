@@ -87,12 +87,36 @@ def test_megatron_data_path_plans_its_train_split(tmp_path, capsys):
     assert [b["chunks"] for b in plan["buckets"]] == list(expected.chunks_per_bucket())
 
 
+def _megatron_file(prefix, seed, docs=200):
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(10, 300, docs)
+    writer = IndexedWriter(prefix, np.dtype(np.uint16))
+    writer.add_documents(rng.integers(0, 250, int(lengths.sum())).astype(np.uint16), lengths)
+    writer.close()
+    return str(prefix)
+
+
+def test_a_blend_is_planned_per_source_with_its_weights(tmp_path, capsys):
+    a, b = _megatron_file(tmp_path / "a_text_document", 1), _megatron_file(tmp_path / "b_text_document", 2, 400)
+    config = small_config(tmp_path / "c.json", seq=64, train_tokens=100 * 512, curriculum_mode="variable")
+    argv = [str(config), "--data-path", "1", a, "3", b, "--split", "1,0,0", "--variable-curriculum", "natural"]
+    plan = plan_json(argv, capsys)
+    assert [s["steps"] for s in plan["sources"]] == [25, 75]
+    assert [s["weight"] for s in plan["sources"]] == [0.25, 0.75] and plan["documents"] == 600
+    assert {b["source"] for b in plan["buckets"]} == {0, 1}
+    assert main(["plan", *argv]) == 0
+    out = capsys.readouterr().out
+    assert "source 1:" in out and "weight 75.0%" in out and "one source a step, by its weight" in out
+
+
 def test_the_variable_plan_imports_no_torch(tmp_path, byte_data):
     config = small_config(tmp_path / "c.json", seq=64)
+    a, b = _megatron_file(tmp_path / "a_text_document", 1), _megatron_file(tmp_path / "b_text_document", 2)
     code = (
         "import sys; from seqwarm.cli import main; "
         f"assert main(['plan', {str(config)!r}, '--data', {str(byte_data)!r}, '--curriculum-mode', 'variable', "
-        "'--json']) == 0; assert 'torch' not in sys.modules, 'torch imported'"
+        f"'--json']) == 0; assert main(['plan', {str(config)!r}, '--data-path', {a!r}, {b!r}, "
+        "'--curriculum-mode', 'variable', '--json']) == 0; assert 'torch' not in sys.modules, 'torch imported'"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

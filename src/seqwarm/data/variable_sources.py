@@ -187,9 +187,11 @@ def variable_plan(
     seed: int,
     world_size: int,
     rows: int = 24,
+    keep_steps: bool = False,
 ) -> VariablePlan:
     """The run of ``cfg`` in curriculum mode variable over these sources ahead of time: the draw training
-    makes (the same settings, seeds and steps), to the config's budget, with its LR."""
+    makes (the same settings, seeds and steps), to the config's budget, with its LR (``keep_steps``: every
+    step's length too)."""
     settings = VariableSettings.of(cfg)
     try:
         return plan_variable(
@@ -204,6 +206,7 @@ def variable_plan(
             train_samples=cfg.train_samples,
             lr=cfg.lr,
             rows=rows,
+            keep_steps=keep_steps,
             **settings.sampler_options(world_size),
         )
     except UserError as err:
