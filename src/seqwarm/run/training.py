@@ -174,10 +174,27 @@ def _print_plan(cfg: RunConfig, start_step: int, train_windows: int | None = Non
     return plan
 
 
+VARIABLE_PLAN_STEPS = 250_000
+"""The most steps a run in curriculum mode variable replays at its start to print its plan (~20 s)."""
+
+
 def _print_variable_plan(cfg: RunConfig, run, say) -> None:
     """Curriculum mode variable at the start of a run: the mode line, the bucket table ``seqwarm plan``
     prints (short form, from the run's own decompositions and samplers' settings) and its warnings."""
     say(run.batches.describe(), flush=True)
+    per_step, longest = run.batches.tokens_per_step, run.batches.settings.max_length
+    bounds = [-(-cfg.train_tokens // per_step)] if cfg.train_tokens else []
+    bounds += [cfg.train_iters] if cfg.train_iters else []
+    bounds += [-(-cfg.train_samples * longest // per_step)] if cfg.train_samples else []  # >= per_step / longest rows
+    if min(bounds, default=0) > VARIABLE_PLAN_STEPS:  # the replay takes ~80 us a step: not minutes before step 1
+        say(
+            f"plan:        up to {min(bounds):,} steps, too many to replay here (over {VARIABLE_PLAN_STEPS:,}); "
+            "seqwarm plan --curriculum-mode variable with the same arguments shows the buckets and warnings",
+            flush=True,
+        )
+        if cfg.train_tokens:  # every step the same tokens
+            run.log.expect(bounds[0], bounds[0] * per_step)
+        return
     try:
         plan = run.batches.plan(cfg)
     except UserError as err:  # e.g. a budget past the plan's step limit: the run itself goes on
