@@ -150,7 +150,7 @@ class VariablePlan:
     total_samples: int
     stop_reason: str
     epochs: float
-    """Steps of the run / steps per epoch."""
+    """Steps of the run / steps per epoch (a blend: the most of any source, its steps / its steps per epoch)."""
     skipped_steps: int
     """Steps of longer buckets an epoch ended without (under a cap)."""
     points: tuple[VariablePoint, ...]
