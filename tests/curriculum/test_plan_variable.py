@@ -121,3 +121,65 @@ def test_a_draw_without_indices_moves_the_state_as_a_draw_with_them():
         x, y = a.next_step(), b.next_step(indices=False)
         assert (x.length, x.epoch, x.cycle) == (y.length, y.epoch, y.cycle) and y.indices == []
     assert a.state_dict() == b.state_dict()
+
+
+def _offsets(sizes):
+    return np.concatenate([[0], np.cumsum(sizes)])
+
+
+# 300 documents of 2,000 to 2,100 tokens, as books are: between 16 and 256 nearly every token is in a
+# chunk of 256, and each document gives at most one chunk of each shorter length
+LONG = decompose(_offsets(np.random.default_rng(1).integers(2000, 2100, 300)), 16, 256)
+
+
+@pytest.mark.parametrize("curriculum, extra", [("linear", {"total_steps": 100}), ("schedule", {})])
+def test_a_cap_on_long_documents_repeats_the_short_chunks_and_says_so(curriculum, extra):
+    if curriculum == "schedule":  # a DeepSpeed block's fixed_linear as the cap
+        extra = {"schedule": {"enabled": True, "curriculum_type": "seqlen", "min_difficulty": 16,
+                              "max_difficulty": 256, "schedule_type": "fixed_linear",
+                              "schedule_config": {"total_curriculum_step": 100, "difficulty_step": 8}}}  # fmt: skip
+    plan = plan_variable(LONG, TPS, curriculum=curriculum, seed=3, train_iters=200, **extra)
+    sampler = VariableLengthSampler(LONG, TPS, curriculum=curriculum, seed=3, **extra)
+    drawn = [sampler.next_step() for _ in range(200)]
+    by_length = {b.length: b for b in plan.buckets}
+    for length, b in by_length.items():  # passes: the times a chunk is trained, counted from the draw itself
+        trained = Counter(i for s in drawn if s.length == length for i in s.indices)
+        assert b.passes == pytest.approx(sum(trained.values()) / b.chunks if b.chunks else 0.0)
+        assert b.epochs_used == len({s.epoch for s in drawn if s.length == length})
+    short, longest = by_length[64], by_length[256]
+    assert short.passes > 4 * longest.passes and short.passes > 1 and short.epochs_used > 1
+    said = [w for w in plan.warnings if "over and over" in w]
+    assert len(said) == 1 and "\n" not in said[0]
+    assert f"({curriculum})" in said[0] and "more than 4x" in said[0]
+    assert "--variable-curriculum natural or grow_p2" in said[0] and "shorter documents" in said[0]
+
+
+@pytest.mark.parametrize("curriculum, extra", [("natural", {}), ("grow_p2", {"num_cycles": 4})])
+def test_the_uncapped_curricula_train_every_bucket_alike_and_do_not_warn(curriculum, extra):
+    epoch = plan_variable(LONG, TPS, curriculum=curriculum, **extra).steps_per_epoch  # no budget: one epoch
+    plan = plan_variable(LONG, TPS, curriculum=curriculum, seed=3, train_iters=3 * epoch, **extra)
+    trained = [b for b in plan.buckets if b.steps_per_epoch]
+    assert 0 < min(b.passes for b in trained) and max(b.passes for b in trained) <= 3  # an epoch: a pass at most
+    assert {b.epochs_used for b in trained} == {3}
+    assert not [w for w in plan.warnings if "over and over" in w]
+
+
+def test_a_cap_on_short_documents_does_not_warn():
+    short_docs = decompose(_offsets(np.random.default_rng(2).integers(17, 300, 3000)), 16, 256)
+    plan = plan_variable(short_docs, TPS, curriculum="linear", total_steps=100, seed=3, train_iters=200)
+    assert not [w for w in plan.warnings if "over and over" in w], [b.passes for b in plan.buckets]
+
+
+def test_a_blend_is_planned_per_source_with_its_weights_as_the_steps_draw_it():
+    from seqwarm.curriculum.variable_blend import VariableSteps
+
+    parts = [CHUNKS, LONG]
+    plan = plan_variable(parts, TPS, weights=[1, 3], names=["a", "b"], curriculum="grow_p2", num_cycles=2, seed=4,
+                         train_iters=400, keep_steps=True)  # fmt: skip
+    steps = VariableSteps(parts, [1, 3], TPS, seed=4, curriculum="grow_p2", num_cycles=2)
+    drawn = [steps.next_step() for _ in range(400)]
+    assert list(plan.lengths) == [s.length for _, s in drawn]
+    assert [s.steps for s in plan.sources] == [100, 300] and [s.name for s in plan.sources] == ["a", "b"]
+    for b in plan.buckets:
+        assert b.steps == sum(1 for k, s in drawn if k == b.source and s.length == b.length)
+    assert plan.documents == CHUNKS.num_documents + LONG.num_documents

@@ -176,3 +176,37 @@ def test_the_console_line_says_the_buckets_the_dropped_tokens_and_the_curriculum
     assert line.startswith("variable:") and "8 " in line and "64 " in line
     assert f"{human_count(dropped)} tokens dropped" in line and dropped > 0
     assert "grow_p2 (3 cycles)" in line and "256 tokens per step" in line
+
+
+def test_the_plan_of_a_blend_read_from_the_indexes_alone_is_the_draw_training_makes(tmp_path):
+    from seqwarm.data.variable_sources import decompose_sources, read_sources, sources_of, variable_plan
+
+    data, cfg = megatron(tmp_path, 0.25, 0.75), config("schedule", train_tokens=80 * 256)
+    argument = ["0.25", str(tmp_path / "a"), "0.75", str(tmp_path / "b")]
+    planned = read_sources(data_path=argument, split="1,0,0", rounding="megatron-deepspeed")
+    for mine, trained in zip(planned, sources_of(data), strict=True):  # the one reader, two ways in
+        assert np.array_equal(mine.offsets, trained.offsets) and mine.weight == pytest.approx(trained.weight)
+    chunks = decompose_sources(planned, VariableSettings.of(cfg))
+    plan = variable_plan(cfg, chunks, [s.weight for s in planned], seed=5, world_size=1, keep_steps=True)
+    batches = source(data, cfg, seed=5)
+    drawn = []
+    for _ in range(plan.total_steps):
+        micro = step(batches)
+        drawn.append((int(micro[0]["input_ids"][0, 0] >= B_START), micro[0]["input_ids"].shape[1]))
+    assert plan.total_steps == 80 and list(plan.lengths) == [length for _, length in drawn]
+    assert [s.steps for s in plan.sources] == batches.served == [20, 60]
+    assert {(b.source, b.length): b.steps for b in plan.buckets} == {
+        (b.source, b.length): drawn.count((b.source, b.length)) for b in plan.buckets
+    }
+    assert batches.plan(cfg).buckets == plan.buckets  # what train prints at its start
+
+
+def test_a_list_without_weights_is_planned_with_the_weights_training_gives_it(tmp_path):
+    from seqwarm.data.variable_sources import read_sources
+
+    a = write_source(tmp_path / "a", sizes(0))
+    b = write_source(tmp_path / "b", sizes(1, docs=500), first=B_START)
+    data = MegatronData([a, b], split="9,1,0", split_rounding="megatron-core", vocab_size=VOCAB, eod_id=EOD)
+    planned = read_sources(data_path=[a, b], split="9,1,0", rounding="megatron-core")
+    assert [s.weight for s in planned] == pytest.approx([s.weight for s in data.sources])
+    assert [len(s.offsets) - 1 for s in planned] == [s.ranges[0][1] - s.ranges[0][0] for s in data.sources]

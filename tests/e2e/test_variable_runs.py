@@ -37,6 +37,21 @@ def varied_data(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def long_data(tmp_path_factory):
+    """A prepared folder (byte tokenizer) of 40 documents of about 2,000 tokens: nearly every chunk is of 64."""
+    from seqwarm.data import prepare_dataset
+
+    base = tmp_path_factory.mktemp("long")
+    rng = random.Random(4)
+    (base / "corpus").mkdir()
+    for i in range(44):
+        text = " ".join(rng.choice(WORDS) for _ in range(330))
+        (base / "corpus" / f"doc{i:03d}.txt").write_text(text + ".\n")
+    prepare_dataset(base / "prepared", [base / "corpus"], tokenizer="byte", val_fraction=0.1, workers=1, progress=False)
+    return base / "prepared"
+
+
+@pytest.fixture(scope="module")
 def cfg(tmp_path_factory):
     # curriculum 8 -> 64 (powers of 2); global batch 8 = micro 4 x accumulation 2
     return small_config(
@@ -64,6 +79,41 @@ def test_a_variable_run_trains_one_length_per_step_with_the_same_tokens(tmp_path
     assert evals and {e["seqlen"] for e in evals} == {64}  # validation stays at full length
     resolved = json.loads((out / "config.json").read_text())["run"]
     assert resolved["curriculum"]["mode"] == "variable" and resolved["variable_curriculum"] == "grow_p2"
+
+
+@pytest.mark.parametrize("curriculum, corpus", [("linear", "long_data"), ("grow_p2", "varied_data")])
+def test_seqwarm_plan_gives_the_lengths_the_run_trains_step_by_step(
+    tmp_path, curriculum, corpus, request, capsys, caplog
+):
+    # the same command line for both: plan reads the run's settings (tokens per step, seed, curriculum,
+    # cycles, linear's steps from the budget) as train reads them
+    config = small_config(tmp_path / "c.json", train_tokens=12 * TOKENS_PER_STEP, curriculum_mode="variable")
+    argv = [*FAST, "--config", str(config), "--data", str(request.getfixturevalue(corpus)), "--seed", "11"]
+    argv += ["--variable-curriculum", curriculum] + (["--variable-cycles", "3"] if curriculum == "grow_p2" else [])
+    assert main(["plan", *argv, "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert [p["step"] for p in plan["points"]] == list(range(1, 13))  # a row per step: each its step's length
+    assert all(p["shortest"] == p["longest"] for p in plan["points"])
+    planned = [p["longest"] for p in plan["points"]]
+    assert len(set(planned)) >= 2, planned
+    if curriculum == "linear":  # the cap grows over the budget's 12 steps, from 8 to 64
+        assert plan["caps"][0][1] < 64 == plan["caps"][-1][1] and plan["caps"][-1][0] <= 12
+        assert all(p["longest"] <= p["cap"] for p in plan["points"])
+        # on long documents the cap trains the few short chunks over and over: said in the plan and by train
+        assert len([w for w in plan["warnings"] if "over and over" in w]) == 1
+
+    out = tmp_path / "run"
+    assert main(["train", *argv, "--out", str(out), "--eval-interval", "0"]) == 0
+    assert [r["seqlen"] for r in train_rows(out)] == planned
+    # the run prints the plan's bucket table (short form) at its start: each length's steps over the run
+    captured = capsys.readouterr()
+    for warning in plan["warnings"]:  # the plan's warnings (a cap's repeated chunks among them) at the start
+        assert warning in captured.err + caplog.text, warning
+    printed = captured.out.splitlines()
+    head = next(i for i, line in enumerate(printed) if line.split()[:3] == ["length", "chunks", "share"])
+    table = {int(r.split()[0]): r.split() for r in printed[head + 1 : head + 5]}
+    assert sorted(table) == [8, 16, 32, 64]
+    assert {length: int(row[5]) for length, row in table.items()} == {n: planned.count(n) for n in table}
 
 
 # -- SIGKILL + --resume -------------------------------------------------------------------------------

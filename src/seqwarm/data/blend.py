@@ -4,11 +4,13 @@
 without weights (``--data-path A B``, as megatron-core accepts it) is parsed by :func:`parse_data_path`
 (weights normalised to sum 1; ``None`` for a list: the sources weigh what they hold);
 :func:`split_documents` cuts a source's documents in file order into train / valid / test parts in
-proportion to Megatron's ``--split 969,30,1`` weights, rounded as Megatron-DeepSpeed or megatron-core does.
+proportion to Megatron's ``--split 969,30,1`` weights, rounded as Megatron-DeepSpeed or megatron-core does
+(both live in :mod:`seqwarm.data.data_path`, which imports no torch, and are re-exported here).
 
 :class:`BlendedBatches` draws each training sample from source ``k`` so that after ``n`` samples source
 ``k`` has served ``round(w_k * n)`` of them give or take one (the source whose share lags its weight the
-most goes next, as in Megatron's blended dataset, see :func:`blend_choices`); validation reads every
+most goes next, as in Megatron's blended dataset, see :func:`blend_choices`, which the variable mode's
+steps share: :mod:`seqwarm.curriculum.variable_blend`); validation reads every
 source's val split (one :class:`ConcatWindows`) in the same proportions (:func:`blend_eval_indices`).
 Nothing here reads files: the sources are :class:`~seqwarm.data.dataset.TokenWindows`, whichever format
 they come from.
@@ -21,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from seqwarm.curriculum.variable_blend import blend_choices
+from seqwarm.data.data_path import SPLIT_ROUNDINGS, parse_data_path, split_documents
 from seqwarm.data.dataset import Batch, TokenWindows, TrainBatches, build_batch, eval_window_indices
 from seqwarm.util.errors import UserError
 
@@ -33,86 +37,6 @@ __all__ = [
     "blend_eval_indices",
     "BlendedBatches",
 ]
-
-
-# --------------------------------------------------------------------------------------------------
-# --data-path and --split
-
-
-SPLIT_ROUNDINGS = ("megatron-deepspeed", "megatron-core")
-"""How ``--split`` rounds its document boundaries (see :func:`split_documents`)."""
-
-
-def _is_weight(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
-
-
-def parse_data_path(items: Sequence[str]) -> list[tuple[float | None, str]]:
-    """``["A"]`` -> ``[(1.0, "A")]``; ``["0.3", "A", "0.7", "B"]`` -> weights normalised to sum 1;
-    ``["A", "B"]`` (no weight at all, as megatron-core's ``get_blend_from_list`` accepts) ->
-    ``[(None, "A"), (None, "B")]``: the caller weighs each source by its size."""
-    items = [str(i) for i in items]
-    if not items:
-        raise UserError("--data-path needs PREFIX, or a blend W1 PREFIX1 W2 PREFIX2 ..., or PREFIX1 PREFIX2 ...")
-    if len(items) == 1:
-        return [(1.0, items[0])]
-    if not any(_is_weight(i) for i in items):  # a plain list of prefixes
-        return [(None, i) for i in items]
-    if len(items) % 2:
-        raise UserError(
-            f"--data-path {' '.join(items)}: a blend is pairs of weight and prefix "
-            "(W1 PREFIX1 W2 PREFIX2 ...), got an odd number of values; give weights to all sources or to none"
-        )
-    pairs = []
-    for w, prefix in zip(items[::2], items[1::2]):
-        try:
-            weight = float(w)
-        except ValueError:
-            raise UserError(
-                f"--data-path: {w!r} (before {prefix!r}) is not a weight; a blend is W1 PREFIX1 W2 PREFIX2 ..."
-            ) from None
-        if not weight > 0:
-            raise UserError(f"--data-path: the weight of {prefix!r} is {w}; weights must be positive")
-        pairs.append((weight, prefix))
-    total = sum(w for w, _ in pairs)
-    return [(w / total, p) for w, p in pairs]
-
-
-def split_documents(num_docs: int, split: str, rounding: str = "megatron-deepspeed") -> list[tuple[int, int]]:
-    """Megatron's ``--split``: document ranges ``[(start, stop)]`` of train, valid, test in proportion to
-    the weights (``"969,30,1"``; ``/`` also separates), each boundary a whole document.
-
-    ``rounding="megatron-deepspeed"`` (Megatron-DeepSpeed's ``get_train_valid_test_split_``,
-    megatron/data/dataset_utils.py): each part's size is rounded on its own (Python's ``round``,
-    half to even), the boundaries are their running sums, and the surplus of the sum over ``num_docs``
-    is taken off every boundary after the first 0. ``"megatron-core"`` (megatron-core's
-    ``BlendedMegatronDatasetBuilder``): each boundary is the rounded cumulative fraction times
-    ``num_docs``. They differ by a document for some counts: 49 documents at 969,30,1 train on 48
-    (Megatron-DeepSpeed: 47.48 -> 47, 1.47 -> 1, 0.05 -> 0, one short, so every boundary moves up one)
-    or 47 (megatron-core: round(47.48))."""
-    if rounding not in SPLIT_ROUNDINGS:
-        raise UserError(f"--split-rounding {rounding!r}: choose {' or '.join(SPLIT_ROUNDINGS)}")
-    try:
-        weights = [float(x) for x in split.replace("/", ",").split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"--split {split!r}: give weights like 969,30,1") from None
-    weights = (weights + [0.0, 0.0, 0.0])[:3]
-    if any(w < 0 for w in weights) or sum(weights) <= 0:
-        raise UserError(f"--split {split!r}: weights must be non-negative with a positive sum")
-    total = sum(weights)
-    if rounding == "megatron-core":
-        bounds = [0] + [int(round(sum(weights[: i + 1]) / total * num_docs)) for i in range(3)]
-    else:
-        bounds = [0]
-        for w in weights:
-            bounds.append(bounds[-1] + int(round(w / total * float(num_docs))))
-        surplus = bounds[-1] - num_docs
-        bounds = [0] + [b - surplus for b in bounds[1:]]
-    return [(bounds[i], bounds[i + 1]) for i in range(3)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -143,22 +67,6 @@ class ConcatWindows:
         part = np.searchsorted(self._starts, idx, side="right") - 1
         rows = [self.parts[p].window_array([i - self._starts[p]])[0] for p, i in zip(part, idx)]
         return build_batch(np.stack(rows), **self._opts)
-
-
-def blend_choices(weights: Sequence[float], start: int, count: int, served: Sequence[int]) -> np.ndarray:
-    """Sources of global samples ``start .. start+count-1``: each goes to the source whose count lags
-    ``weight x samples`` the most (ties: the lower index); ``served`` is updated in place. The weights
-    are relative (normalised here, as Megatron does): ``[1, 2]`` means one third and two thirds."""
-    w = np.asarray(weights, dtype=np.float64)
-    if w.size == 0 or not np.all(np.isfinite(w)) or np.any(w < 0) or w.sum() <= 0:
-        raise ValueError(f"blend weights must be finite, >= 0 and not all 0, got {list(weights)}")
-    w = w / w.sum()
-    out = np.empty(count, dtype=np.int64)
-    for j in range(count):
-        k = int(np.argmax(w * (start + j + 1) - np.asarray(served)))
-        out[j] = k
-        served[k] += 1
-    return out
 
 
 def blend_eval_indices(lengths: Sequence[int], weights: Sequence[float], num_windows: int | None) -> np.ndarray:

@@ -21,14 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from seqwarm.data.blend import (
-    SPLIT_ROUNDINGS,
-    BlendedBatches,
-    ConcatWindows,
-    blend_eval_indices,
-    parse_data_path,
-    split_documents,
-)
+from seqwarm.data.blend import BlendedBatches, ConcatWindows, blend_eval_indices
+from seqwarm.data.data_path import SPLIT_ROUNDINGS, parse_data_path, source_weights, split_documents
 from seqwarm.data.dataset import Batch, TokenWindows, TrainBatches, iter_eval_batches
 from seqwarm.data.indexed import MEGATRON_DTYPES, MEGATRON_MAGIC, MegatronIndexed
 from seqwarm.data.tokenizer import build_tokenizer
@@ -232,9 +226,8 @@ class MegatronData(TokenData):
             _warn_without_eod(indexed, eod_id)
         if parsed[0][0] is None:  # a list without weights: each source weighs its training tokens
             sizes = [len(s.stream(0)) for s in sources]
-            if not sum(sizes):
-                raise UserError(f"--data-path {' '.join(map(str, data_path))}: no source has training tokens")
-            sources = [replace(s, weight=n / sum(sizes)) for s, n in zip(sources, sizes)]
+            weights = source_weights([w for w, _ in parsed], sizes, " ".join(map(str, data_path)))
+            sources = [replace(s, weight=w) for s, w in zip(sources, weights)]
         meta: dict[str, Any] = {
             "format": "megatron",
             "vocab_size": vocab_size,

@@ -18,10 +18,13 @@ flight plus the micro-batches of it already drawn, so a read-ahead batch and a c
 steps or inside one continue exactly.
 
 **Blends** (``--data-path 0.3 A 0.7 B``): one decomposition and one sampler per source (seed + k), and
-each optimizer step trains rows of one source, chosen by :func:`~seqwarm.data.blend.blend_choices` over
-steps (the source whose share of steps lags its weight the most). Every step holds the same tokens, so
-the shares of steps are the shares of tokens: source ``k`` trains ``w_k`` of the tokens, give or take one
-step. A source's sampler draws with the run's step number, so a schedule's cap follows the run's steps.
+each optimizer step trains rows of one source, chosen by weight
+(:class:`~seqwarm.curriculum.variable_blend.VariableSteps`: the source whose share of steps lags its weight
+the most). Every step holds the same tokens, so the shares of steps are the shares of tokens: source ``k``
+trains ``w_k`` of the tokens, give or take one step. A source's sampler draws with the run's step number,
+so a schedule's cap follows the run's steps. The settings and the documents' offsets are read by
+:mod:`seqwarm.data.variable_sources`, which ``seqwarm plan`` uses too (:meth:`VariableBatches.plan`: the
+run's plan from these very decompositions and samplers' settings).
 
 :class:`VariableData` is the run's :class:`~seqwarm.data.megatron.TokenData` (a prepared folder, the
 embedded corpus, a Megatron blend) whose ``train_batches`` are these; validation reads the data's own
@@ -30,18 +33,22 @@ full-length windows, as in every other mode.
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from seqwarm.config import RunConfig
-from seqwarm.curriculum.decompose import decompose
-from seqwarm.curriculum.schedule import CurriculumConfig
-from seqwarm.curriculum.variable import VariableLengthSampler
-from seqwarm.data.blend import blend_choices
+from seqwarm.curriculum.plan_variable import VariablePlan
+from seqwarm.curriculum.variable_blend import VariableSteps
 from seqwarm.data.dataset import Batch, build_batch, check_label_style
+from seqwarm.data.variable_sources import (
+    DocumentSource,
+    VariableSettings,
+    decompose_sources,
+    in_run_terms,
+    sources_of,
+    variable_plan,
+)
 from seqwarm.util.errors import UserError
 from seqwarm.util.units import human_count
 
@@ -50,85 +57,14 @@ __all__ = ["VariableBatches", "VariableData", "VariableSettings", "variable_data
 _STATE_VERSION = 1
 
 
-@dataclass(frozen=True)
-class VariableSettings:
-    """What curriculum mode variable reads of a run config (:meth:`of`)."""
-
-    min_length: int
-    """The shortest chunk: the curriculum's ``min_difficulty`` (a power of 2)."""
-    max_length: int
-    """The longest chunk: its ``max_difficulty`` (a power of 2)."""
-    micro_batch_size: int
-    """Full-length rows per micro-batch: a micro-batch holds ``micro_batch_size x max_length`` tokens."""
-    accumulation: int
-    """Micro-batches per optimizer step on each rank."""
-    curriculum: str = "schedule"
-    """The sampler's curriculum (``variable_curriculum``)."""
-    num_cycles: int = 8
-    """Grow-P2's cycles per epoch."""
-    schedule: CurriculumConfig | None = None
-    """The cap of the ``schedule`` curriculum: the config's curriculum block."""
-    train_tokens: int | None = None
-    """The budget, from which ``linear`` counts its steps."""
-    train_iters: int | None = None
-
-    @classmethod
-    def of(cls, cfg: RunConfig) -> VariableSettings:
-        cur = cfg.curriculum
-        if cur is None or cur.mode != "variable":
-            raise ValueError("VariableSettings.of needs a config in curriculum mode variable")
-        return cls(
-            cur.min_difficulty,
-            cur.max_difficulty,
-            cfg.micro_batch_size,
-            cfg.gradient_accumulation_steps,
-            cfg.variable_curriculum,
-            cfg.variable_cycles,
-            cur,
-            cfg.train_tokens,
-            cfg.train_iters,
-        )
-
-    def tokens_per_step(self, world_size: int) -> int:
-        """The tokens of every optimizer step, all ranks: the full-length global batch's."""
-        return self.micro_batch_size * self.accumulation * world_size * self.max_length
-
-    def sampler_options(self, world_size: int) -> dict[str, Any]:
-        """The curriculum keywords of :class:`~seqwarm.curriculum.variable.VariableLengthSampler`."""
-        if self.curriculum == "grow_p2":
-            return {"curriculum": "grow_p2", "num_cycles": self.num_cycles}
-        if self.curriculum == "schedule":
-            return {"curriculum": "schedule", "schedule": self.schedule}
-        if self.curriculum == "linear":  # the cap grows over the budget's steps
-            per_step = self.tokens_per_step(world_size)
-            steps = math.ceil(self.train_tokens / per_step) if self.train_tokens else self.train_iters
-            if not steps:
-                raise UserError(
-                    "variable_curriculum linear grows the length over the budget's steps: give --train-tokens "
-                    "(or --train-iters)"
-                )
-            return {"curriculum": "linear", "total_steps": int(steps)}
-        return {"curriculum": self.curriculum}
-
-
-@dataclass(frozen=True)
-class _Part:
-    """One source's training split: its token stream, the documents' offsets into it, its file and name."""
-
-    stream: np.ndarray
-    offsets: np.ndarray
-    file: Any
-    name: str
-
-
 class VariableBatches:
     """Curriculum mode variable's training micro-batches (see the module): ``parts`` are the sources'
-    training splits, ``weights`` their blend weights."""
+    training documents (:class:`~seqwarm.data.variable_sources.DocumentSource`, with their token files)."""
 
     def __init__(
         self,
-        parts: list[_Part],
-        weights: list[float],
+        parts: list[DocumentSource],
+        streams: list[np.ndarray],
         settings: VariableSettings,
         *,
         seed: int = 1234,
@@ -137,45 +73,54 @@ class VariableBatches:
         eod_id: int | None = None,
         label_style: str = "megatron",
     ):
-        self.settings, self.parts = settings, parts
-        self.weights = [float(w) for w in weights]
+        self.settings, self.parts, self._streams = settings, parts, streams
+        self.weights = [float(p.weight) for p in parts]
         self.label_style = check_label_style(label_style)
         self.eod_id = eod_id
+        self.seed, self.world_size = seed, world_size
         self.tokens_per_step = settings.tokens_per_step(world_size)
         self.micro_batch_tokens = settings.micro_batch_size * settings.max_length
         options = settings.sampler_options(world_size)
-        self.decompositions, self.samplers = [], []
-        for k, part in enumerate(parts):
-            d = decompose(part.offsets, settings.min_length, settings.max_length)
-            try:
-                sampler = VariableLengthSampler(
-                    d, self.tokens_per_step, seed=seed + k, rank=rank, world_size=world_size, **options
-                )
-            except UserError as err:  # which source of a blend, and what to change in a run's terms
-                message = f"curriculum mode variable, {part.name}: {err}"
-                raise UserError(message.replace("min_length", "min_difficulty")) from None
-            self.decompositions.append(d)
-            self.samplers.append(sampler)
-        self.steps = 0  # optimizer steps drawn
-        self.served = [0] * len(parts)  # steps drawn from each source
+        self.decompositions = decompose_sources(parts, settings)
+        names = [p.name for p in parts]
+        try:
+            self.draw = VariableSteps(
+                self.decompositions,
+                self.weights,
+                self.tokens_per_step,
+                seed=seed,
+                rank=rank,
+                world_size=world_size,
+                names=names if len(parts) > 1 else None,
+                **options,
+            )
+        except UserError as err:  # what to change, in a run's terms
+            raise in_run_terms(err, names[0] if len(parts) == 1 else None) from None
+        self.samplers = self.draw.samplers
         self._step: tuple[int, Any] | None = None  # (source, VariableStep) in flight
         self._micro = 0  # its micro-batches drawn
         self._rows: list[list[int]] = []
         self._before: dict[str, Any] | None = None  # the position before the step in flight
 
     # -- the micro-batches ------------------------------------------------------------------------
+    @property
+    def steps(self) -> int:
+        """Optimizer steps drawn."""
+        return self.draw.steps
+
+    @property
+    def served(self) -> list[int]:
+        """Optimizer steps drawn from each source."""
+        return self.draw.served
+
     def _position(self) -> dict[str, Any]:
-        return {"steps": self.steps, "served": list(self.served), "samplers": [s.state_dict() for s in self.samplers]}
+        return self.draw.state_dict()
 
     def _begin(self) -> None:
         """Draw the next optimizer step: its source, length and this rank's rows."""
         self._before = self._position()
-        k = 0 if len(self.parts) == 1 else int(blend_choices(self.weights, self.steps, 1, self.served)[0])
-        if len(self.parts) == 1:
-            self.served[0] += 1
-        self.steps += 1
-        step = self.samplers[k].next_step(at=self.steps)
-        self._step, self._micro = (k, step), 0
+        self._step, self._micro = self.draw.next_step(), 0
+        step = self._step[1]
         self._rows = step.micro_batches(self.micro_batch_tokens)
 
     @property
@@ -193,7 +138,7 @@ class VariableBatches:
         part = self.parts[k]
         if part.file is not None:  # a file truncated or rewritten under the run is an error naming it
             part.file.check_unchanged()
-        windows = self.decompositions[k].rows(part.stream, rows)  # (rows, L + 1), one document each
+        windows = self.decompositions[k].rows(self._streams[k], rows)  # (rows, L + 1), one document each
         return build_batch(windows, eod_id=self.eod_id, label_style=self.label_style)
 
     def __iter__(self):
@@ -223,9 +168,7 @@ class VariableBatches:
                 f"cannot resume the data position: the checkpoint was written with {len(saved)} data source(s) "
                 f"(weights {state.get('weights')}), this run has {len(self.samplers)} ({self.weights})"
             )
-        for sampler, s in zip(self.samplers, saved):
-            sampler.load_state_dict(s)  # a changed length range, tokens per step, curriculum or corpus: refused
-        self.steps, self.served = int(state["steps"]), [int(n) for n in state["served"]]
+        self.draw.load_state_dict(state)  # a changed length range, tokens per step, curriculum or corpus: refused
         self._step, self._micro, self._rows = None, 0, []
         micro = int(state.get("micro", 0))
         if micro:  # inside a step: draw it again (the same step), past its micro-batches drawn
@@ -233,6 +176,14 @@ class VariableBatches:
             self._micro = micro
 
     # -- what it does -----------------------------------------------------------------------------
+    def plan(self, cfg: RunConfig) -> VariablePlan:
+        """The run ahead of time from these decompositions, weights, seed and settings, to ``cfg``'s budget:
+        what ``seqwarm plan`` shows (:func:`~seqwarm.data.variable_sources.variable_plan`)."""
+        names = [p.name for p in self.parts]
+        return variable_plan(
+            cfg, self.decompositions, self.weights, names=names, seed=self.seed, world_size=self.world_size
+        )
+
     def describe(self) -> str:
         """One console line: the buckets and their shares, the dropped remainder, the curriculum."""
         tokens: dict[int, int] = {}
@@ -290,15 +241,9 @@ class VariableData:
             )
         if micro_batch_size != s.micro_batch_size:
             raise ValueError(f"micro_batch_size {micro_batch_size} != the settings' {s.micro_batch_size}")
-        parts = []
-        for source in self.data.sources:
-            file, (start, stop) = source.files[0], source.ranges[0]
-            offsets = np.asarray(file.doc_offsets[start : stop + 1], dtype=np.int64)
-            parts.append(_Part(source.stream(0), offsets - offsets[0], file, source.names[0]))
-        weights = [source.weight for source in self.data.sources]
         return VariableBatches(
-            parts,
-            weights,
+            sources_of(self.data),
+            [source.stream(0) for source in self.data.sources],
             s,
             seed=seed,
             rank=rank,

@@ -28,6 +28,7 @@ from seqwarm.config.defaults import CURRICULUM_FRACTION, default_train_config
 from seqwarm.config.settings import flag_for
 from seqwarm.curriculum.plan import Plan, data_use, make_plan
 from seqwarm.curriculum.plan_stages import longest_shape, model_length
+from seqwarm.curriculum.plan_variable_text import bucket_lines
 from seqwarm.run.checks import check_spec, model_overrides
 from seqwarm.run.command import command_line
 from seqwarm.run.spec import RunSpec, recipe_config, resolve_config
@@ -174,6 +175,46 @@ def _print_plan(cfg: RunConfig, start_step: int, train_windows: int | None = Non
     return plan
 
 
+VARIABLE_PLAN_STEPS = 250_000
+"""The most steps a run in curriculum mode variable replays at its start to print its plan (~20 s)."""
+
+
+def _print_variable_plan(cfg: RunConfig, run, say) -> None:
+    """Curriculum mode variable at the start of a run: the mode line, the bucket table ``seqwarm plan``
+    prints (short form, from the run's own decompositions and samplers' settings) and its warnings."""
+    say(run.batches.describe(), flush=True)
+    per_step, longest = run.batches.tokens_per_step, run.batches.settings.max_length
+    bounds = [-(-cfg.train_tokens // per_step)] if cfg.train_tokens else []
+    bounds += [cfg.train_iters] if cfg.train_iters else []
+    bounds += [-(-cfg.train_samples * longest // per_step)] if cfg.train_samples else []  # >= per_step / longest rows
+    if min(bounds, default=0) > VARIABLE_PLAN_STEPS:  # the replay takes ~80 us a step: not minutes before step 1
+        say(
+            f"plan:        up to {min(bounds):,} steps, too many to replay here (over {VARIABLE_PLAN_STEPS:,}); "
+            "seqwarm plan --curriculum-mode variable with the same arguments shows the buckets and warnings",
+            flush=True,
+        )
+        if cfg.train_tokens:  # every step the same tokens
+            run.log.expect(bounds[0], bounds[0] * per_step)
+        return
+    try:
+        plan = run.batches.plan(cfg)
+    except UserError as err:  # e.g. a budget past the plan's step limit: the run itself goes on
+        logger.warning("warning: no plan of the variable-length run (%s)", err)
+        return
+    for line in bucket_lines(plan, short=True):
+        say(line, flush=True)
+    resuming = f" (resuming at {run.engine.global_steps:,})" if run.engine.global_steps else ""
+    say(
+        f"plan:        {plan.total_steps:,} steps of {human_count(plan.tokens_per_step)} tokens{resuming}; "
+        f"passes: the times a bucket's chunks are trained over the run (seqwarm plan shows the rest)",
+        flush=True,
+    )
+    for message in plan.warnings:
+        if message not in cfg.warnings:
+            logger.warning("warning: %s", message)
+    run.log.expect(plan.total_steps, plan.total_tokens)
+
+
 def _data_dir(spec: RunSpec, info) -> Path:
     from seqwarm.data import embedded_data_dir
     from seqwarm.trainer.distributed import barrier
@@ -317,10 +358,7 @@ def _train_in(folder, spec: RunSpec, cfg: RunConfig, info, say, stop) -> TrainRe
     for line in recorded:
         logger.warning("%s", line)
     if info.is_main and run.choices.mode == "variable":  # what the mode does; every step the same tokens
-        say(run.batches.describe(), flush=True)
-        if cfg.train_tokens:
-            per_step = run.batches.tokens_per_step
-            run.log.expect(-(-cfg.train_tokens // per_step), -(-cfg.train_tokens // per_step) * per_step)
+        _print_variable_plan(cfg, run, say)
     elif info.is_main:
         plan = _print_plan(cfg, run.engine.global_steps, len(run.batches.windows))
         if plan is not None:

@@ -237,11 +237,13 @@ class TorchEngineBuilder:
         wrapped = wrap_model(model, info, self.fsdp, device, param_dtype=half if device.type == "cuda" else None)
         optimizer = build_optimizer(model, cfg)  # after sharding: FSDP2 params are DTensors
         parallelism = "fsdp2" if self.fsdp else ("ddp" if info.enabled else "none")
-        if choices.mode == "variable":  # rows come at the step's length (seqwarm.data.variable): nothing to cut
+        mode = choices.mode
+        if mode == "variable":  # rows come at the step's length (seqwarm.data.variable): nothing to cut
             variable_positions(model_cfg, cfg)
             cfg = replace(cfg, curriculum=None)  # the engine passes each batch as it is, counting B x L tokens
+            mode = None  # (SequenceLengthWarmup's mode "variable" is the sampler of a loop of one's own)
         engine = CurriculumEngine(  # seqwarm's windows: dense rows
-            wrapped, optimizer, cfg, layout="dense", mode=choices.mode, precision=choices.precision
+            wrapped, optimizer, cfg, layout="dense", mode=mode, precision=choices.precision
         )
         return Built(model, optimizer, engine, parallelism, resolved={"compile": self.compile})
 

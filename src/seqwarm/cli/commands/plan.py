@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from seqwarm.cli.commands.common import positive_int
-from seqwarm.cli.commands.plan_variable import add_variable_flags, run_variable, wants_variable
+from seqwarm.cli.commands.plan_variable import run_variable, wants_variable
 from seqwarm.cli.commands.spec_flags import spec_from_args
 from seqwarm.cli.commands.train import add_train_flags
 from seqwarm.config import RunConfig, load_config
@@ -52,7 +52,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--world-size", type=positive_int, default=1, help="data-parallel ranks")
     p.add_argument("--json", action="store_true", help="print one JSON object, on one line, instead of the table")
     p.add_argument("--plot", metavar="FILE.png", help="draw length and LR against steps and tokens")
-    add_variable_flags(p)  # --curriculum-mode variable: buckets, steps per length, the schedule (plan_variable.py)
     p.set_defaults(func=run)
 
 
