@@ -1,6 +1,7 @@
 """Context extension with stages (issue #36, item 5): pretrain at 256, extend to 1024, four position arms.
 
-A tiny rotary GPT on the embedded corpus, the same recipe, token budget, tokens per step and LR schedule
+A small rotary GPT (2 layers, d 128, 2 heads of 64: the tiny preset's head size, a quarter of its
+compute) on the embedded corpus, the same recipe, token budget, tokens per step and LR schedule
 in every arm; only the positions and the lengths differ:
 
 - ``none``:  256, then a stage at 1024 with no position change (the rotary tables extrapolate);
@@ -85,6 +86,7 @@ def train(out: Path, arm: str, seed: int, args) -> Path:
     cmd = [sys.executable, "-m", "seqwarm", "train", "--config", str(cfg), "--rotary", "--seed", str(seed)]
     cmd += ["--out", str(run), "--log-interval", "1", "--eval-interval", str(args.eval_interval)]
     cmd += ["--eval-iters", str(args.eval_iters), "--no-progress", "--device", "cpu", "--save-interval", "1000"]
+    cmd += ["--n-layer", str(args.n_layer), "--n-embd", str(args.n_embd), "--n-head", str(args.n_head)]
     if (run / "checkpoints").exists():
         cmd += ["--resume"]
     t0 = time.perf_counter()
@@ -134,6 +136,56 @@ def measure(run: Path, arm: str) -> dict:
     return result
 
 
+POSITIONS = {  # the settings each arm's stage sets, for the zero-shot change of the pretrained model
+    "none": (None, None),
+    "abf": (500_000, None),
+    "yarn": (None, {"type": "yarn", "factor": LONG / SHORT, "original_max_position_embeddings": SHORT}),
+}
+
+
+def zero_shot(out: Path, seed: int, args) -> dict:
+    """The model at the end of pretraining (the arms' common prefix: the ``none`` arm stopped at the step
+    before the boundary, same seed, same LR schedule, so the same weights) scored at 1024 and 256 with each
+    arm's positions set and nothing trained: what the change alone does to the loss."""
+    from seqwarm.evaluation.common import evaluate_val
+    from seqwarm.evaluation.runs import load_run
+
+    boundary = rows(out / "none" / f"seed-{seed}", "stage")[0]["step"]
+    run = out / "prefix" / f"seed-{seed}"
+    if not (run / "summary.json").exists():
+        run.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "seqwarm", "train", "--config", str(out / "none" / "config.json"), "--rotary"]
+        cmd += ["--seed", str(seed), "--out", str(run), "--train-iters", str(boundary - 1), "--no-progress"]
+        cmd += [
+            "--device",
+            "cpu",
+            "--eval-iters",
+            str(args.eval_iters),
+            "--eval-interval",
+            "1000",
+            "--log-interval",
+            "1",
+        ]
+        cmd += ["--n-layer", str(args.n_layer), "--n-embd", str(args.n_embd), "--n-head", str(args.n_head)]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    mine = [r["loss"] for r in rows(run, "train") if "loss" in r]
+    arm = [r["loss"] for r in rows(out / "none" / f"seed-{seed}", "train") if "loss" in r][: len(mine)]
+    if mine != arm:  # the same weights as every arm's at the boundary, or the comparison means nothing
+        raise SystemExit(f"{run}: its losses differ from the none arm's first {len(mine)} steps")
+    loaded = load_run(run, device="cpu")
+    data = loaded.val_data()
+    result = {}
+    for arm, (theta, scaling) in POSITIONS.items():
+        loaded.model.set_positions(theta, scaling)
+        result[arm] = {
+            str(n): evaluate_val(
+                loaded.model, data, seq_length=n, num_windows=FINAL_TOKENS // n, device="cpu", progress=False
+            )["loss"]
+            for n in (SHORT, LONG)
+        }
+    return result
+
+
 def fmt(values: list[float | None], digits: int = 3) -> str:
     real = [v for v in values if v is not None]
     if not real:
@@ -165,7 +217,19 @@ def report(out: Path, seeds: list[int]) -> dict:
         spikes = "-" if arm == "long" else fmt(row["spike"])
         tokens = "-" if arm == "long" else fmt([None if t is None else t / 1e3 for t in reach], 0) + " k"
         print(f"{arm:6} {fmt(row['val_256']):>24} {fmt(row['val_1024']):>24} {spikes:>24} {tokens:>26}")
-    (out / "summary.json").write_text(json.dumps({"seeds": seeds, "arms": table}, indent=2))
+    shots = {}
+    for s in seeds:
+        path = out / "prefix" / f"seed-{s}" / "zero_shot.json"
+        if path.exists():
+            shots[s] = json.loads(path.read_text())
+    if shots:
+        print("\nzero shot: the pretrained model (before the boundary) with each arm's positions, nothing trained")
+        print(f"{'arm':6} {'val@256':>24} {'val@1024':>24}")
+        for arm in POSITIONS:
+            short = [shots[s][arm][str(SHORT)] for s in shots]
+            long = [shots[s][arm][str(LONG)] for s in shots]
+            print(f"{arm:6} {fmt(short):>24} {fmt(long):>24}")
+    (out / "summary.json").write_text(json.dumps({"seeds": seeds, "arms": table, "zero_shot": shots}, indent=2))
     return table
 
 
@@ -173,12 +237,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--seeds", default="1,2,3")
-    parser.add_argument("--tokens", type=int, default=800_000, help="token budget of every arm")
-    parser.add_argument("--boundary", type=int, default=600_000, help="start_tokens of the 1024 stage")
-    parser.add_argument("--eval-interval", type=int, default=25)
-    parser.add_argument("--eval-iters", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=480_000, help="token budget of every arm")
+    parser.add_argument("--boundary", type=int, default=360_000, help="start_tokens of the 1024 stage")
+    parser.add_argument("--eval-interval", type=int, default=15)
+    parser.add_argument("--eval-iters", type=int, default=4)
     parser.add_argument("--arms", default=",".join(ARMS))
+    parser.add_argument("--n-layer", type=int, default=2, help="GPT layers (the tiny preset has 4)")
+    parser.add_argument("--n-embd", type=int, default=128, help="GPT width (tiny: 256)")
+    parser.add_argument("--n-head", type=int, default=2, help="attention heads (tiny: 4); head size 64 as tiny's")
     parser.add_argument("--report", action="store_true", help="only summarise finished runs")
+    parser.add_argument("--zero-shot", action="store_true", help="also score the pretrained model per position")
     args = parser.parse_args()
     seeds = [int(s) for s in args.seeds.split(",")]
     if not args.report:
@@ -188,6 +256,12 @@ def main() -> None:
                 measured = run / "measured.json"
                 if not measured.exists():
                     measured.write_text(json.dumps(measure(run, arm)))
+    if args.zero_shot:
+        for seed in seeds:
+            path = args.out / "prefix" / f"seed-{seed}" / "zero_shot.json"
+            if not path.exists():
+                result = zero_shot(args.out, seed, args)
+                path.write_text(json.dumps(result))
     report(args.out, seeds)
 
 
