@@ -269,6 +269,12 @@ class StageTracker:
         self.index, self._known = index, True
         return self.stage
 
+    @property
+    def known(self) -> bool:
+        """Whether a step has begun since this tracker was built or :meth:`forget` (after a load): then
+        :attr:`index` is that step's stage (None: before any), else not known yet."""
+        return self._known
+
     def forget(self) -> None:
         """After a state load: the next :meth:`begin` reports its stage as changed."""
         self.index, self._known = None, False
