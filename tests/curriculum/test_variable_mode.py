@@ -213,3 +213,8 @@ def test_ranks_taken_from_torch_distributed_are_checked_when_a_step_begins(monke
     assert built_after.begin_step() in (16, 32, 64, 128)
     given = make(rank=0, world_size=1)  # given by the caller (e.g. a data-parallel group of its own): kept
     assert given.begin_step() in (16, 32, 64, 128)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    half = make(world_size=2)  # the rank left to torch.distributed, not initialized yet: rank 0 on every process
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    with pytest.raises(UserError, match="built for rank 0 of 2, .* rank 1 of 2"):
+        half.begin_step()

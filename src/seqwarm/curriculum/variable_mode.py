@@ -88,8 +88,8 @@ def variable_lengths(args: dict[str, Any]) -> StepSampler | None:
     rank, world = _ranks(args["rank"], args["world_size"], args["process_group"])
     sampler = VariableLengthSampler(chunks, tokens_per_step, **sampler_kwargs, rank=rank, world_size=world)
     out = StepSampler(sampler)
-    if args["rank"] is None and args["world_size"] is None:  # torch.distributed's: checked again at each begin
-        out.ranks_from = (args["process_group"],)
+    if args["rank"] is None or args["world_size"] is None:  # torch.distributed's: checked again at each begin
+        out.ranks_from = (args["rank"], args["world_size"], args["process_group"])
     return out
 
 
@@ -210,8 +210,9 @@ class StepSampler:
         self.step: VariableStep | None = None
         """The step in flight (or the last one): its length, this rank's chunk indices, epoch, cycle."""
         self._drawn: dict[int, tuple[dict[str, Any], VariableStep]] = {}  # step -> (state before it, it)
-        self.ranks_from: tuple[Any] | None = None
-        """``(process_group,)`` when the ranks were torch.distributed's: :meth:`begin` checks they still are."""
+        self.ranks_from: tuple[Any, Any, Any] | None = None
+        """``(rank, world_size, process_group)`` as given when one was left to torch.distributed: :meth:`begin`
+        checks it still gives the same."""
 
     def step_at(self, number: int) -> VariableStep:
         """Step ``number`` (1-based), drawn now when nobody drew it yet."""
@@ -227,7 +228,7 @@ class StepSampler:
         """Begin step ``ended + 1``: its length. UserError when the ranks were taken from torch.distributed
         and it now has others (built before the process group: every rank would train the same rows)."""
         if self.ranks_from is not None:
-            now, built = _ranks(None, None, *self.ranks_from), (self.sampler.rank, self.sampler.world_size)
+            now, built = _ranks(*self.ranks_from), (self.sampler.rank, self.sampler.world_size)
             if now != built:
                 raise UserError(
                     f"variable lengths: the sampler was built for rank {built[0]} of {built[1]}, but this process "
