@@ -233,8 +233,8 @@ class StepSampler:
                 raise UserError(
                     f"variable lengths: the sampler was built for rank {built[0]} of {built[1]}, but this process "
                     f"is rank {now[0]} of {now[1]} (SequenceLengthWarmup was built before torch.distributed was "
-                    "initialized): every rank would train the same rows; build it after init_process_group (in "
-                    "Lightning: in setup()), or pass rank= and world_size="
+                    "initialized): every rank would train the same rows; build it after init_process_group, or pass "
+                    "rank= and world_size= (e.g. from the launcher's RANK and WORLD_SIZE)"
                 )
         self.step = self.step_at(self.ended + 1)
         return self.step.length
