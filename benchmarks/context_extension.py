@@ -23,8 +23,8 @@ Printed and written to OUT/summary.json, per arm (median and min-max over seeds)
   1024, on the same ``--eval-iters`` windows in every arm) whose loss is at or below the ``long`` arm's last
   such evaluation of the same seed ("never" when none is).
 
-    python benchmarks/context_extension.py --out /tmp/ext --seeds 1,2,3
-    python benchmarks/context_extension.py --out /tmp/ext --report   # the summary of finished runs again
+    python benchmarks/context_extension.py --out runs/ext --seeds 1,2,3
+    python benchmarks/context_extension.py --out runs/ext --report   # the summary of finished runs again
 """
 
 from __future__ import annotations

@@ -89,3 +89,20 @@ def test_a_checkpoint_written_right_after_a_load_records_the_stage_the_weights_t
     loaded.load_state_dict(engine.state_dict())
     assert loaded.slw.stage is None  # no step since the load
     assert StagePositions(loaded, fresh, DistInfo(), torch.device("cpu"), log=None).applied == trained
+
+
+def test_a_checkpoint_of_the_last_step_before_a_stage_records_no_stage():
+    """The step whose tokens reach a stage's start_tokens still trains before it: its checkpoint (and an
+    export of a budget that ends there) must record the positions it trained with, not the stage after it,
+    which eval and export would set on weights that never trained with them."""
+    from seqwarm.trainer.distributed import DistInfo
+    from seqwarm.trainer.stages import StagePositions
+
+    model = _gpt()
+    engine = CurriculumEngine(model, torch.optim.AdamW(model.parameters(), lr=1e-3), _config([STAGE]))
+    while engine.progress.tokens < STAGE["start_tokens"]:
+        tokens = torch.randint(0, 64, (2, 33))
+        engine.backward(engine({"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}))
+        engine.step()
+    assert engine.slw.stage is None  # the last step trained before the stage
+    assert StagePositions(engine, model, DistInfo(), torch.device("cpu"), log=None).applied is None

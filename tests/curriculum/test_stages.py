@@ -125,6 +125,20 @@ def test_warmup_object_switches_length_and_positions_at_the_boundary():
     assert fresh.begin_step() == 128 and fresh.stage_changed and fresh.positions == seen[second][3]
 
 
+@pytest.mark.parametrize("mode", ["truncate", "reshape", "window"])
+def test_a_batch_shorter_than_the_stage_is_an_error_not_a_stage_at_the_old_length(mode):
+    # cut cannot lengthen rows: a loop that keeps feeding the warmup's windows would train the stage's
+    # positions at the old length while the clock and the console say the stage's
+    slw = SequenceLengthWarmup(8, 32, 2, mode=mode, stages=[{"start_tokens": 500, "length": 128, "rope_theta": 5e4}])
+    short, long = torch.zeros(4, 32, dtype=torch.long), torch.zeros(4, 128, dtype=torch.long)
+    while slw.begin_step() != 128:
+        slw.cut(short)  # before the stage: the warmup's windows are fine
+        slw.end_step()
+    with pytest.raises(ValueError, match="stage 1 trains at length 128.* 32 tokens"):
+        slw.cut(short)
+    assert slw.cut(long).shape == (4, 128)  # the stage's own windows pass
+
+
 def test_keyword_stages_are_checked():
     with pytest.raises(ConfigError, match="is below the length before it"):
         SequenceLengthWarmup(min_length=8, max_length=32, steps=4, stages=[{"start_tokens": 10, "length": 16}])

@@ -194,3 +194,27 @@ def test_a_deepspeed_schedule_by_keyword_caps_the_length():
         make(schedule="root", num_cycles=None, steps=10)
     with pytest.raises(ConfigError, match="min_length = 'abc': must be a power of 2"):
         make(min_length="abc")
+
+
+def test_ranks_taken_from_torch_distributed_are_checked_when_a_step_begins(monkeypatch):
+    # a callback or loop built before the process group (Lightning builds its callbacks first) got rank 0
+    # of 1: every rank would train the same rows while the clock sums them over the ranks
+    dist = torch.distributed
+    slw = make()
+    assert (slw.sampler.sampler.rank, slw.sampler.sampler.world_size) == (0, 1)
+    monkeypatch.setattr(dist, "is_available", lambda: True)
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: 1)
+    with pytest.raises(UserError, match="built for rank 0 of 1, .* rank 1 of 2"):
+        slw.begin_step()
+    built_after = make()  # built once the group exists: its ranks, nothing to refuse
+    assert (built_after.sampler.sampler.rank, built_after.sampler.sampler.world_size) == (1, 2)
+    assert built_after.begin_step() in (16, 32, 64, 128)
+    given = make(rank=0, world_size=1)  # given by the caller (e.g. a data-parallel group of its own): kept
+    assert given.begin_step() in (16, 32, 64, 128)
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    half = make(world_size=2)  # the rank left to torch.distributed, not initialized yet: rank 0 on every process
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    with pytest.raises(UserError, match="built for rank 0 of 2, .* rank 1 of 2"):
+        half.begin_step()

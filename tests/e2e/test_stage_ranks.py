@@ -25,11 +25,11 @@ from seqwarm.curriculum.engine import CurriculumEngine
 calls, rotary = [], []
 set_positions = CurriculumEngine._set_positions
 
-def recorded(self, positions):  # the optimizer step whose begin_step set them, and what it set
-    set_positions(self, positions)
+def recorded(self, positions, length=None):  # the optimizer step whose begin_step set them, and what it set
+    set_positions(self, positions, length)
     if positions is not None:
         calls.append([self.slw.progress.step + 1, positions])
-        rotary[:] = self._rotary
+        rotary[:] = [m for m in self.module.modules() if getattr(m, "rope_cos", None) is not None][:1]  # the GPT
 
 CurriculumEngine._set_positions = recorded
 code = main(["train", *sys.argv[2:]])

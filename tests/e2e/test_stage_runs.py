@@ -80,12 +80,7 @@ def test_stages_change_length_and_positions_and_resume_exactly(tmp_path, byte_da
     assert resumed.stages.source.shape == (64, 2)  # the checkpoint's data position was the stage's windows
 
 
-@pytest.mark.parametrize(
-    "spec, message",
-    [
-        ({"model": "tiny"}, "learned positions"),
-    ],
-)
+@pytest.mark.parametrize("spec, message", [({"model": "tiny"}, "learned positions")])
 def test_what_stages_do_not_train_yet_is_refused(tmp_path, spec, message):
     from seqwarm.run.spec import RunSpec, resolve_config
     from seqwarm.util.problems import ConfigError

@@ -363,6 +363,21 @@ def test_quick_plan_shrinks_budget_and_schedule(tmp_path):
     assert plan.runs["curriculum"].settings["train_tokens"] == 9000
 
 
+def test_quick_shrinks_the_stages_start_tokens_with_the_budget(tmp_path):
+    # the warmup and the budget shrink to QUICK_FRACTION: stages left at their tokens would begin late or
+    # never (a warning only), and the quick comparison would measure a recipe without its extension
+    stages = [{"start_tokens": 30_000, "length": 64, "rope_theta": 40000.0}, {"start_tokens": 45_000, "length": 128}]
+    cfg = small_config(tmp_path / "c.json", train_tokens=50_000, total_step=10, seq=32, stages=stages)
+    plan = plan_compare(*_compare_args(tmp_path, "--config", str(cfg), "--quick", "--rotary"))
+    for spec in plan.runs.values():
+        got = resolve_config(spec).stages
+        assert [s.start_tokens for s in got] == [round(30_000 * QUICK_FRACTION), round(45_000 * QUICK_FRACTION)]
+        assert [(s.length, s.rope_theta) for s in got] == [(64, 40000.0), (128, 40000.0)]
+    assert any("stages" in note for note in plan.notes)
+    kept = plan_compare(*_compare_args(tmp_path, "--config", str(cfg), "--quick", "--rotary", "--train-tokens", "9e4"))
+    assert [s.start_tokens for s in resolve_config(kept.runs["curriculum"]).stages] == [30_000, 45_000]
+
+
 @pytest.mark.parametrize(
     "extra,fragment",
     [

@@ -284,3 +284,12 @@ def test_variable_is_refused_with_the_reason_while_train_cannot_run_it(tmp_path,
     assert main([*argv, "truncate,variable"]) == 2
     err = capsys.readouterr().err
     assert "--curriculum-mode variable`, which this seqwarm does not run yet" in err and "Traceback" not in err
+
+
+def test_a_variable_arm_on_deepspeed_is_refused_before_any_arm_trains(tmp_path):
+    from seqwarm.util.errors import UserError
+
+    cfg = small_config(tmp_path / "c.json")
+    with pytest.raises(UserError, match="(?s)variable: .*curriculum mode variable trains seqwarm's GPT"):
+        plan_compare(*_args(tmp_path, "--config", str(cfg), "--modes", "truncate,variable", "--deepspeed"))
+    assert not (tmp_path / "cmp" / "baseline").exists()

@@ -221,3 +221,13 @@ def test_without_config_the_tuned_recipe_follows_seq_length_as_train_does(tmp_pa
     assert setup.raw_config["curriculum_learning"] == recipe["curriculum_learning"]
     assert setup.raw_config["curriculum_learning"]["max_difficulty"] == 128
     assert setup.current == recipe["curriculum_learning"]["schedule_config"]["total_curriculum_step"]
+
+
+@pytest.mark.parametrize("curriculum", ["natural", "grow_p2", "linear"])
+def test_a_variable_curriculum_that_does_not_read_total_curriculum_step_is_not_tuned(tmp_path, capsys, curriculum):
+    # every probe would train the same run: the search would pick a value that changes nothing
+    cfg = small_config(tmp_path / "c.json")
+    argv = ["tune", *FAST, "--config", str(cfg), "--out", str(tmp_path / "t"), "--curriculum-mode", "variable"]
+    assert main([*argv, "--variable-curriculum", curriculum]) == 2
+    err = capsys.readouterr().err
+    assert f"variable_curriculum {curriculum} does not read total_curriculum_step" in err and "Traceback" not in err

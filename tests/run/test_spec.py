@@ -206,3 +206,18 @@ def test_compile_from_the_config_is_refused_for_deepspeed_and_hf_models(tmp_path
     with pytest.raises(ConfigError, match="own GPT") as err:
         resolve_config(replace(spec, deepspeed=True))
     assert "--no-compile" in str(err.value)
+
+
+def test_curriculum_mode_variable_is_refused_on_deepspeed_and_hf_models_when_the_config_is_resolved(tmp_path):
+    # train refuses it only once the engine is built: a compare / sweep arm would fail after the other arms
+    # trained, and check_arms (which resolves each arm's config) must see it first
+    from seqwarm.run.spec import resolve_config
+
+    spec = with_changes(RunSpec(config=small_config(tmp_path / "c.json")), curriculum_mode="variable")
+    assert resolve_config(spec).curriculum.mode == "variable"
+    for changed in (replace(spec, deepspeed=True), replace(spec, model="hf:some/model")):
+        with pytest.raises(ConfigError, match="curriculum mode variable trains seqwarm's GPT") as err:
+            resolve_config(changed)
+        assert "truncate" in str(err.value)
+    truncate = with_changes(replace(spec, deepspeed=True), curriculum_mode="truncate")
+    assert resolve_config(truncate).curriculum.mode == "truncate"

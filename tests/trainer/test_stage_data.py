@@ -65,3 +65,21 @@ def test_the_feed_gives_back_a_batch_read_ahead_before_the_switch(byte_data):
     batches.switch(64, 2)
     assert _same(feed.draw(), make(64, 2).next_batch())
     feed.close()
+
+
+def test_a_resume_with_other_rows_per_micro_batch_goes_on_with_the_stages_windows(byte_data):
+    """A resume may split an unchanged global batch into other micro-batches (resume.LAYOUT_KEYS), and a
+    stage's rows follow micro_batch_size: the switch to the new rows at the first step after the resume
+    (StagePositions.follow) must go on with the stage's pass of windows, not read it again from its start."""
+    make = partial(open_prepared(byte_data).train_batches, seed=3)
+    batches = StageBatches(make, 32, 4)
+    batches.switch(64, 2)
+    for _ in range(3):
+        batches.next_batch()
+    state = batches.state_dict()
+    ahead = torch.cat([batches.next_batch()["input_ids"] for _ in range(4)])
+    resumed = StageBatches(make, 32, 8)  # micro_batch_size 8 instead of 4: the stage's rows 4 instead of 2
+    resumed.load_state_dict(state)
+    assert resumed.switch(64, 4)
+    assert torch.equal(torch.cat([resumed.next_batch()["input_ids"] for _ in range(2)]), ahead)
+    assert not torch.equal(make(64, 4).next_batch()["input_ids"], ahead[:4])  # not the pass's first windows

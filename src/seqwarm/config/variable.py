@@ -15,7 +15,13 @@ from typing import Any
 
 from seqwarm.util.problems import Checker
 
-__all__ = ["VARIABLE_CURRICULA", "DEFAULT_CYCLES", "read_variable"]
+__all__ = ["VARIABLE_CURRICULA", "DEFAULT_CYCLES", "VARIABLE_TORCH_ONLY", "read_variable"]
+
+VARIABLE_TORCH_ONLY = (
+    "curriculum mode variable trains seqwarm's GPT on the torch backends only (one device, DDP under torchrun, "
+    "--fsdp), not on DeepSpeed, a pipeline or an hf: model yet"
+)
+"""Why ``seqwarm train`` / ``compare`` refuse the mode with ``--deepspeed`` or an ``hf:`` model (exit 2)."""
 
 VARIABLE_CURRICULA = ("schedule", "natural", "grow_p2", "linear")
 """The ``variable_curriculum`` choices (the sampler's curricula; the default first)."""

@@ -269,9 +269,27 @@ class StageTracker:
         self.index, self._known = index, True
         return self.stage
 
+    @property
+    def known(self) -> bool:
+        """Whether a step has begun since this tracker was built or :meth:`forget` (after a load): then
+        :attr:`index` is that step's stage (None: before any), else not known yet."""
+        return self._known
+
     def forget(self) -> None:
         """After a state load: the next :meth:`begin` reports its stage as changed."""
         self.index, self._known = None, False
+
+    def check_width(self, seq: int, layout: str) -> None:
+        """ValueError for a dense batch of ``seq`` tokens per row, shorter than the stage in flight: a cut
+        cannot lengthen rows, so the stage's positions would train at the old length (padded batches are
+        as long as their longest sequence, and may be shorter)."""
+        stage = self.stage
+        if stage is not None and layout == "dense" and seq < stage.length:
+            raise ValueError(
+                f"stage {self.index + 1} trains at length {stage.length}, but this batch has {seq} tokens per row: "
+                f"give windows at least {stage.length} long from the stage on (a cut cannot lengthen them, and the "
+                "stage's positions would train at the old length)"
+            )
 
 
 def sets_positions(stages: Sequence[StageConfig]) -> bool:

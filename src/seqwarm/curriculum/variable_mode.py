@@ -85,9 +85,12 @@ def variable_lengths(args: dict[str, Any]) -> StepSampler | None:
     if problems:
         raise ConfigError(problems, source=_SOURCE)
     chunks = documents if isinstance(documents, Decomposition) else decompose(documents, low, high)
-    rank, world = _ranks(args["rank"], args["world_size"])
+    rank, world = _ranks(args["rank"], args["world_size"], args["process_group"])
     sampler = VariableLengthSampler(chunks, tokens_per_step, **sampler_kwargs, rank=rank, world_size=world)
-    return StepSampler(sampler)
+    out = StepSampler(sampler)
+    if args["rank"] is None or args["world_size"] is None:  # torch.distributed's: checked again at each begin
+        out.ranks_from = (args["rank"], args["world_size"], args["process_group"])
+    return out
 
 
 def _short(value: Any) -> Any:
@@ -184,12 +187,13 @@ def _curriculum(
     return out
 
 
-def _ranks(rank: Any, world_size: Any) -> tuple[int, int]:
-    """This process's rank and the data-parallel size: given, or torch.distributed's, or 0 and 1."""
+def _ranks(rank: Any, world_size: Any, group: Any = None) -> tuple[int, int]:
+    """This process's rank and the data-parallel size: given, or torch.distributed's (in ``group``, the
+    clock's ``process_group``), or 0 and 1."""
     dist = torch.distributed
     live = dist.is_available() and dist.is_initialized()
-    world = world_size if world_size is not None else (dist.get_world_size() if live else 1)
-    return (rank if rank is not None else (dist.get_rank() if live else 0)), world
+    world = world_size if world_size is not None else (dist.get_world_size(group) if live else 1)
+    return (rank if rank is not None else (dist.get_rank(group) if live else 0)), world
 
 
 class StepSampler:
@@ -206,6 +210,9 @@ class StepSampler:
         self.step: VariableStep | None = None
         """The step in flight (or the last one): its length, this rank's chunk indices, epoch, cycle."""
         self._drawn: dict[int, tuple[dict[str, Any], VariableStep]] = {}  # step -> (state before it, it)
+        self.ranks_from: tuple[Any, Any, Any] | None = None
+        """``(rank, world_size, process_group)`` as given when one was left to torch.distributed: :meth:`begin`
+        checks it still gives the same."""
 
     def step_at(self, number: int) -> VariableStep:
         """Step ``number`` (1-based), drawn now when nobody drew it yet."""
@@ -218,7 +225,17 @@ class StepSampler:
         return self._drawn[number][1]
 
     def begin(self) -> int:
-        """Begin step ``ended + 1``: its length."""
+        """Begin step ``ended + 1``: its length. UserError when the ranks were taken from torch.distributed
+        and it now has others (built before the process group: every rank would train the same rows)."""
+        if self.ranks_from is not None:
+            now, built = _ranks(*self.ranks_from), (self.sampler.rank, self.sampler.world_size)
+            if now != built:
+                raise UserError(
+                    f"variable lengths: the sampler was built for rank {built[0]} of {built[1]}, but this process "
+                    f"is rank {now[0]} of {now[1]} (SequenceLengthWarmup was built before torch.distributed was "
+                    "initialized): every rank would train the same rows; build it after init_process_group, or pass "
+                    "rank= and world_size= (e.g. from the launcher's RANK and WORLD_SIZE)"
+                )
         self.step = self.step_at(self.ended + 1)
         return self.step.length
 

@@ -19,8 +19,7 @@ pure; the object adds only what needs state — the length of the optimizer step
 ``truncate`` / ``reshape`` cut the batch; ``inject`` adds ``curriculum_seqlen=L`` for a forward that cuts its
 inputs itself (auto: when the forward names it), and :meth:`~SequenceLengthWarmup.check_output` checks the
 model ran at it. :class:`~seqwarm.curriculum.engine.CurriculumEngine`, ``DeepSpeedCurriculum``, the Hugging
-Face ``CurriculumTrainer`` and seqwarm's own loop are thin users of this object.
-"""
+Face ``CurriculumTrainer`` and seqwarm's own loop are thin users of this object."""
 
 from __future__ import annotations
 
@@ -320,6 +319,7 @@ class SequenceLengthWarmup:
         return seqlen
 
     def _check_top(self, full: int, layout: str) -> None:
+        self.stages.check_width(full, layout)  # a batch shorter than the stage in flight: ValueError
         top = self.curriculum.max_difficulty if self.curriculum is not None else full
         if self._checked_top or self.stages.stages or layout == "padding_free" or layout != "dense" and full <= top:
             return  # padded batches are as long as their longest sequence: shorter than the top is fine

@@ -31,6 +31,7 @@ from seqwarm.experiments.launch import (
     scale_schedule_steps,
     scaled_batch,
     scaled_lr_units,
+    scaled_stages,
 )
 from seqwarm.experiments.report import write_report
 from seqwarm.experiments.runner import (
@@ -171,9 +172,12 @@ def plan_compare(base: RunSpec, options: CompareOptions) -> ComparePlan:
             if value:
                 changes[f"train_{unit}"] = max(1, round(value * fraction))
         changes.update(scaled_lr_units(cfg.lr, fraction, fraction))
+        if cfg.stages:  # each stage begins at its share of the shrunk budget, as the warmup ends at its own
+            changes["stages"] = scaled_stages(cfg.stages, fraction)
         notes.append(
-            f"--quick: {fraction:g}x the config's budget; the curriculum, LR warmup and LR decay are "
-            "shrunk by the same factor so the recipe keeps its shape"
+            f"--quick: {fraction:g}x the config's budget; the curriculum, LR warmup and LR decay"
+            f"{' and the start_tokens of the stages' if cfg.stages else ''} are shrunk by the same factor so the "
+            "recipe keeps its shape"
         )
     elif options.quick:
         notes.append("--quick with an explicit budget: the budget is kept, only evaluations are fewer")

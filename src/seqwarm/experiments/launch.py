@@ -87,6 +87,19 @@ def with_total_curriculum_step(raw: Mapping[str, Any], value: int) -> dict[str, 
     return out
 
 
+def scaled_stages(stages, factor: float) -> str:
+    """``--stages`` JSON text of ``stages`` (:class:`~seqwarm.curriculum.stages.StageConfig`) with each
+    ``start_tokens`` multiplied by ``factor`` (at least 1), their lengths and position settings kept."""
+    out = []
+    for s in stages:
+        stage = {"start_tokens": max(1, round(s.start_tokens * factor)), "length": s.length}
+        stage |= {"rope_theta": s.rope_theta} if s.rope_theta is not None else {}
+        stage |= {"rope_scaling": s.rope_scaling.to_dict()} if s.rope_scaling is not None else {}
+        stage |= {"micro_batch_size": s.micro_batch_size} if s.micro_batch_size is not None else {}
+        out.append(stage)
+    return json.dumps(out)
+
+
 def scale_schedule_steps(raw: Mapping[str, Any], factor: float) -> dict[str, Any]:
     """A copy of ``raw`` with the curriculum's step counts multiplied by ``factor`` (at least 1).
 

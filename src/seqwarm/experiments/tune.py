@@ -221,6 +221,11 @@ def setup_tune(base: RunSpec, args: TuneOptions) -> TuneSetup:
     raw = read_raw_config(base)
     current = total_curriculum_step_of(raw)
     cfg = resolve_config(replace(base, out=folder / "probes" / "check"))
+    if cfg.curriculum is not None and cfg.curriculum.mode == "variable" and cfg.variable_curriculum != "schedule":
+        raise UserError(  # every probe would train the same run, and the search pick a value that changes nothing
+            f"curriculum mode variable with variable_curriculum {cfg.variable_curriculum} does not read "
+            "total_curriculum_step: there is nothing to tune; use --variable-curriculum schedule (its cap follows it)"
+        )
     plan = make_plan(cfg)
     warmup = plan.warmup_end_step or 0
     if args.probe_steps:

@@ -32,6 +32,7 @@ from typing import Any
 from seqwarm.config import RunConfig, load_config
 from seqwarm.config.defaults import PRESETS, default_train_config
 from seqwarm.config.settings import SETTING_KEYS, flag_for, negative_flag
+from seqwarm.config.variable import VARIABLE_TORCH_ONLY
 from seqwarm.util.errors import UserError
 from seqwarm.util.problems import ConfigError, Problem
 
@@ -357,6 +358,12 @@ def resolve_config(spec: RunSpec, world_size: int = 1) -> RunConfig:
                 "compiles seqwarm's own GPT on its own engine, not a DeepSpeed engine or an hf: model",
                 f"drop it ({negative_flag('compile')} over a config's seqwarm.compile), or use "
                 "DeepSpeed's config key \"compile\" (or Hugging Face's torch_compile) for those",
+            )
+        )
+    if cfg.curriculum is not None and cfg.curriculum.mode == "variable" and (spec.deepspeed or spec.model[:3] == "hf:"):
+        problems.append(  # what the engine builder refuses too, but here before any run (a compare's arms) trains
+            Problem(
+                "curriculum_mode", "variable", VARIABLE_TORCH_ONLY, "drop --deepspeed / the hf: model, or use truncate"
             )
         )
     problems += _stage_problems(spec, cfg) + schedule_problems(cfg)

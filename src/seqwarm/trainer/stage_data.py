@@ -5,7 +5,7 @@ warmup's length). From a stage on, :class:`StageBatches` reads a new source of w
 length, with the stage's rows per micro-batch
 (:func:`~seqwarm.curriculum.plan_stages.stage_micro_rows`: the micro-batch's tokens kept, unless the stage
 gives its own ``micro_batch_size``), so a stage may be longer than ``--seq-length``. A stage with the same
-length and rows as the windows in use goes on with them. The new source starts a pass of its own over the
+length as the windows in use goes on with them (in its rows). A new length starts a pass of its own over the
 training split (the same seed, the order of windows of its length).
 
 Its position — the length and rows of the source in use, and that source's own position — is what a
@@ -41,11 +41,15 @@ class StageBatches:
 
     def switch(self, length: int, rows: int) -> bool:
         """Read windows of ``length`` tokens, ``rows`` per micro-batch, from the start of a new pass (False:
-        the source in use already reads them, and goes on)."""
+        the source in use already reads them, and goes on). Windows of the length in use in other rows (a
+        stage's own ``micro_batch_size``, a resume with another micro-batch) go on with the pass in use."""
         shape = (int(length), int(rows))
         if shape == self.shape:
             return False
-        self.source, self.shape = self.make(*shape), shape
+        source = self.make(*shape)
+        if shape[0] == self.shape[0]:  # the position counts windows, not micro-batches: it carries over
+            source.load_state_dict(self.source.state_dict())
+        self.source, self.shape = source, shape
         return True
 
     def next_batch(self) -> dict[str, Any]:

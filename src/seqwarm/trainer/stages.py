@@ -148,9 +148,10 @@ class StagePositions:
         slw = self.slw
         if slw is None or not slw.stages.stages:
             return None
-        found = (
-            (slw.stages.index, slw.stage) if slw.stage is not None else stage_at(slw.progress.tokens, slw.stages.stages)
-        )
+        if slw.stages.known:  # the last step's stage: the step whose tokens reach a stage still trained before it
+            found = (slw.stages.index, slw.stage) if slw.stage is not None else None
+        else:  # right after a load, before any step: the clock's (what the engine's load set on the model)
+            found = stage_at(slw.progress.tokens, slw.stages.stages)
         if found is None:
             return None
         index, stage = found
