@@ -254,3 +254,19 @@ def test_eval_batches_give_every_rank_as_many_windows():
     assert [len(r) for r in ranks] == [3, 3]
     assert not set(map(tuple, ranks[0])) & set(map(tuple, ranks[1]))
     assert len(list(iter_eval_batches(windows, 2))) == 4  # one process: all 7
+
+
+@pytest.mark.parametrize(
+    "state, kind",
+    [
+        ({"variable": 1, "weights": [1.0], "micro": 0}, "curriculum mode variable"),
+        ({"length": 64, "rows": 2, "source": {}}, "stages, whose windows change length"),
+        ({"sources": [], "served": []}, "a --data-path blend of several sources"),
+    ],
+)
+def test_another_sources_position_is_refused_naming_what_wrote_it(state, kind):
+    """A checkpoint's data position from another kind of source (variable mode, stage windows, a blend)
+    resumed into plain windows (e.g. with --allow-config-change): one line naming which kind it was."""
+    win = TokenWindows(np.arange(1 + 8 * 6, dtype=np.uint16), 8)
+    with pytest.raises(UserError, match=f"other training data \\({kind}\\)"):
+        TrainBatches(win, 2).load_state_dict(state)

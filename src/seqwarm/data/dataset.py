@@ -287,10 +287,17 @@ class TrainBatches:
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "epoch" not in state:  # e.g. a --data-path blend's position
+        if "epoch" not in state:  # another source's position: say which
+            kind = (
+                "curriculum mode variable"
+                if "variable" in state
+                else "stages, whose windows change length"
+                if "source" in state
+                else "a --data-path blend of several sources"
+            )
             raise UserError(
-                "cannot resume the data position: the checkpoint was written with other training data "
-                "(a --data-path blend of several sources)"
+                f"cannot resume the data position: the checkpoint was written with other training data ({kind}); "
+                "resume it with the settings it was written with, or start a new run (--out)"
             )
         for key, mine in (
             ("seq_length", self.windows.seq_length),
