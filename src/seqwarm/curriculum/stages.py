@@ -36,7 +36,7 @@ __all__ = [
 
 STAGE_KEYS = ("start_tokens", "length", "rope_theta", "rope_scaling", "micro_batch_size")
 ROPE_TYPES = ("linear", "yarn")
-_SCALING_KEYS = {
+SCALING_KEYS = {  # each rope_scaling type's keys, in Transformers' names
     "linear": ("type", "factor"),
     "yarn": (
         "type",
@@ -79,7 +79,7 @@ class RopeScaling:
     def to_dict(self) -> dict[str, Any]:
         """A Transformers ``rope_scaling`` dict: ``type`` and the keys of that type that are set (a linear
         scaling: ``factor`` only; YaRN: its defaults too)."""
-        keys = _SCALING_KEYS.get(self.type, ())
+        keys = SCALING_KEYS.get(self.type, ())
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None and k in keys}
 
 
@@ -144,7 +144,7 @@ def _scaling(chk: Checker, raw: Any, path: str, before: int | None) -> RopeScali
     kind = chk.choice(raw.get("type"), f"{path}.type", ROPE_TYPES, "rope scaling type")
     if kind is None:
         return None
-    chk.unknown_keys(raw, _SCALING_KEYS[kind], path)
+    chk.unknown_keys(raw, SCALING_KEYS[kind], path)
     ok = len(chk.problems)
     vals: dict[str, Any] = {"type": kind}
     if "factor" not in raw:

@@ -42,7 +42,7 @@ import torch.nn as nn
 
 from seqwarm.curriculum.positions import PositionSetter, register_positions_hook
 from seqwarm.curriculum.rope import rope_frequencies
-from seqwarm.curriculum.stages import StageConfig, sets_positions
+from seqwarm.curriculum.stages import SCALING_KEYS, StageConfig, sets_positions
 from seqwarm.util.errors import UserError
 
 __all__ = [
@@ -56,15 +56,7 @@ __all__ = [
 ]
 
 _TYPES = ("default", "linear", "yarn")
-_YARN_KEYS = (
-    "original_max_position_embeddings",
-    "beta_fast",
-    "beta_slow",
-    "attention_factor",
-    "mscale",
-    "mscale_all_dim",
-    "truncate",
-)
+_YARN_KEYS = SCALING_KEYS["yarn"][2:]  # past "type" and "factor"
 _OWN = "_seqwarm_own_rope"  # on each rotary module: the config's rope_parameters before the first change
 _SCALARS = (bool, int, float, str, type(None))
 
